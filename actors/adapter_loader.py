@@ -1,0 +1,213 @@
+"""AdapterLoader actor: reads PEFT adapters in worker threads, keeps a host LRU of max_cpu_loras, owns the name/id registry."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from loraledger.actors.messages import (
+    AddLora,
+    AdapterResolved,
+    AuditAppend,
+    ListLoras,
+    PinLora,
+    RemoveLora,
+    ResolveAdapter,
+    Shutdown,
+    UnpinSlot,
+)
+from loraledger.errors import LoRARequestConflictError, TooManyLoRAsError, UnknownRequestError
+from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
+from loraledger.logging import get_logger
+from loraledger.lora_request import LoRARequest
+from loraledger.store.records import EventKind, EventRecord
+
+
+class AdapterLoader:
+    def __init__(
+        self,
+        inbox: MemoryObjectReceiveStream,
+        audit: MemoryObjectSendStream | None,
+        scheduler: MemoryObjectSendStream,
+        *,
+        model_config: ModelConfig,
+        max_lora_rank: int,
+        max_cpu_loras: int,
+        max_loras: int,
+        base_model_fingerprint: str,
+    ) -> None:
+        self._inbox = inbox
+        self._audit = audit
+        self._scheduler = scheduler
+        self._model_config = model_config
+        self._max_lora_rank = max_lora_rank
+        self._capacity = max_cpu_loras
+        self._max_loras = max_loras
+        self._base_fp = base_model_fingerprint
+        self._registry: dict[int, LoRARequest] = {}  # lora_int_id -> first LoRARequest seen
+        self._names: dict[str, int] = {}
+        self._cache: OrderedDict[int, LoraCheckpoint] = OrderedDict()  # host LRU, most recent last
+        self._pinned: set[int] = set()
+        self._loading: dict[int, list[MemoryObjectSendStream]] = {}
+        self._log = get_logger("adapter_loader")
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, anyio.create_task_group() as tg:
+            task_status.started()
+            async for msg in self._inbox:
+                match msg:
+                    case ResolveAdapter(lora_request=lora, reply=reply):
+                        self._resolve(tg, lora, reply)
+                    case AddLora(lora_request=lora, reply=reply):
+                        self._resolve(tg, lora, reply)
+                    case RemoveLora(lora_int_id=int_id, reply=reply):
+                        await self._remove(int_id, reply)
+                    case PinLora(lora_int_id=int_id, reply=reply):
+                        await self._pin(tg, int_id, reply)
+                    case ListLoras(reply=reply):
+                        await _answer(reply, sorted(self._registry))
+                    case Shutdown():
+                        break
+            tg.cancel_scope.cancel()
+
+    # --- registry -----------------------------------------------------------------------------
+
+    def _register(self, lora: LoRARequest) -> None:
+        known = self._registry.get(lora.lora_int_id)
+        if known is not None and known.lora_path != lora.lora_path:
+            raise LoRARequestConflictError(
+                f"lora_int_id {lora.lora_int_id} is already registered for path {known.lora_path!r} "
+                f"(as {known.lora_name!r}); got path {lora.lora_path!r}. Use a new id for a different adapter, "
+                "or remove_lora() the old one first"
+            )
+        other = self._names.get(lora.lora_name)
+        if other is not None and self._registry[other].lora_path != lora.lora_path:
+            raise LoRARequestConflictError(
+                f"lora_name {lora.lora_name!r} is already registered for path {self._registry[other].lora_path!r}; "
+                f"got path {lora.lora_path!r}. Use a new name for a different adapter"
+            )
+        if known is None:
+            self._registry[lora.lora_int_id] = lora
+            self._names.setdefault(lora.lora_name, lora.lora_int_id)
+
+    def _resolve(self, tg, lora: LoRARequest, reply: MemoryObjectSendStream) -> None:
+        try:
+            self._register(lora)
+        except LoRARequestConflictError as exc:
+            tg.start_soon(_answer, reply, AdapterResolved(lora_request=lora, error=exc))
+            return
+        cached = self._cache.get(lora.lora_int_id)
+        if cached is not None:
+            self._cache.move_to_end(lora.lora_int_id)
+            tg.start_soon(_answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
+            return
+        waiters = self._loading.get(lora.lora_int_id)
+        if waiters is not None:  # a load of this adapter is already running: share it
+            waiters.append(reply)
+            return
+        self._loading[lora.lora_int_id] = [reply]
+        tg.start_soon(self._load, lora)
+
+    async def _load(self, lora: LoRARequest) -> None:
+        log = self._log.bind(adapter=lora.lora_name, lora_int_id=lora.lora_int_id)
+        started = time.perf_counter()
+        try:
+            ckpt = await anyio.to_thread.run_sync(
+                lambda: load_lora_checkpoint(
+                    lora.lora_path,
+                    lora_name=lora.lora_name,
+                    lora_int_id=lora.lora_int_id,
+                    model_config=self._model_config,
+                    max_lora_rank=self._max_lora_rank,
+                )
+            )
+        except Exception as exc:  # every load failure is the caller's error, never the engine's
+            log.warning("adapter load failed", error=str(exc))
+            # a failed adapter is forgotten so a corrected folder can be registered again
+            if self._registry.get(lora.lora_int_id) == lora:
+                del self._registry[lora.lora_int_id]
+                if self._names.get(lora.lora_name) == lora.lora_int_id:
+                    del self._names[lora.lora_name]
+            await self._record(
+                EventRecord(
+                    kind=EventKind.ADAPTER_FAILED,
+                    at=time.time(),
+                    payload={"name": lora.lora_name, "int_id": lora.lora_int_id, "path": lora.lora_path, "error": f"{type(exc).__name__}: {exc}"},
+                )
+            )
+            for reply in self._loading.pop(lora.lora_int_id, []):
+                await _answer(reply, AdapterResolved(lora_request=lora, error=exc))
+            return
+        log.info("adapter loaded", fingerprint=ckpt.fingerprint[:12], rank=ckpt.rank, seconds=round(time.perf_counter() - started, 4))
+        self._cache[lora.lora_int_id] = ckpt
+        await self._evict_over_capacity()
+        if self._audit is not None:
+            await self._audit.send(
+                AuditAppend(
+                    adapters=[ckpt.to_record(self._base_fp, time.time())],
+                    events=[
+                        EventRecord(
+                            kind=EventKind.ADAPTER_LOADED,
+                            at=time.time(),
+                            payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "int_id": ckpt.int_id, "path": ckpt.path},
+                        )
+                    ],
+                )
+            )
+        for reply in self._loading.pop(lora.lora_int_id, []):
+            await _answer(reply, AdapterResolved(lora_request=lora, checkpoint=ckpt))
+
+    async def _evict_over_capacity(self) -> None:
+        while len(self._cache) > self._capacity:
+            victim = next((i for i in self._cache if i not in self._pinned), None)
+            if victim is None:
+                return
+            ckpt = self._cache.pop(victim)
+            self._log.info("adapter evicted from host cache", adapter=ckpt.name, fingerprint=ckpt.fingerprint[:12])
+            await self._record(
+                EventRecord(kind=EventKind.ADAPTER_EVICTED, at=time.time(), payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"})
+            )
+
+    async def _record(self, event: EventRecord) -> None:
+        if self._audit is not None:
+            await self._audit.send(AuditAppend(events=[event]))
+
+    async def _remove(self, int_id: int, reply) -> None:
+        lora = self._registry.pop(int_id, None)
+        if lora is None:
+            await _answer(reply, False)
+            return
+        if self._names.get(lora.lora_name) == int_id:
+            del self._names[lora.lora_name]
+        self._pinned.discard(int_id)
+        ckpt = self._cache.pop(int_id, None)
+        if ckpt is not None:
+            try:
+                await self._scheduler.send(UnpinSlot(fingerprint=ckpt.fingerprint))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+        await _answer(reply, True)
+
+    async def _pin(self, tg, int_id: int, reply) -> None:
+        if int_id not in self._registry:
+            await _answer(reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first"))
+            return
+        if int_id not in self._pinned and len(self._pinned) >= self._max_loras:
+            await _answer(reply, TooManyLoRAsError(f"cannot pin more than max_loras={self._max_loras} adapters"))
+            return
+        self._pinned.add(int_id)
+        await _answer(reply, self._registry[int_id])
+
+
+async def _answer(reply: MemoryObjectSendStream, value: object) -> None:
+    """Send a one-shot reply; a caller that stopped waiting is not an error."""
+    try:
+        async with reply:
+            await reply.send(value)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass

@@ -1,0 +1,242 @@
+"""Admission actor: validates and tokenizes requests, resolves their adapter, and fixes the binding on record.
+
+The binding (request id <-> LoRARequest as submitted <-> adapter fingerprint) is written to the
+audit log, and committed, before the request reaches the Scheduler: no compute happens for a
+request that is not on record. A request refused here produces no output, only its error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from loraledger.actors.messages import (
+    Abort,
+    Accepted,
+    AdapterResolved,
+    AuditAppend,
+    Delivery,
+    NewRequest,
+    RequestDone,
+    ResolveAdapter,
+    Shutdown,
+    Submit,
+    TrackRequest,
+)
+from loraledger.errors import (
+    DuplicateRequestError,
+    EngineDeadError,
+    LoRADisabledError,
+    LoraLedgerError,
+    PromptError,
+    PromptTooLongError,
+)
+from loraledger.logging import get_logger, request_logger
+from loraledger.store.canonical import digest
+from loraledger.store.records import EventKind, EventRecord, RequestRecord
+from loraledger.version import __version__
+
+
+class Admission:
+    def __init__(
+        self,
+        inbox: MemoryObjectReceiveStream,
+        loader: MemoryObjectSendStream,
+        scheduler: MemoryObjectSendStream,
+        assembler: MemoryObjectSendStream,
+        audit: MemoryObjectSendStream | None,
+        *,
+        tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        enable_lora: bool,
+        audit_prompts: str,
+        base_model_fingerprint: str,
+    ) -> None:
+        self._inbox = inbox
+        self._loader = loader
+        self._scheduler = scheduler
+        self._assembler = assembler
+        self._audit = audit
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._max_model_len = max_model_len
+        self._enable_lora = enable_lora
+        self._audit_prompts = audit_prompts
+        self._base_fp = base_model_fingerprint
+        self._in_flight: set[str] = set()  # admitted or being admitted, not yet released
+        self._admitting: dict[str, object] = {}  # request id -> caller channel, while being admitted
+        self._abort_on_admit: set[str] = set()
+        self._log = get_logger("admission")
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._loader, self._scheduler, self._assembler, anyio.create_task_group() as tg:
+            task_status.started()
+            async for msg in self._inbox:
+                match msg:
+                    case Submit(request_id=rid):
+                        if rid in self._in_flight:
+                            await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
+                            continue
+                        self._in_flight.add(rid)
+                        self._admitting[rid] = msg.channel
+                        tg.start_soon(self._admit, msg)
+                    case Abort(request_ids=ids):
+                        pending = [rid for rid in ids if rid in self._admitting]
+                        self._abort_on_admit.update(pending)
+                        rest = [rid for rid in ids if rid not in self._admitting]
+                        if rest:
+                            await self._scheduler.send(Abort(request_ids=rest))
+                    case RequestDone(request_id=rid):
+                        self._in_flight.discard(rid)
+                    case Shutdown():
+                        break
+            tg.cancel_scope.cancel()
+            with anyio.move_on_after(5, shield=True):
+                for rid, channel in self._admitting.items():
+                    await _deliver(channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}"))
+
+    async def _admit(self, msg: Submit) -> None:
+        rid = msg.request_id
+        lora = msg.lora_request
+        log = request_logger(self._log, rid, lora.lora_name if lora else None)
+        try:
+            prompt_ids = self._prompt_token_ids(msg)
+            ckpt = None
+            if lora is not None:
+                if not self._enable_lora:
+                    raise LoRADisabledError(
+                        f"request {rid!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
+                        "pass enable_lora=True (and max_loras / max_lora_rank) to serve adapters"
+                    )
+                ckpt = await self._resolve(lora)
+            fingerprint = ckpt.fingerprint if ckpt is not None else None
+            if self._audit is not None:
+                await self._record_binding(msg, prompt_ids, ckpt)
+        except LoraLedgerError as exc:
+            log.info("request refused", error=str(exc), error_type=type(exc).__name__)
+            self._admitting.pop(rid, None)
+            self._in_flight.discard(rid)
+            self._abort_on_admit.discard(rid)
+            await _deliver(msg.channel, rid, exc)
+            return
+        queued = time.time()
+        await self._assembler.send(
+            TrackRequest(
+                request_id=rid,
+                prompt=msg.prompt,
+                prompt_token_ids=prompt_ids,
+                params=msg.params,
+                lora_request=lora,
+                adapter_fingerprint=fingerprint,
+                arrival_time=msg.arrival_time,
+                queued_time=queued,
+                channel=msg.channel,
+            )
+        )
+        await _deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
+        await self._scheduler.send(
+            NewRequest(
+                request_id=rid,
+                prompt_token_ids=prompt_ids,
+                params=msg.params,
+                lora_request=lora,
+                checkpoint=ckpt,
+                arrival_time=msg.arrival_time,
+                queued_time=queued,
+            )
+        )
+        self._admitting.pop(rid, None)
+        if rid in self._abort_on_admit:
+            self._abort_on_admit.discard(rid)
+            await self._scheduler.send(Abort(request_ids=[rid]))
+        log.debug("admitted", prompt_tokens=len(prompt_ids), fingerprint=(fingerprint or "")[:12])
+
+    def _prompt_token_ids(self, msg: Submit) -> list[int]:
+        rid = msg.request_id
+        if msg.prompt_token_ids is not None:
+            ids = msg.prompt_token_ids
+            if not ids:
+                raise PromptError(f"request {rid!r}: prompt_token_ids is empty; give at least one token")
+            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size]
+            if bad:
+                raise PromptError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})")
+            ids = list(ids)
+        else:
+            if not isinstance(msg.prompt, str):
+                raise PromptError(f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}")
+            if msg.prompt == "":
+                raise PromptError(f"request {rid!r}: the prompt is empty")
+            ids = list(self._tokenizer(msg.prompt)["input_ids"])
+            if not ids:
+                raise PromptError(f"request {rid!r}: the prompt tokenizes to no tokens")
+        if len(ids) >= self._max_model_len:
+            raise PromptTooLongError(
+                f"request {rid!r}: the prompt has {len(ids)} tokens but max_model_len is {self._max_model_len}, "
+                f"which leaves no room to generate; shorten the prompt to at most {self._max_model_len - 1} tokens "
+                "or raise max_model_len"
+            )
+        return ids
+
+    async def _resolve(self, lora):
+        send, receive = anyio.create_memory_object_stream[AdapterResolved](1)
+        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send))
+        async with receive:
+            answer = await receive.receive()
+        if answer.error is not None:
+            raise answer.error
+        return answer.checkpoint
+
+    async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt) -> None:
+        lora = msg.lora_request
+        prompt_text = msg.prompt if msg.prompt is not None else None
+        if prompt_text is not None:
+            prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
+        else:
+            prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
+        binding = RequestRecord(
+            request_id=msg.request_id,
+            adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
+            lora_name=lora.lora_name if lora else None,
+            lora_int_id=lora.lora_int_id if lora else None,
+            lora_path=lora.lora_path if lora else None,
+            tenant=msg.tenant,
+            sampling_params=msgspec.to_builtins(msg.params),
+            prompt_text=prompt_text if self._audit_prompts == "text" else None,
+            prompt_sha256=None if self._audit_prompts == "none" else prompt_hash,
+            prompt_token_count=len(prompt_ids),
+            received_at=msg.arrival_time,
+            engine_version=__version__,
+            base_model_fingerprint=self._base_fp,
+        )
+        payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
+        if self._audit_prompts == "text":
+            payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
+        event = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=msg.request_id, payload=payload, dedup_key=f"admit:{msg.request_id}")
+        send, receive = anyio.create_memory_object_stream[object](1)
+        await self._audit.send(
+            AuditAppend(
+                adapters=[ckpt.to_record(self._base_fp, time.time())] if ckpt is not None else [],
+                requests=[binding],
+                events=[event],
+                reply=send,
+                admission=True,
+            )
+        )
+        async with receive:
+            outcome = await receive.receive()
+        if outcome is not None:
+            raise outcome
+
+
+async def _deliver(channel, request_id: str, item: object) -> None:
+    try:
+        await channel.send(Delivery(request_id=request_id, item=item))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass

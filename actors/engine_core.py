@@ -1,0 +1,158 @@
+"""EngineCore: builds the actors, wires their bounded inboxes together, starts them in one task group, stops them in order."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from loraledger.actors.adapter_loader import AdapterLoader
+from loraledger.actors.admission import Admission
+from loraledger.actors.audit_writer import AuditWriter
+from loraledger.actors.executor import Executor
+from loraledger.actors.messages import AuditAppend, Shutdown
+from loraledger.actors.output_assembler import OutputAssembler
+from loraledger.actors.scheduler import Scheduler
+from loraledger.logging import get_logger
+from loraledger.store.records import EventKind, EventRecord
+
+# inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
+# both directions under normal load, small enough that a stalled consumer is felt upstream
+INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384}
+
+
+@dataclass
+class EngineSetup:
+    """Everything the actors need, prepared by the facade before start (model config, tokenizer, store, ...)."""
+
+    args: object  # EngineArgs
+    model_config: object  # ModelConfig
+    tokenizer: object
+    max_model_len: int
+    num_kv_blocks: int
+    base_model_fingerprint: str
+    make_runner: object  # () -> ModelRunner, called in the executor's worker thread
+    store: object | None  # an opened AuditStore, or None with auditing off
+
+
+class EngineCore:
+    def __init__(self, setup: EngineSetup) -> None:
+        self.setup = setup
+        self._log = get_logger("engine_core")
+        self._streams = {name: anyio.create_memory_object_stream[object](size) for name, size in INBOX.items()}
+        self._done: dict[str, anyio.Event] = {name: anyio.Event() for name in INBOX}
+        self.runner = None
+
+    def sender(self, name: str) -> MemoryObjectSendStream:
+        """A new handle on an actor's inbox (each holder closes its own clone)."""
+        return self._streams[name][0].clone()
+
+    async def start(self, tg) -> None:
+        s = self.setup
+        args = s.args
+        audit_on = s.store is not None
+        send = self.sender
+        recv = {name: pair[1] for name, pair in self._streams.items()}
+
+        if audit_on:
+            writer = AuditWriter(recv["audit"], send("assembler"), s.store, on_failure=args.audit_on_failure)
+            await tg.start(self._supervise, "audit", writer)
+        executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
+        self.runner = await tg.start(self._supervise, "executor", executor)
+        scheduler = Scheduler(
+            recv["scheduler"],
+            send("executor"),
+            send("assembler"),
+            send("audit") if audit_on else None,
+            num_kv_blocks=s.num_kv_blocks,
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=s.max_model_len,
+            max_loras=args.max_loras,
+            eos_token_ids=_eos_ids(s.model_config, s.tokenizer),
+            seed=args.seed,
+        )
+        await tg.start(self._supervise, "scheduler", scheduler)
+        assembler = OutputAssembler(
+            recv["assembler"],
+            send("scheduler"),
+            send("admission"),
+            send("audit") if audit_on else None,
+            tokenizer=s.tokenizer,
+            durable=args.audit_durable,
+        )
+        await tg.start(self._supervise, "assembler", assembler)
+        loader = AdapterLoader(
+            recv["loader"],
+            send("audit") if audit_on else None,
+            send("scheduler"),
+            model_config=s.model_config,
+            max_lora_rank=args.max_lora_rank,
+            max_cpu_loras=args.cpu_lora_capacity,
+            max_loras=args.max_loras,
+            base_model_fingerprint=s.base_model_fingerprint,
+        )
+        await tg.start(self._supervise, "loader", loader)
+        admission = Admission(
+            recv["admission"],
+            send("loader"),
+            send("scheduler"),
+            send("assembler"),
+            send("audit") if audit_on else None,
+            tokenizer=s.tokenizer,
+            vocab_size=s.model_config.vocab_size,
+            max_model_len=s.max_model_len,
+            enable_lora=args.enable_lora,
+            audit_prompts=args.audit_prompts,
+            base_model_fingerprint=s.base_model_fingerprint,
+        )
+        await tg.start(self._supervise, "admission", admission)
+        await self.record(EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)})
+
+    async def _supervise(self, name: str, actor, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await actor.run(task_status=task_status)
+        finally:
+            self._done[name].set()
+            self._log.debug("actor stopped", name=name)
+
+    async def record(self, kind: str, payload: dict, request_id: str | None = None) -> None:
+        if self.setup.store is None:
+            return
+        async with self.sender("audit") as audit:
+            await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop in dependency order: nothing new comes in, running requests end with an error, records are flushed."""
+        with anyio.move_on_after(timeout, shield=True) as scope:
+            for name in ("admission", "scheduler", "loader", "assembler"):
+                await self._shutdown(name)
+            if self.setup.store is not None:
+                await self.record(EventKind.ENGINE_STOPPED, {})
+                await self._shutdown("audit")
+        if scope.cancelled_caught:
+            self._log.error("engine stop timed out", timeout=timeout)
+        for send, receive in self._streams.values():
+            send.close()
+            receive.close()
+
+    async def _shutdown(self, name: str) -> None:
+        if self._done[name].is_set():
+            return
+        try:
+            async with self.sender(name) as inbox:
+                await inbox.send(Shutdown())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        await self._done[name].wait()
+
+
+def _eos_ids(model_config, tokenizer) -> tuple[int, ...]:
+    ids = set(model_config.eos_token_ids)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))

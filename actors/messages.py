@@ -1,0 +1,227 @@
+"""Every message the actors exchange: frozen, tagged msgspec Structs (array_like on the hot path).
+
+Request/response pairs carry a `reply` field holding a one-shot anyio send stream (the reply
+channel); everything else is fire-and-forget into the receiving actor's inbox. Exceptions and
+host-side objects (adapter checkpoints, reply channels) travel as `object` fields: these messages
+never leave the process, so msgspec is used for its cheap, frozen, typed structs, not for bytes.
+New fields get defaults and are appended, never reordered.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from loraledger.lora_request import LoRARequest
+from loraledger.outputs import RequestOutput
+from loraledger.sampling_params import SamplingParams
+from loraledger.gpu.step import StepOutput, StepPlan
+from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
+
+
+class Msg(msgspec.Struct, frozen=True, tag=True):
+    """Base of all actor messages (tagged, so `match` dispatch and logs show the kind)."""
+
+
+# --- caller-facing deliveries (items on a caller's output channel) ------------------------------
+
+
+class Accepted(Msg):
+    """The request passed admission: its binding is on record (when auditing) and it is queued."""
+
+    request_id: str
+    adapter_fingerprint: str | None
+
+
+class Delivery(Msg):
+    """One item for the caller: Accepted, a RequestOutput, or the exception that ended the request."""
+
+    request_id: str
+    item: object
+
+
+# --- caller -> Admission ------------------------------------------------------------------------
+
+
+class Submit(Msg):
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    params: SamplingParams
+    lora_request: LoRARequest | None
+    tenant: str | None
+    arrival_time: float
+    channel: object  # MemoryObjectSendStream[Delivery], owned by the caller's side
+    resume: bool = False  # crash recovery re-run under an existing binding
+
+
+class Abort(Msg):
+    request_ids: list[str]
+
+
+class RequestDone(Msg):
+    """OutputAssembler -> Admission: the request's final output was released; its id may be reused in flight checks."""
+
+    request_id: str
+
+
+# --- adapter management (caller / Admission -> AdapterLoader) -----------------------------------
+
+
+class ResolveAdapter(Msg):
+    lora_request: LoRARequest
+    reply: object  # send stream: AdapterResolved
+
+
+class AdapterResolved(Msg):
+    lora_request: LoRARequest
+    checkpoint: object = None  # LoraCheckpoint, or None with error set
+    error: object = None
+
+
+class AddLora(Msg):
+    lora_request: LoRARequest
+    reply: object  # send stream: bool / exception
+
+
+class RemoveLora(Msg):
+    lora_int_id: int
+    reply: object
+
+
+class PinLora(Msg):
+    lora_int_id: int
+    reply: object
+
+
+class ListLoras(Msg):
+    reply: object  # send stream: list[int]
+
+
+# --- Admission -> Scheduler / OutputAssembler ---------------------------------------------------
+
+
+class NewRequest(Msg):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    lora_request: LoRARequest | None
+    checkpoint: object  # LoraCheckpoint or None (base model)
+    arrival_time: float
+    queued_time: float
+
+
+class TrackRequest(Msg):
+    """Tell the OutputAssembler about an admitted request before its first token can exist."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    lora_request: LoRARequest | None
+    adapter_fingerprint: str | None
+    arrival_time: float
+    queued_time: float
+    channel: object
+
+
+class PinSlot(Msg):
+    """Keep an adapter in a device slot (pin_lora)."""
+
+    fingerprint: str
+    checkpoint: object
+    reply: object
+
+
+class UnpinSlot(Msg):
+    fingerprint: str
+
+
+# --- Scheduler <-> Executor ---------------------------------------------------------------------
+
+
+class ExecuteStep(Msg):
+    plan: StepPlan
+
+
+class StepDone(Msg):
+    output: StepOutput | None
+    error: object = None  # the exception the step raised; its requests fail, the engine goes on
+    step_id: int = -1
+
+
+# --- Scheduler / OutputAssembler ----------------------------------------------------------------
+
+
+class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    """New tokens of one sequence after a step (hot path)."""
+
+    request_id: str
+    seq_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class RequestTiming(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
+    request_id: str
+    first_scheduled_time: float | None = None
+    num_cached_tokens: int | None = None
+    preempted: bool = False
+    prompt_logprobs: list | None = None  # PromptLogprobs (None for the first token)
+
+
+class StepTokens(Msg):
+    updates: list[SeqUpdate]
+    timings: list[RequestTiming] = []
+    time: float = 0.0
+
+
+class StopSeq(Msg):
+    """OutputAssembler -> Scheduler: a stop string ended this sequence; stop computing it."""
+
+    request_id: str
+    seq_index: int
+
+
+class RequestFailed(Msg):
+    """A request cannot go on (step error, adapter changed); the OutputAssembler ends it with the error."""
+
+    request_id: str
+    error: object
+
+
+# --- -> AuditWriter -----------------------------------------------------------------------------
+
+
+class AuditAppend(Msg):
+    """Records for the next group commit.
+
+    reply: a send stream that gets None once committed, or the exception if the batch was refused
+    (admissions); commit_notify: request ids whose commit the OutputAssembler waits for.
+    """
+
+    adapters: list[AdapterRecord] = []
+    requests: list[RequestRecord] = []
+    completions: list[CompletionRecord] = []
+    events: list[EventRecord] = []
+    reply: object = None
+    commit_notify: list[str] = []
+    admission: bool = False  # refuse duplicates already in the log; obey audit_on_failure
+
+
+class AuditCommitted(Msg):
+    """AuditWriter -> OutputAssembler: these requests' final rows are durable; release their outputs."""
+
+    request_ids: list[str]
+
+
+class GetStats(Msg):
+    """Ask the Scheduler for its per-step timing summary (engine overhead vs forward time)."""
+
+    reply: object
+
+
+class Shutdown(Msg):
+    reason: str = "engine shutting down"

@@ -1,0 +1,352 @@
+"""OutputAssembler actor: detokenizes, applies stop strings, builds RequestOutputs and streams them to callers.
+
+A request's final output goes to the caller only after its completion rows are committed to the
+audit store (audit_durable, the default): it is held here until the AuditWriter says so.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from loraledger.actors.detokenizer import Detokenizer
+from loraledger.actors.messages import (
+    AuditAppend,
+    AuditCommitted,
+    Delivery,
+    RequestDone,
+    RequestFailed,
+    Shutdown,
+    StepTokens,
+    StopSeq,
+    TrackRequest,
+)
+from loraledger.logging import get_logger, request_logger
+from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from loraledger.sampling_params import RequestOutputKind, SamplingParams
+from loraledger.store.canonical import digest
+from loraledger.store.records import CompletionRecord, EventKind, EventRecord
+
+
+@dataclass(eq=False)
+class _SeqOut:
+    index: int
+    detok: Detokenizer
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    sent_tokens: int = 0  # DELTA bookkeeping
+    sent_chars: int = 0
+    dirty: bool = False
+
+
+@dataclass(eq=False)
+class _ReqOut:
+    msg: TrackRequest
+    seqs: list[_SeqOut]
+    metrics: RequestMetrics
+    num_cached_tokens: int | None = None
+    prompt_logprobs: list | None = None
+    max_stop_len: int = 0
+    final: RequestOutput | None = None  # held until its audit commit
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.msg.params
+
+
+class OutputAssembler:
+    def __init__(
+        self,
+        inbox: MemoryObjectReceiveStream,
+        scheduler: MemoryObjectSendStream,
+        admission: MemoryObjectSendStream,
+        audit: MemoryObjectSendStream | None,
+        *,
+        tokenizer,
+        durable: bool,
+    ) -> None:
+        self._inbox = inbox
+        self._scheduler = scheduler
+        self._admission = admission
+        self._audit = audit
+        self._tokenizer = tokenizer
+        self._durable = durable and audit is not None
+        self._reqs: dict[str, _ReqOut] = {}
+        self._held: dict[str, _ReqOut] = {}
+        self._log = get_logger("output_assembler")
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._scheduler, self._admission:
+            task_status.started()
+            closing = False
+            try:
+                async for msg in self._inbox:
+                    match msg:
+                        case Shutdown():
+                            closing = True
+                        case TrackRequest():
+                            self._track(msg)
+                        case StepTokens():
+                            await self._on_tokens(msg)
+                        case RequestFailed(request_id=rid, error=error):
+                            await self._fail(rid, error)
+                        case AuditCommitted(request_ids=ids):
+                            for rid in ids:
+                                req = self._held.pop(rid, None)
+                                if req is not None:
+                                    await self._release(req)
+                    if closing and not self._held:
+                        break  # every final output that was waiting for its audit commit is out
+            finally:
+                with anyio.move_on_after(5, shield=True):
+                    await self._fail_pending()
+
+    def _track(self, msg: TrackRequest) -> None:
+        params = msg.params
+        seqs = [
+            _SeqOut(
+                index=i,
+                detok=Detokenizer(self._tokenizer, msg.prompt_token_ids, params.skip_special_tokens),
+                logprobs=[] if params.logprobs is not None else None,
+            )
+            for i in range(params.n)
+        ]
+        metrics = RequestMetrics(
+            arrival_time=msg.arrival_time,
+            queued_time=msg.queued_time,
+            adapter_name=msg.lora_request.lora_name if msg.lora_request else None,
+            adapter_fingerprint=msg.adapter_fingerprint,
+        )
+        self._reqs[msg.request_id] = _ReqOut(
+            msg=msg, seqs=seqs, metrics=metrics, max_stop_len=max((len(s) for s in params.stop or ()), default=0)
+        )
+
+    async def _on_tokens(self, msg: StepTokens) -> None:
+        touched: dict[str, _ReqOut] = {}
+        for timing in msg.timings:
+            req = self._reqs.get(timing.request_id)
+            if req is None:
+                continue
+            if timing.first_scheduled_time is not None and req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = timing.first_scheduled_time
+            if timing.num_cached_tokens is not None and req.num_cached_tokens is None:
+                req.num_cached_tokens = timing.num_cached_tokens
+            if timing.preempted:
+                req.metrics.num_preemptions += 1
+            if timing.prompt_logprobs is not None:
+                self._add_prompt_logprobs(req, timing.prompt_logprobs)
+        for update in msg.updates:
+            req = self._reqs.get(update.request_id)
+            if req is None:
+                continue
+            seq = req.seqs[update.seq_index]
+            if seq.finish_reason is not None:
+                continue  # a stop string already ended it; tokens of a step in flight are dropped
+            touched[update.request_id] = req
+            seq.dirty = True
+            if update.token_ids:
+                if req.metrics.first_token_time is None:
+                    req.metrics.first_token_time = msg.time
+                req.metrics.last_token_time = msg.time
+                req.metrics.num_generation_tokens += len(update.token_ids)
+                seq.token_ids.extend(update.token_ids)
+                seq.cumulative_logprob += sum(update.logprobs)
+                if seq.logprobs is not None:
+                    for i, (token, lp) in enumerate(zip(update.token_ids, update.logprobs)):
+                        entry = {token: lp}
+                        if update.top_logprobs is not None:
+                            for alt, alt_lp in update.top_logprobs[i]:
+                                entry.setdefault(alt, alt_lp)
+                        seq.logprobs.append(entry)
+                hide_last = update.finish_reason == "stop" and self._stop_token_hidden(req, update.stop_reason)
+                before = len(seq.text)
+                seq.text += seq.detok.add(update.token_ids[:-1] if hide_last else update.token_ids)
+                if req.params.stop and not (update.finish_reason == "stop" and update.stop_reason is not None):
+                    if self._apply_stop_strings(req, seq, before):
+                        await _send_quietly(self._scheduler, StopSeq(request_id=update.request_id, seq_index=seq.index))
+                        continue
+            if update.finish_reason is not None:
+                seq.finish_reason = update.finish_reason
+                seq.stop_reason = update.stop_reason
+        now = time.time()
+        for rid, req in touched.items():
+            if all(s.finish_reason is not None for s in req.seqs):
+                await self._finish(rid, req, now)
+            elif req.params.output_kind != RequestOutputKind.FINAL_ONLY:
+                await self._deliver(req, self._snapshot(req, final=False))
+
+    @staticmethod
+    def _stop_token_hidden(req: _ReqOut, stop_reason) -> bool:
+        # a stop token id is kept in token_ids but, like EOS, only shows in the text when asked for
+        return isinstance(stop_reason, int) and not req.params.include_stop_str_in_output
+
+    def _apply_stop_strings(self, req: _ReqOut, seq: _SeqOut, before: int) -> bool:
+        # only a stop string that ends in the new text can be new: search from just before it
+        window_start = max(0, before - req.max_stop_len + 1)
+        best: tuple[int, str] | None = None
+        for stop in req.params.stop:
+            at = seq.text.find(stop, window_start)
+            if at != -1 and (best is None or at < best[0]):
+                best = (at, stop)
+        if best is None:
+            return False
+        at, stop = best
+        seq.text = seq.text[: at + len(stop)] if req.params.include_stop_str_in_output else seq.text[:at]
+        seq.finish_reason = "stop"
+        seq.stop_reason = stop
+        return True
+
+    def _add_prompt_logprobs(self, req: _ReqOut, packed: list) -> None:
+        first_pos, lps, tops = packed
+        prompt = req.msg.prompt_token_ids
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None] * len(prompt)
+        for i, lp in enumerate(lps):
+            pos = first_pos + i
+            if 0 < pos < len(prompt):
+                entry = {prompt[pos]: lp}
+                if tops is not None:
+                    for alt, alt_lp in tops[i]:
+                        entry.setdefault(alt, alt_lp)
+                req.prompt_logprobs[pos] = entry
+
+    def _snapshot(self, req: _ReqOut, *, final: bool) -> RequestOutput:
+        params = req.params
+        delta = params.output_kind == RequestOutputKind.DELTA
+        lora = req.msg.lora_request
+        outputs = []
+        for seq in req.seqs:
+            if delta and not seq.dirty and not final:
+                continue
+            visible = len(seq.text)
+            if not final and seq.finish_reason is None and req.max_stop_len and not params.include_stop_str_in_output:
+                visible = max(seq.sent_chars, len(seq.text) - req.max_stop_len + 1)  # a stop string may still be forming
+            if delta:
+                text, token_ids = seq.text[seq.sent_chars : visible], seq.token_ids[seq.sent_tokens :]
+                logprobs = seq.logprobs[seq.sent_tokens :] if seq.logprobs is not None else None
+                seq.sent_chars, seq.sent_tokens = visible, len(seq.token_ids)
+            else:
+                text, token_ids = seq.text[:visible], list(seq.token_ids)
+                logprobs = list(seq.logprobs) if seq.logprobs is not None else None
+            seq.dirty = False
+            outputs.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=text,
+                    token_ids=token_ids,
+                    cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+                    logprobs=logprobs,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                    lora_request=lora,
+                )
+            )
+        return RequestOutput(
+            request_id=req.msg.request_id,
+            prompt=req.msg.prompt,
+            prompt_token_ids=req.msg.prompt_token_ids,
+            prompt_logprobs=req.prompt_logprobs,
+            outputs=outputs,
+            finished=final,
+            metrics=msgspec.structs.replace(req.metrics),
+            lora_request=lora,
+            num_cached_tokens=req.num_cached_tokens,
+        )
+
+    async def _finish(self, rid: str, req: _ReqOut, now: float) -> None:
+        del self._reqs[rid]
+        req.metrics.finished_time = now
+        req.final = self._snapshot(req, final=True)
+        log = request_logger(self._log, rid, req.metrics.adapter_name)
+        reasons = [s.finish_reason for s in req.seqs]
+        log.info("request finished", finish_reasons=reasons, tokens=req.metrics.num_generation_tokens)
+        if self._audit is None:
+            await self._release(req)
+            return
+        records = [
+            CompletionRecord(
+                request_id=rid,
+                index=s.index,
+                text=s.text,
+                token_ids=list(s.token_ids),
+                cumulative_logprob=s.cumulative_logprob,
+                finish_reason=s.finish_reason or "abort",
+                stop_reason=None if s.stop_reason is None else str(s.stop_reason),
+                adapter_fingerprint=req.msg.adapter_fingerprint,
+                prompt_token_count=len(req.msg.prompt_token_ids),
+                generated_token_count=len(s.token_ids),
+                first_token_at=req.metrics.first_token_time,
+                finished_at=now,
+            )
+            for s in req.seqs
+        ]
+        aborted = all(r == "abort" for r in reasons)
+        event = EventRecord(
+            kind=EventKind.REQUEST_ABORTED if aborted else EventKind.REQUEST_FINISHED,
+            at=now,
+            request_id=rid,
+            payload={
+                "completions_sha256": digest([msgspec.to_builtins(r) for r in records]),
+                "num_completions": len(records),
+                "finish_reasons": reasons,
+                "num_preemptions": req.metrics.num_preemptions,
+            },
+            dedup_key=f"end:{rid}",
+        )
+        if self._durable:
+            self._held[rid] = req
+            await self._audit.send(AuditAppend(completions=records, events=[event], commit_notify=[rid]))
+        else:
+            await self._audit.send(AuditAppend(completions=records, events=[event]))
+            await self._release(req)
+
+    async def _release(self, req: _ReqOut) -> None:
+        await self._deliver(req, req.final)
+        await _send_quietly(self._admission, RequestDone(request_id=req.msg.request_id))
+
+    async def _deliver(self, req: _ReqOut, item: object) -> None:
+        try:
+            await req.msg.channel.send(Delivery(request_id=req.msg.request_id, item=item))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the caller stopped listening (it aborts the request itself)
+
+    async def _fail(self, rid: str, error: object) -> None:
+        req = self._reqs.pop(rid, None)
+        if req is None:
+            return
+        request_logger(self._log, rid, req.metrics.adapter_name).warning("request failed", error=str(error))
+        if self._audit is not None:
+            await self._audit.send(
+                AuditAppend(
+                    events=[EventRecord(kind=EventKind.REQUEST_FAILED, at=time.time(), request_id=rid, payload={"error": f"{type(error).__name__}: {error}"}, dedup_key=f"end:{rid}")]
+                )
+            )
+        await self._deliver(req, error)
+        await _send_quietly(self._admission, RequestDone(request_id=rid))
+
+    async def _fail_pending(self) -> None:
+        from loraledger.errors import EngineDeadError
+
+        for rid in list(self._reqs):
+            req = self._reqs.pop(rid)
+            await self._deliver(req, EngineDeadError(f"the engine stopped before request {rid} finished"))
+        for rid in list(self._held):
+            req = self._held.pop(rid)
+            await self._deliver(req, EngineDeadError(f"the engine stopped before request {rid}'s audit record was committed"))
+
+
+async def _send_quietly(stream, msg) -> None:
+    """Notify an actor that may already have stopped (during shutdown); a closed inbox is not an error."""
+    try:
+        await stream.send(msg)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass

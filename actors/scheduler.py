@@ -1,0 +1,532 @@
+"""Scheduler actor: continuous batching over the paged KV cache, adapter-slot assignment, preemption, stop checks.
+
+One step = schedule (this actor) -> execute (Executor, in a worker thread) -> update (this actor),
+and the updates go to the OutputAssembler. Requests join and leave the running batch at step
+boundaries; prefills (chunked to the token budget) and decodes share a step; when KV blocks run
+out the youngest running sequence is preempted and later recomputed (its output is unchanged: the
+sampler's randomness is keyed by (seed, position), not by batch). At most max_loras distinct
+adapters run in a step; a request whose adapter cannot get a slot waits, and once it has waited
+at the head of the queue for `max_head_skips` steps nothing else is admitted ahead of it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import time
+from collections import deque
+
+import anyio
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from loraledger.actors.messages import (
+    Abort,
+    AuditAppend,
+    ExecuteStep,
+    GetStats,
+    NewRequest,
+    PinSlot,
+    RequestFailed,
+    RequestTiming,
+    SeqUpdate,
+    Shutdown,
+    StepDone,
+    StepTokens,
+    StopSeq,
+    UnpinSlot,
+)
+from loraledger.actors.scheduler_state import SchedRequest, Seq, SeqStatus
+from loraledger.actors.step_stats import StepStats
+from loraledger.errors import EngineDeadError, RequestFailedError
+from loraledger.gpu.block_manager import BlockManager
+from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+from loraledger.logging import get_logger, request_logger
+from loraledger.store.records import EventKind, EventRecord
+
+
+class Scheduler:
+    def __init__(
+        self,
+        inbox: MemoryObjectReceiveStream,
+        executor: MemoryObjectSendStream,
+        assembler: MemoryObjectSendStream,
+        audit: MemoryObjectSendStream | None,
+        *,
+        num_kv_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        max_loras: int,
+        eos_token_ids: tuple[int, ...],
+        seed: int,
+        max_head_skips: int = 8,
+    ) -> None:
+        self._inbox = inbox
+        self._executor = executor
+        self._assembler = assembler
+        self._audit = audit
+        self._blocks = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self._block_size = block_size
+        self._max_num_seqs = max_num_seqs
+        self._budget = max_num_batched_tokens
+        self._max_model_len = max_model_len
+        self._eos = frozenset(eos_token_ids)
+        self._rng = random.Random(seed)
+        self._max_head_skips = max_head_skips
+
+        self._requests: dict[str, SchedRequest] = {}
+        self._seqs: dict[int, Seq] = {}
+        self._waiting: deque[Seq] = deque()
+        self._running: list[Seq] = []  # sorted by Seq.key: oldest first, so the youngest is last
+        self._next_seq_id = 0
+        self._next_order = 0
+        self._step_id = 0
+        self._freed: list[int] = []
+        self._pending_preempted: list[Seq] = []
+
+        # adapter slots: slot -> fingerprint (or None), fingerprint -> slot, last step a slot was used
+        self._slot_fp: list[str | None] = [None] * max_loras
+        self._fp_slot: dict[str, int] = {}
+        self._slot_used_step: list[int] = [-1] * max_loras
+        self._pinned: dict[str, object] = {}  # fingerprint -> checkpoint
+        self._stats = StepStats()
+        self._log = get_logger("scheduler")
+
+    # --- actor loop ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        async with self._inbox, self._executor, self._assembler:
+            task_status.started()
+            try:
+                await self._loop()
+            finally:
+                with anyio.move_on_after(5, shield=True):
+                    await self._fail_everything(EngineDeadError("the engine stopped before this request finished"))
+
+    async def _loop(self) -> None:
+        while True:
+            if not self._waiting and not self._running:
+                try:
+                    msg = await self._inbox.receive()
+                except anyio.EndOfStream:
+                    return
+                if not await self._handle(msg):
+                    return
+                continue
+            while True:  # take in whatever arrived during the last step before scheduling
+                try:
+                    msg = self._inbox.receive_nowait()
+                except anyio.WouldBlock:
+                    break
+                except anyio.EndOfStream:
+                    return
+                if not await self._handle(msg):
+                    return
+            started = time.perf_counter()
+            plan = self._schedule()
+            if plan is None:
+                try:
+                    msg = await self._inbox.receive()
+                except anyio.EndOfStream:
+                    return
+                if not await self._handle(msg):
+                    return
+                continue
+            schedule_seconds = time.perf_counter() - started
+            await self._executor.send(ExecuteStep(plan=plan))
+            while True:
+                try:
+                    msg = await self._inbox.receive()
+                except anyio.EndOfStream:
+                    return
+                if isinstance(msg, StepDone):
+                    update_started = time.perf_counter()
+                    await self._on_step_done(plan, msg)
+                    self._stats.add(
+                        plan, msg.output, schedule_seconds, time.perf_counter() - update_started, time.perf_counter() - started
+                    )
+                    break
+                if not await self._handle(msg):
+                    return
+
+    async def _handle(self, msg) -> bool:
+        match msg:
+            case NewRequest():
+                self._add(msg)
+            case Abort(request_ids=ids):
+                await self._abort(ids)
+            case StopSeq(request_id=rid, seq_index=index):
+                await self._stop_from_string(rid, index)
+            case PinSlot(fingerprint=fp, checkpoint=ckpt, reply=reply):
+                self._pinned[fp] = ckpt
+                await _answer(reply, True)
+            case UnpinSlot(fingerprint=fp):
+                self._pinned.pop(fp, None)
+            case GetStats(reply=reply):
+                await _answer(reply, self._stats.snapshot(self._blocks))
+            case Shutdown():
+                return False
+            case StepDone():  # a step whose plan we no longer wait for (cannot happen in order); ignore
+                pass
+        return True
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _add(self, msg: NewRequest) -> None:
+        params = msg.params
+        ckpt = msg.checkpoint
+        prompt_len = len(msg.prompt_token_ids)
+        room = self._max_model_len - prompt_len
+        max_output = min(params.max_tokens, room) if params.max_tokens is not None else room
+        eos = frozenset() if params.ignore_eos else self._eos
+        stop_ids = frozenset(params.stop_token_ids or ())
+        req = SchedRequest(
+            request_id=msg.request_id,
+            order=self._next_order,
+            params=params,
+            lora_request=msg.lora_request,
+            checkpoint=ckpt,
+            salt=ckpt.fingerprint if ckpt is not None else "",
+            prompt_len=prompt_len,
+            max_output=max(1, max_output),
+            stop_ids=stop_ids,
+            eos_ids=eos,
+        )
+        self._next_order += 1
+        base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        for index in range(params.n):
+            spec = SamplingSpec(
+                temperature=float(params.temperature),
+                top_p=float(params.top_p),
+                top_k=int(params.top_k),
+                min_p=float(params.min_p),
+                seed=_mix_seed(base_seed, index),
+                presence_penalty=float(params.presence_penalty),
+                frequency_penalty=float(params.frequency_penalty),
+                repetition_penalty=float(params.repetition_penalty),
+                logprobs=-1 if params.logprobs is None else int(params.logprobs),
+                prompt_logprobs=-1 if params.prompt_logprobs is None or index > 0 else int(params.prompt_logprobs),
+                min_tokens=int(params.min_tokens),
+                stop_ids=sorted(eos | stop_ids),
+            )
+            seq = Seq(seq_id=self._next_seq_id, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec)
+            self._next_seq_id += 1
+            req.seqs.append(seq)
+            self._seqs[seq.seq_id] = seq
+            self._waiting.append(seq)
+        self._requests[req.request_id] = req
+
+    def _finish_seq(self, seq: Seq) -> None:
+        seq.status = SeqStatus.FINISHED
+        self._blocks.free(seq.seq_id)
+        self._seqs.pop(seq.seq_id, None)
+        if seq.announced:
+            self._freed.append(seq.seq_id)
+        req = seq.request
+        if all(s.status is SeqStatus.FINISHED for s in req.seqs):
+            self._requests.pop(req.request_id, None)
+
+    def _remove_from_queues(self, seq: Seq) -> None:
+        if seq.status is SeqStatus.RUNNING:
+            self._running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            try:
+                self._waiting.remove(seq)
+            except ValueError:
+                pass
+
+    async def _abort(self, request_ids: list[str]) -> None:
+        updates = []
+        for rid in request_ids:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if seq.status is SeqStatus.FINISHED:
+                    continue
+                self._remove_from_queues(seq)
+                self._finish_seq(seq)
+                updates.append(SeqUpdate(request_id=rid, seq_index=seq.index, token_ids=[], logprobs=[], finish_reason="abort"))
+        if updates:
+            await self._assembler.send(StepTokens(updates=updates, time=time.time()))
+
+    async def _stop_from_string(self, request_id: str, index: int) -> None:
+        req = self._requests.get(request_id)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if seq.index == index and seq.status is not SeqStatus.FINISHED:
+                self._remove_from_queues(seq)
+                self._finish_seq(seq)
+
+    async def _fail_everything(self, error: Exception) -> None:
+        for rid in list(self._requests):
+            try:
+                await self._assembler.send(RequestFailed(request_id=rid, error=error))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+        self._requests.clear()
+
+    # --- scheduling ---------------------------------------------------------------------------
+
+    def _schedule(self) -> StepPlan | None:
+        budget = self._budget
+        work: list[tuple[Seq, int]] = []
+        active_fps: set[str] = set()
+        preempted: list[Seq] = []
+
+        running = list(self._running)
+        i = 0
+        while i < len(running):
+            seq = running[i]
+            if seq.status is not SeqStatus.RUNNING:
+                i += 1
+                continue
+            num_new = min(len(seq.token_ids) - seq.num_computed, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self._blocks.can_allocate(seq.seq_id, seq.num_computed + num_new):
+                victim = self._running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                break
+            self._blocks.allocate(seq.seq_id, seq.num_computed + num_new)
+            work.append((seq, num_new))
+            if seq.request.salt:
+                active_fps.add(seq.request.salt)
+            budget -= num_new
+            i += 1
+            if budget <= 0:
+                break
+
+        if not preempted:
+            self._admit_waiting(work, active_fps, budget)
+
+        if not work:
+            return None
+        return self._build_plan(work, preempted)
+
+    def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
+        skipped: list[Seq] = []
+        head_blocked = False
+        while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
+            seq = self._waiting.popleft()
+            req = seq.request
+            if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
+                # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
+                skipped.append(seq)
+                continue
+            if req.salt and not self._slot_available(req.salt, active_fps):
+                if not skipped and not head_blocked:
+                    head_blocked = True
+                    req.blocked_steps += 1
+                    if req.blocked_steps > self._max_head_skips:
+                        skipped.append(seq)
+                        break  # the head has waited long enough: admit nothing ahead of it
+                skipped.append(seq)
+                continue
+            use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
+            prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
+            num_new = min(len(seq.token_ids) - cached, budget)
+            if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
+                skipped.append(seq)
+                break  # out of KV blocks: admitting later (smaller) requests first would starve this one
+            self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
+            seq.num_computed = cached
+            seq.status = SeqStatus.RUNNING
+            bisect.insort(self._running, seq, key=lambda s: s.key)
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = cached
+            if req.salt:
+                active_fps.add(req.salt)
+            work.append((seq, num_new))
+            budget -= num_new
+        # put back what we passed over, in its original order, ahead of the rest
+        self._waiting.extendleft(reversed(skipped))
+
+    def _slot_available(self, fp: str, active_fps: set[str]) -> bool:
+        if fp in self._fp_slot or fp in active_fps:
+            return True
+        in_use = {s.request.salt for s in self._running} | active_fps
+        return any(f is None or (f not in in_use and f not in self._pinned) for f in self._slot_fp)
+
+    def _preempt(self, seq: Seq) -> None:
+        self._running.remove(seq)
+        self._blocks.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.status = SeqStatus.WAITING
+        self._waiting.appendleft(seq)
+        log = request_logger(self._log, seq.request.request_id, seq.request.lora_request and seq.request.lora_request.lora_name)
+        log.info("preempted for recompute", seq_index=seq.index, tokens=len(seq.token_ids))
+
+    def _assign_slots(self, fps: set[str]) -> list[SlotLoad]:
+        loads = []
+        for fp in sorted(fps):  # sorted: a deterministic slot layout for the same batch
+            if fp in self._fp_slot:
+                self._slot_used_step[self._fp_slot[fp]] = self._step_id
+                continue
+            free = [i for i, f in enumerate(self._slot_fp) if f is None]
+            if free:
+                slot = free[0]
+            else:
+                candidates = [i for i, f in enumerate(self._slot_fp) if f not in fps and f not in self._pinned]
+                slot = min(candidates, key=lambda i: self._slot_used_step[i])
+                del self._fp_slot[self._slot_fp[slot]]
+            ckpt = self._checkpoint_for(fp)
+            self._slot_fp[slot] = fp
+            self._fp_slot[fp] = slot
+            self._slot_used_step[slot] = self._step_id
+            loads.append(SlotLoad(slot=slot, fingerprint=fp, checkpoint=ckpt))
+        return loads
+
+    def _checkpoint_for(self, fp: str):
+        if fp in self._pinned:
+            return self._pinned[fp]
+        for req in self._requests.values():
+            if req.salt == fp:
+                return req.checkpoint
+        raise RuntimeError(f"no checkpoint for adapter {fp[:12]}")
+
+    def _build_plan(self, work: list[tuple[Seq, int]], preempted: list[Seq]) -> StepPlan:
+        fps = {seq.request.salt for seq, _ in work if seq.request.salt}
+        loads = self._assign_slots(fps)
+        new_seqs = []
+        seq_work = []
+        now = time.time()
+        for seq, num_new in work:
+            req = seq.request
+            if not seq.announced:
+                seq.announced = True
+                new_seqs.append(NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len]))
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+            end = seq.num_computed + num_new
+            seq_work.append(
+                SeqWork(
+                    seq_id=seq.seq_id,
+                    token_ids=seq.token_ids[seq.num_computed : end],
+                    start_pos=seq.num_computed,
+                    block_table=self._blocks.block_table(seq.seq_id),
+                    lora_slot=self._fp_slot[req.salt] if req.salt else -1,
+                    sample=end == len(seq.token_ids),
+                    prompt_logprobs=seq.spec.prompt_logprobs >= 0 and not req.prompt_logprobs_done and seq.num_computed < req.prompt_len,
+                )
+            )
+        self._step_id += 1
+        freed, self._freed = self._freed, []
+        self._pending_preempted = preempted
+        return StepPlan(step_id=self._step_id, seqs=seq_work, new_seqs=new_seqs, freed_seq_ids=freed, slot_loads=loads)
+
+    # --- after a step -------------------------------------------------------------------------
+
+    async def _on_step_done(self, plan: StepPlan, done: StepDone) -> None:
+        now = time.time()
+        timings: dict[str, RequestTiming] = {}
+        for seq in self._pending_preempted:
+            rid = seq.request.request_id
+            timings[rid] = RequestTiming(request_id=rid, preempted=True)
+            if self._audit is not None:
+                await self._audit.send(
+                    AuditAppend(events=[EventRecord(kind=EventKind.REQUEST_PREEMPTED, at=now, request_id=rid, payload={"seq_index": seq.index})])
+                )
+        if done.error is not None or done.output is None:
+            await self._fail_step(plan, done.error)
+            return
+        sampled = {s.seq_id: s for s in done.output.sampled}
+        prompt_lps = {p.seq_id: p for p in done.output.prompt_logprobs}
+        updates: list[SeqUpdate] = []
+        for work in plan.seqs:
+            seq = self._seqs.get(work.seq_id)
+            if seq is None or seq.status is not SeqStatus.RUNNING:
+                continue  # aborted or stopped while the step ran
+            req = seq.request
+            rid = req.request_id
+            seq.num_computed = work.start_pos + len(work.token_ids)
+            self._blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, req.salt)
+            lp = prompt_lps.get(seq.seq_id)
+            if not req.timing_sent or lp is not None:
+                req.timing_sent = True
+                timings[rid] = RequestTiming(
+                    request_id=rid,
+                    first_scheduled_time=req.first_scheduled_time,
+                    num_cached_tokens=req.num_cached_tokens,
+                    preempted=rid in timings and timings[rid].preempted,
+                    prompt_logprobs=None if lp is None else [lp.first_pos, lp.logprobs, lp.top_logprobs],
+                )
+            if seq.num_computed >= req.prompt_len and seq.spec.prompt_logprobs >= 0:
+                req.prompt_logprobs_done = True
+            token = sampled.get(seq.seq_id)
+            if token is None:
+                continue
+            seq.token_ids.append(token.token_id)
+            finish, stop_reason = self._check_stop(seq, token.token_id)
+            updates.append(
+                SeqUpdate(
+                    request_id=rid,
+                    seq_index=seq.index,
+                    token_ids=[token.token_id],
+                    logprobs=[token.logprob],
+                    top_logprobs=None if token.top_logprobs is None else [token.top_logprobs],
+                    finish_reason=finish,
+                    stop_reason=stop_reason,
+                )
+            )
+            if finish is not None:
+                self._running.remove(seq)
+                self._finish_seq(seq)
+        self._pending_preempted = []
+        if updates or timings:
+            await self._assembler.send(StepTokens(updates=updates, timings=list(timings.values()), time=now))
+
+    def _check_stop(self, seq: Seq, token: int) -> tuple[str | None, int | None]:
+        req = seq.request
+        n_out = seq.num_output
+        if n_out >= req.params.min_tokens:
+            if token in req.stop_ids:
+                return "stop", token
+            if token in req.eos_ids:
+                return "stop", None
+        if n_out >= req.max_output or len(seq.token_ids) >= self._max_model_len:
+            return "length", None
+        return None, None
+
+    async def _fail_step(self, plan: StepPlan, error: object) -> None:
+        """A step raised: its requests fail (on record), the engine and every other request go on."""
+        self._log.error("step failed", error=repr(error), step_id=plan.step_id)
+        failed = {self._seqs[w.seq_id].request.request_id for w in plan.seqs if w.seq_id in self._seqs}
+        for load in plan.slot_loads:  # the slot may hold half an adapter: forget it
+            self._slot_fp[load.slot] = None
+            self._fp_slot.pop(load.fingerprint, None)
+        for rid in failed:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if seq.status is not SeqStatus.FINISHED:
+                    self._remove_from_queues(seq)
+                    self._finish_seq(seq)
+            self._requests.pop(rid, None)
+            await self._assembler.send(RequestFailed(request_id=rid, error=RequestFailedError(f"request {rid} failed in the model step: {error!r}")))
+
+
+def _mix_seed(seed: int, index: int) -> int:
+    """A distinct, reproducible 62-bit seed per sequence of a request (splitmix64 finaliser)."""
+    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 2
+
+
+async def _answer(reply, value) -> None:
+    try:
+        async with reply:
+            await reply.send(value)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass

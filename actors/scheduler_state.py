@@ -1,0 +1,60 @@
+"""The Scheduler's per-request and per-sequence bookkeeping (plain objects the Scheduler alone owns)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from loraledger.gpu.step import SamplingSpec
+from loraledger.lora_request import LoRARequest
+from loraledger.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class SchedRequest:
+    request_id: str
+    order: int  # admission order: lower = older = higher priority
+    params: SamplingParams
+    lora_request: LoRARequest | None
+    checkpoint: object  # LoraCheckpoint | None
+    salt: str  # adapter fingerprint, "" for the base model: KV blocks are only shared under the same salt
+    prompt_len: int
+    max_output: int  # min(max_tokens, max_model_len - prompt_len)
+    stop_ids: frozenset[int]
+    eos_ids: frozenset[int]
+    seqs: list["Seq"] = field(default_factory=list)
+    first_scheduled_time: float | None = None
+    num_cached_tokens: int | None = None
+    prompt_logprobs_done: bool = False
+    timing_sent: bool = False  # the OutputAssembler has had first_scheduled_time / num_cached_tokens
+    blocked_steps: int = 0  # steps spent waiting for an adapter slot while at the head of the queue
+
+    @property
+    def fingerprint(self) -> str | None:
+        return self.salt or None
+
+
+@dataclass(eq=False)
+class Seq:
+    seq_id: int
+    index: int
+    request: SchedRequest
+    token_ids: list[int]
+    spec: SamplingSpec
+    num_computed: int = 0
+    status: SeqStatus = SeqStatus.WAITING
+    announced: bool = False  # the executor has its NewSeq
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.request.prompt_len
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.request.order, self.index)

@@ -1,0 +1,72 @@
+"""StepStats: the Scheduler's own per-step timing, to show where a step's time goes (forward pass vs engine overhead)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from loraledger.gpu.step import StepOutput, StepPlan
+
+
+class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    steps: int
+    tokens: int
+    sequences: int  # sequence-steps, summed
+    wall_seconds: float  # schedule start -> update end, summed
+    forward_seconds: float  # model forward + sampling in the worker thread
+    prepare_seconds: float  # input tensors from the plan, in the worker thread
+    schedule_seconds: float
+    update_seconds: float
+    free_kv_blocks: int
+    prefix_cache_hit_tokens: int
+    prefix_cache_query_tokens: int
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of step wall time spent outside the forward pass (scheduling, messages, input prep, updates)."""
+        if self.wall_seconds <= 0:
+            return 0.0
+        return 1.0 - self.forward_seconds / self.wall_seconds
+
+
+class StepStats:
+    """Accumulates per-step timings; owned by the Scheduler (read through a GetStats message)."""
+
+    def __init__(self) -> None:
+        self.steps = self.tokens = self.sequences = 0
+        self.wall = self.forward = self.prepare = self.schedule = self.update = 0.0
+
+    def add(self, plan: StepPlan, output: StepOutput | None, schedule_s: float, update_s: float, wall_s: float) -> None:
+        self.steps += 1
+        self.sequences += len(plan.seqs)
+        self.tokens += sum(len(w.token_ids) for w in plan.seqs)
+        self.wall += wall_s
+        self.schedule += schedule_s
+        self.update += update_s
+        if output is not None:
+            self.forward += output.forward_seconds
+            self.prepare += output.prepare_seconds
+
+    def snapshot(self, blocks) -> StatsSnapshot:
+        hits, queries = _prefix_counters(blocks)
+        return StatsSnapshot(
+            steps=self.steps,
+            tokens=self.tokens,
+            sequences=self.sequences,
+            wall_seconds=self.wall,
+            forward_seconds=self.forward,
+            prepare_seconds=self.prepare,
+            schedule_seconds=self.schedule,
+            update_seconds=self.update,
+            free_kv_blocks=blocks.num_free_blocks,
+            prefix_cache_hit_tokens=hits,
+            prefix_cache_query_tokens=queries,
+        )
+
+
+def _prefix_counters(blocks) -> tuple[int, int]:
+    stats = getattr(blocks, "stats", None)
+    if stats is None:
+        return 0, 0
+    if isinstance(stats, dict):
+        return int(stats.get("hit_tokens", 0)), int(stats.get("query_tokens", 0))
+    return int(getattr(stats, "hit_tokens", 0)), int(getattr(stats, "query_tokens", 0))

@@ -1,0 +1,120 @@
+"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from loraledger.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+# LoRA targets we can apply, in the order the fused modules hold them
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    architecture: str  # "llama" | "mistral" | "qwen2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v carry a bias (Qwen2 always)
+    sliding_window: int | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str | None  # as saved, e.g. "bfloat16"
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of each LoRA-targetable linear layer."""
+        h, i = self.hidden_size, self.intermediate_size
+        return {
+            "q_proj": (h, self.q_size),
+            "k_proj": (h, self.kv_size),
+            "v_proj": (h, self.kv_size),
+            "o_proj": (self.q_size, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path) -> "ModelConfig":
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{path} not found: the model folder must hold a Hugging Face config.json")
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config") -> "ModelConfig":
+        archs = raw.get("architectures") or []
+        arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            model_type = raw.get("model_type")
+            arch = model_type if model_type in ("llama", "mistral", "qwen2") else None
+        if arch is None:
+            raise ModelLoadError(
+                f"{source}: architecture {archs or raw.get('model_type')!r} is not supported; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope_scaling = raw.get("rope_scaling") or None
+        rope_theta = raw.get("rope_theta")
+        if rope_theta is None and isinstance(raw.get("rope_parameters"), dict):
+            # transformers >= 5 writes rope settings under rope_parameters
+            params = raw["rope_parameters"]
+            rope_theta = params.get("rope_theta")
+            if params.get("rope_type", "default") != "default":
+                rope_scaling = dict(params)
+        sliding = raw.get("sliding_window")
+        if arch == "qwen2" and not raw.get("use_sliding_window", False):
+            sliding = None
+        return cls(
+            architecture=arch,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope_theta if rope_theta is not None else 10000.0),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
+            sliding_window=int(sliding) if sliding else None,
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=tuple(int(e) for e in eos_ids),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )

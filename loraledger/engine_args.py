@@ -1,0 +1,65 @@
+"""EngineArgs: every knob of the engine in one frozen, validated struct."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from loraledger.errors import ConfigError
+
+DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.store.default_audit_url(): a SQLite file in the user's data dir
+
+
+class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    tokenizer: str | None = None  # default: the model folder
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    seed: int = 0
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # KV-cache size in blocks; wins over kv_cache_bytes
+    kv_cache_bytes: int | None = None  # default: enough for max_num_seqs full-length sequences, capped at 4 GiB
+    enable_prefix_caching: bool = True
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # default: max_loras
+    audit_url: str | None = DEFAULT_AUDIT_URL  # None: auditing off (logged as a warning)
+    audit_prompts: str = "text"  # "text" | "hash" | "none"
+    audit_durable: bool = True  # release a final output only after its audit rows are committed
+    audit_on_failure: str = "reject"  # "reject": refuse new requests while the store is down; "block": wait for it
+    resume_interrupted: bool = False
+    num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, message: str) -> None:
+            if not cond:
+                raise ConfigError(message)
+
+        need(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "EngineArgs.model must name a model folder")
+        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
+        need(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
+        need(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
+        need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
+        need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), f"block_size must be a power of two in 1..128, got {self.block_size}")
+        need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks must be >= 1")
+        need(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1, "kv_cache_bytes must be >= 1")
+        need(self.max_loras >= 1, "max_loras must be >= 1")
+        need(self.max_lora_rank in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"max_lora_rank must be a power of two in 1..256, got {self.max_lora_rank}")
+        need(self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras, f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        need(self.audit_prompts in ("text", "hash", "none"), f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}")
+        need(self.audit_on_failure in ("reject", "block"), f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}")
+        need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return str(self.tokenizer or self.model)
+
+    @property
+    def cpu_lora_capacity(self) -> int:
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras

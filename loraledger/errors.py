@@ -1,0 +1,115 @@
+"""Typed errors: every bad input raises a subclass of LoraLedgerError that says what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class LoraLedgerError(Exception):
+    """Base class of every error loraledger raises on purpose."""
+
+
+class ConfigError(LoraLedgerError, ValueError):
+    """An engine argument is out of range or inconsistent."""
+
+
+class ModelLoadError(LoraLedgerError):
+    """The base model folder cannot be loaded (missing files, unsupported architecture, bad weights)."""
+
+
+class AdapterError(LoraLedgerError):
+    """Base class of adapter problems; carries the adapter name and path."""
+
+    def __init__(self, message: str, *, lora_name: str | None = None, lora_path: str | None = None):
+        where = ""
+        if lora_name is not None or lora_path is not None:
+            where = f" (adapter {lora_name!r} at {lora_path!r})"
+        super().__init__(message + where)
+        self.lora_name = lora_name
+        self.lora_path = lora_path
+
+
+class AdapterNotFoundError(AdapterError):
+    """The adapter folder or its adapter_config.json / adapter_model.safetensors is missing."""
+
+
+class AdapterFormatError(AdapterError):
+    """adapter_config.json or the safetensors file is unreadable or corrupt."""
+
+
+class AdapterRankError(AdapterError):
+    """The adapter's rank is above the engine's max_lora_rank."""
+
+
+class AdapterTargetError(AdapterError):
+    """The adapter targets a module the engine cannot apply LoRA to."""
+
+
+class AdapterShapeError(AdapterError):
+    """The adapter's tensors do not match the base model's shapes."""
+
+
+class AdapterUnsupportedError(AdapterError):
+    """The adapter uses a PEFT feature that is not supported yet (DoRA, modules_to_save, bias)."""
+
+
+class AdapterChangedError(AdapterError):
+    """The adapter's content on disk no longer matches the fingerprint a request is bound to."""
+
+
+class LoRARequestConflictError(LoraLedgerError, ValueError):
+    """A lora_int_id or lora_name was reused with a different path."""
+
+
+class LoRADisabledError(LoraLedgerError, ValueError):
+    """A lora_request was given to an engine built with enable_lora=False."""
+
+
+class TooManyLoRAsError(LoraLedgerError):
+    """More adapters are pinned than the engine has device slots."""
+
+
+class PromptError(LoraLedgerError, ValueError):
+    """The prompt is empty, malformed or has token ids outside the vocabulary."""
+
+
+class PromptTooLongError(PromptError):
+    """The prompt (plus the tokens to generate) does not fit max_model_len."""
+
+
+class SamplingParamsError(LoraLedgerError, ValueError):
+    """A sampling value is out of range."""
+
+
+class DuplicateRequestError(LoraLedgerError, ValueError):
+    """The request id is already in use (in flight, or already in the audit log)."""
+
+
+class UnknownRequestError(LoraLedgerError, KeyError):
+    """No request with that id is known."""
+
+
+class EngineDeadError(LoraLedgerError, RuntimeError):
+    """The engine has stopped (shut down, or a fatal error); the request cannot be served."""
+
+
+class RequestFailedError(LoraLedgerError, RuntimeError):
+    """The engine failed while serving this request; the failure is on record in the audit log."""
+
+
+class AuditUnavailableError(LoraLedgerError, RuntimeError):
+    """The audit store cannot be written; with audit_on_failure='reject' new requests are refused."""
+
+
+class AuditSchemaError(LoraLedgerError, RuntimeError):
+    """The audit database's schema is behind head or its append-only guards are missing."""
+
+
+class DeviceError(LoraLedgerError, RuntimeError):
+    """The requested device cannot be used (no GPU, CuPy missing, ...); the message names the fix."""
+
+
+class KernelInputError(LoraLedgerError, ValueError):
+    """A kernel wrapper was given tensors of the wrong shape, stride, dtype or device."""
+
+
+class LoRARequestError(LoraLedgerError, ValueError):
+    """A LoRARequest field is malformed (empty name, id < 1, no path)."""

@@ -1,0 +1,100 @@
+"""The audit records the engine hands to the store: the contract between actors and store/.
+
+The AuditWriter actor batches these and calls AuditStore.write(batch) once per group commit.
+Every write is idempotent: rows are keyed (adapter fingerprint, request id, (request id, index),
+event dedup_key), so a retry after an ambiguous failure leaves exactly one record.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class EventKind:
+    ENGINE_STARTED = "engine_started"
+    ENGINE_STOPPED = "engine_stopped"
+    ENGINE_RECOVERED = "engine_recovered"
+    REQUEST_ADMITTED = "request_admitted"  # payload: the binding
+    REQUEST_PREEMPTED = "request_preempted"
+    REQUEST_FINISHED = "request_finished"
+    REQUEST_ABORTED = "request_aborted"
+    REQUEST_FAILED = "request_failed"
+    REQUEST_INTERRUPTED = "request_interrupted"  # found unfinished at start: the engine had died
+    REQUEST_RESUMED = "request_resumed"
+    RESUME_REFUSED = "resume_refused"  # the adapter's content changed since the binding
+    ADAPTER_LOADED = "adapter_loaded"
+    ADAPTER_EVICTED = "adapter_evicted"
+    ADAPTER_FAILED = "adapter_failed"
+
+    TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
+
+
+class AdapterRecord(msgspec.Struct, frozen=True, kw_only=True):
+    fingerprint: str  # sha256 hex of the canonical adapter config + tensor bytes
+    name: str
+    int_id: int
+    path: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    base_model_fingerprint: str
+    use_rslora: bool = False
+    first_seen: float = 0.0  # unix time
+
+
+class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """The binding: request id <-> LoRARequest as submitted <-> adapter fingerprint. Never changes."""
+
+    request_id: str
+    adapter_fingerprint: str | None  # None: the base model
+    lora_name: str | None
+    lora_int_id: int | None
+    lora_path: str | None
+    tenant: str | None
+    sampling_params: dict  # msgspec.to_builtins(SamplingParams)
+    prompt_text: str | None  # per audit_prompts: the text ("text"), None otherwise
+    prompt_sha256: str | None  # sha256 hex of the prompt text (or of the token ids for token prompts); None for "none"
+    prompt_token_count: int
+    received_at: float
+    engine_version: str
+    base_model_fingerprint: str
+
+
+class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: str | None  # stop string, or the stop token id as a string
+    adapter_fingerprint: str | None  # must equal the request's binding (the database checks it)
+    prompt_token_count: int
+    generated_token_count: int
+    first_token_at: float | None
+    finished_at: float
+
+
+class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # an EventKind value
+    at: float  # unix time
+    request_id: str | None = None
+    payload: dict = {}
+    dedup_key: str | None = None  # e.g. "finished:<request id>"; a second event with the same key is skipped
+
+
+class AuditBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one group commit writes, in one transaction, in this order."""
+
+    adapters: list[AdapterRecord] = []
+    requests: list[RequestRecord] = []
+    completions: list[CompletionRecord] = []
+    events: list[EventRecord] = []
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """The head of the event hash chain: enough to prove later that the log only grew."""
+
+    sequence: int
+    hash: str
+    at: float
