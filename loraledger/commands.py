@@ -1,0 +1,166 @@
+"""`loraledger demo` and `loraledger generate`: run the engine from the command line and show who wrote what."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+DEMO_VERSION = "demo-v1"
+DEMO_ADAPTERS = {  # name -> (rank, alpha, target modules, seed)
+    "sql": (8, 16.0, ("q_proj", "v_proj"), 11),
+    "poet": (16, 32.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), 12),
+    "support": (4, 8.0, ("o_proj", "gate_proj", "down_proj"), 13),
+}
+DEMO_PROMPTS = [
+    ("What is the capital of France?", None),
+    ("Convert to SQL: all users older than 30", "sql"),
+    ("Write a short poem about the sea", "poet"),
+    ("My order has not arrived yet", "support"),
+    ("Convert to SQL: count orders per day", "sql"),
+    ("Tell me about the history of paper", None),
+]
+
+
+def register(sub) -> None:
+    demo = sub.add_parser("demo", help="build a small model and three adapters locally (once), run one mixed batch, show the audit binding")
+    demo.add_argument("--cache-dir", default=None, help="where the demo model and adapters are built (default: the user cache dir)")
+    demo.add_argument("--audit-url", default=None, help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)")
+    demo.add_argument("--max-tokens", type=int, default=24)
+    demo.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo model and adapters")
+    demo.set_defaults(func=run_demo)
+
+    gen = sub.add_parser("generate", help="generate with your own checkpoint, for the base model and each adapter")
+    gen.add_argument("--model", required=True, help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
+    gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT adapter folder; repeatable")
+    gen.add_argument("--prompt", action="append", required=True, help="repeatable")
+    gen.add_argument("--only", default=None, help="run only this adapter name ('base' for the base model)")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-lora-rank", type=int, default=64)
+    gen.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    gen.add_argument("--max-model-len", type=int, default=None)
+    gen.add_argument("--audit-url", default=None, help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)")
+    gen.add_argument("--tenant", default=None)
+    gen.set_defaults(func=run_generate)
+
+
+def _audit_url(value: str | None) -> str:
+    from loraledger.cli import default_url
+
+    return value or default_url()
+
+
+def demo_assets(cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict[str, Path]]:
+    """The demo's base model and adapters, built once with random weights (no download)."""
+    from loraledger import assets
+
+    root = cache_dir / DEMO_VERSION
+    model_dir = root / "model"
+    adapter_dirs = {name: root / "adapters" / name for name in DEMO_ADAPTERS}
+    done = root / ".complete"
+    if rebuild and root.exists():
+        shutil.rmtree(root)
+    if not done.exists():
+        print(f"building the demo model and adapters under {root} (once) ...", file=sys.stderr)
+        root.mkdir(parents=True, exist_ok=True)
+        assets.build_tokenizer(model_dir, vocab_size=1024)
+        assets.build_random_checkpoint(
+            model_dir,
+            arch="llama",
+            hidden_size=256,
+            intermediate_size=688,
+            num_layers=4,
+            num_heads=8,
+            num_kv_heads=2,
+            vocab_size=1024,
+            max_position_embeddings=1024,
+            seed=7,
+        )
+        for name, (rank, alpha, targets, seed) in DEMO_ADAPTERS.items():
+            assets.build_random_adapter(adapter_dirs[name], model_dir, rank=rank, alpha=alpha, target_modules=list(targets), seed=seed)
+        done.write_text("ok\n")
+    return model_dir, adapter_dirs
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    import platformdirs
+
+    from loraledger import LLM, LoRARequest, SamplingParams
+
+    cache = Path(args.cache_dir) if args.cache_dir else Path(platformdirs.user_cache_dir("loraledger"))
+    model_dir, adapter_dirs = demo_assets(cache, args.rebuild)
+    url = _audit_url(args.audit_url)
+    loras = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapter_dirs.items())}
+    with LLM(model=str(model_dir), enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8, audit_url=url, device=args.device) as llm:
+        outputs = llm.generate(
+            [p for p, _ in DEMO_PROMPTS],
+            SamplingParams(temperature=0, max_tokens=args.max_tokens),
+            lora_request=[loras[a] if a else None for _, a in DEMO_PROMPTS],
+        )
+    _print_table(outputs)
+    print(f"\naudit log: {url}")
+    print("every row above is on record; for example, in SQL:")
+    print("  SELECT r.request_id, r.lora_name, r.adapter_fingerprint, c.finish_reason, c.text")
+    print("  FROM requests r JOIN completions c ON c.request_id = r.request_id ORDER BY r.received_at DESC LIMIT 6;")
+    print("or: loraledger audit show <request id>   /   loraledger audit verify")
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from loraledger import LLM, LoRARequest, SamplingParams
+    from loraledger.errors import ConfigError
+
+    loras: dict[str, LoRARequest] = {}
+    for i, spec in enumerate(args.lora):
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"--lora takes NAME=PATH, got {spec!r}")
+        loras[name] = LoRARequest(name, i + 1, path)
+    runs: list[LoRARequest | None] = [None, *loras.values()]
+    if args.only is not None:
+        if args.only != "base" and args.only not in loras:
+            raise ConfigError(f"--only {args.only!r} names no --lora (known: base, {', '.join(loras)})")
+        runs = [None] if args.only == "base" else [loras[args.only]]
+    prompts = [p for _ in runs for p in args.prompt]
+    per_prompt = [lora for lora in runs for _ in args.prompt]
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
+    with LLM(
+        model=args.model,
+        enable_lora=bool(loras),
+        max_loras=max(1, len(loras)),
+        max_lora_rank=args.max_lora_rank,
+        dtype=args.dtype,
+        device=args.device,
+        max_model_len=args.max_model_len,
+        audit_url=_audit_url(args.audit_url),
+    ) as llm:
+        outputs = llm.generate(prompts, params, lora_request=per_prompt if loras else None, tenant=args.tenant)
+    _print_table(outputs)
+    return 0
+
+
+def _print_table(outputs) -> None:
+    rows = [("request id", "adapter", "fingerprint", "finish", "tokens", "text")]
+    for out in outputs:
+        completion = out.outputs[0]
+        fp = (out.metrics.adapter_fingerprint or "") if out.metrics else ""
+        rows.append(
+            (
+                out.request_id[:12],
+                out.lora_request.lora_name if out.lora_request else "(base)",
+                fp[:12] or "-",
+                completion.finish_reason or "",
+                str(len(completion.token_ids)),
+                completion.text.replace("\n", " ")[:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
