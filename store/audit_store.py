@@ -1,0 +1,241 @@
+"""AuditStore: writes AuditBatches to the audit database in one transaction each, and reads back what recovery needs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, exc as sa_exc, insert, select
+from sqlalchemy.engine import URL
+
+from loraledger.errors import AuditUnavailableError, DuplicateRequestError
+from loraledger.store.canonical import json_roundtrip
+from loraledger.store.db import display_url, make_engine, unavailable_as_error, write_transaction
+from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
+from loraledger.store.migrate import ensure_schema
+from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
+from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
+from loraledger.store.records import (
+    AdapterRecord,
+    AuditBatch,
+    Checkpoint,
+    CompletionRecord,
+    EventKind,
+    EventRecord,
+    RequestRecord,
+)
+
+ADAPTERS: Table = Adapter.__table__  # type: ignore[assignment]
+REQUESTS: Table = Request.__table__  # type: ignore[assignment]
+COMPLETIONS: Table = Completion.__table__  # type: ignore[assignment]
+EVENTS: Table = Event.__table__  # type: ignore[assignment]
+
+_IN_CHUNK = 500  # keys per IN (...) list: well inside SQLite's and PostgreSQL's parameter limits
+
+
+def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), _IN_CHUNK):
+        yield items[start : start + _IN_CHUNK]
+
+
+def _differences(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
+    return [key for key, value in new.items() if old[key] != value]
+
+
+def _insert_adapters(conn: Connection, records: Sequence[AdapterRecord]) -> None:
+    rows = {r.fingerprint: r for r in reversed(records)}  # the first record of a fingerprint wins
+    if not rows:
+        return
+    existing = _existing(conn, ADAPTERS.c.fingerprint, list(rows))
+    new = [adapter_row(r) for key, r in rows.items() if key not in existing]
+    if new:
+        conn.execute(insert(ADAPTERS), new)
+
+
+def _insert_requests(conn: Connection, records: Sequence[RequestRecord]) -> None:
+    rows: dict[str, dict[str, Any]] = {}
+    for record in records:
+        row = request_row(record)
+        seen = rows.setdefault(record.request_id, row)
+        if seen is not row and seen != row:
+            raise DuplicateRequestError(
+                f"request id {record.request_id!r} appears twice in one audit batch with different "
+                f"bindings ({', '.join(_differences(row, seen))} differ); every request needs its own id"
+            )
+    if not rows:
+        return
+    on_record: dict[str, dict[str, Any]] = {}
+    for chunk in _chunks(list(rows)):
+        for old in conn.execute(select(REQUESTS).where(REQUESTS.c.request_id.in_(chunk))).mappings():
+            on_record[old["request_id"]] = dict(old)
+    for request_id, old in on_record.items():
+        changed = _differences(rows[request_id], old)
+        if changed:
+            raise DuplicateRequestError(
+                f"request id {request_id!r} is already in the audit log with a different binding "
+                f"({', '.join(changed)} differ); use a new request id"
+            )
+    new = [row for key, row in rows.items() if key not in on_record]
+    if new:
+        conn.execute(insert(REQUESTS), new)
+
+
+def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -> None:
+    rows = {(r.request_id, r.index): r for r in reversed(records)}
+    if not rows:
+        return
+    request_ids = sorted({request_id for request_id, _ in rows})
+    existing: set[tuple[str, int]] = set()
+    for chunk in _chunks(request_ids):
+        query = select(COMPLETIONS.c.request_id, COMPLETIONS.c.completion_index).where(
+            COMPLETIONS.c.request_id.in_(chunk)
+        )
+        existing.update((row.request_id, row.completion_index) for row in conn.execute(query))
+    new = [completion_row(r) for key, r in rows.items() if key not in existing]
+    if new:
+        conn.execute(insert(COMPLETIONS), new)
+
+
+def _append_events(conn: Connection, records: Sequence[EventRecord]) -> Checkpoint:
+    head = _head(conn)
+    keys = [r.dedup_key for r in records if r.dedup_key is not None]
+    skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
+    seq, prev = head.sequence, head.hash
+    rows: list[dict[str, Any]] = []
+    for record in records:
+        if record.dedup_key is not None:
+            if record.dedup_key in skip:
+                continue
+            skip.add(record.dedup_key)
+        seq += 1
+        fields = EventFields(
+            seq=seq,
+            at=utc_from_unix(record.at),
+            kind=record.kind,
+            request_id=record.request_id,
+            payload=json_roundtrip(record.payload),
+            dedup_key=record.dedup_key,
+        )
+        digest = event_hash(prev, fields)
+        rows.append({**fields._asdict(), "prev_hash": prev, "hash": digest})
+        prev = digest
+    if not rows:
+        return head
+    conn.execute(insert(EVENTS), rows)
+    return Checkpoint(sequence=seq, hash=prev, at=rows[-1]["at"].timestamp())
+
+
+def _existing(conn: Connection, column: Any, keys: Sequence[Any]) -> set[Any]:
+    found: set[Any] = set()
+    for chunk in _chunks(list(keys)):
+        found.update(conn.execute(select(column).where(column.in_(chunk))).scalars())
+    return found
+
+
+def _head(conn: Connection) -> Checkpoint:
+    row = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash, EVENTS.c.at).order_by(EVENTS.c.seq.desc()).limit(1)).first()
+    if row is None:
+        return Checkpoint(sequence=0, hash=GENESIS_HASH, at=0.0)
+    return Checkpoint(sequence=row.seq, hash=row.hash, at=row.at.timestamp())
+
+
+def write_batch(conn: Connection, batch: AuditBatch) -> Checkpoint:
+    """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that)."""
+    _insert_adapters(conn, batch.adapters)
+    _insert_requests(conn, batch.requests)
+    _insert_completions(conn, batch.completions)
+    return _append_events(conn, batch.events)
+
+
+class AuditStore:
+    """The audit database, opened at a URL (SQLite file or PostgreSQL).
+
+    `open()` connects and checks the schema (migrating a brand-new empty database); `write()`
+    commits one AuditBatch atomically and idempotently. Failures to reach the database raise
+    AuditUnavailableError and leave nothing of the batch behind.
+    """
+
+    def __init__(self, url: str | URL):
+        self.url = url
+        self._engine: Engine | None = None
+
+    def open(self) -> AuditStore:
+        engine = self._engine
+        if engine is None:
+            with unavailable_as_error(self.url):
+                engine = make_engine(self.url)
+        try:
+            ensure_schema(engine, self.url)
+        except BaseException:
+            engine.dispose()
+            raise
+        self._engine = engine
+        return self
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> AuditStore:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            raise AuditUnavailableError(f"the audit store at {display_url(self.url)} is not open: call open() first")
+        return self._engine
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(self, batch: AuditBatch) -> Checkpoint:
+        """Commit the batch in one transaction; returns the event chain's head after it.
+
+        Adapters, requests and completions already on record are skipped (a request id on record
+        with a different binding raises DuplicateRequestError); events whose dedup_key is on
+        record are skipped. So a batch retried after an ambiguous failure is written once.
+        """
+        engine = self.engine
+        try:
+            with unavailable_as_error(self.url), write_transaction(engine) as conn:
+                return write_batch(conn, batch)
+        except (sa_exc.IntegrityError, sa_exc.InternalError) as exc:
+            # a guard or constraint refused a row: a caller bug, but the batch is still not on record
+            raise AuditUnavailableError(
+                f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
+                f"{str(exc.orig).strip()}"
+            ) from exc
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def head(self) -> Checkpoint:
+        """The last event's seq, hash and time (seq 0 and the genesis hash for an empty log)."""
+        with unavailable_as_error(self.url), self.engine.connect() as conn:
+            return _head(conn)
+
+    def existing_request_ids(self, ids: Iterable[str]) -> set[str]:
+        """The ids among ids that are already in the `requests` table."""
+        with unavailable_as_error(self.url), self.engine.connect() as conn:
+            return _existing(conn, REQUESTS.c.request_id, sorted(set(ids)))
+
+    def unfinished_requests(self) -> list[RequestRecord]:
+        """Requests on record with no terminal event (finished, aborted, failed or interrupted),
+        oldest first: what was in flight when the engine last stopped."""
+        terminal = (
+            select(EVENTS.c.seq)
+            .where(EVENTS.c.request_id == REQUESTS.c.request_id, EVENTS.c.kind.in_(sorted(EventKind.TERMINAL)))
+            .exists()
+        )
+        query = select(REQUESTS).where(~terminal).order_by(REQUESTS.c.received_at, REQUESTS.c.request_id)
+        with unavailable_as_error(self.url), self.engine.connect() as conn:
+            return [request_record(row) for row in conn.execute(query)]
+
+    def first_break(self, *, batch_size: int = 1000) -> ChainBreak | None:
+        """Recompute the whole event hash chain, streaming; the first break, or None if it verifies."""
+        query = select(EVENTS).order_by(EVENTS.c.seq)
+        with unavailable_as_error(self.url), self.engine.connect() as conn:
+            rows = conn.execution_options(yield_per=batch_size).execute(query)
+            return first_break(rows)

@@ -1,0 +1,120 @@
+"""Database URLs and engines: SQLite (WAL, synchronous=FULL) by default, PostgreSQL via psycopg 3."""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, make_url
+
+from loraledger.errors import AuditUnavailableError, ConfigError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+PG_CONNECT_TIMEOUT_S = 10
+# one advisory lock key for every loraledger writer and migrator of a database
+WRITER_LOCK_KEY = zlib.crc32(b"loraledger.audit.writer")
+
+
+def default_audit_url() -> str:
+    """The engine's default audit database: a SQLite file in the user's data directory."""
+    path = Path(platformdirs.user_data_dir("loraledger")) / "audit.sqlite3"
+    return f"sqlite:///{path}"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """url with PostgreSQL pointed at psycopg 3 (`postgresql://` and `postgres://` are accepted)."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def display_url(url: str | URL) -> str:
+    """url for messages: the password masked."""
+    return normalize_url(url).render_as_string(hide_password=True)
+
+
+def make_engine(url: str | URL) -> Engine:
+    """An Engine for url. SQLite: WAL, synchronous=FULL, foreign keys on, a busy timeout, and
+    SQLAlchemy (not the sqlite3 module) emitting BEGIN, so that DDL is transactional and a
+    connection can ask for BEGIN IMMEDIATE with the `sqlite_begin` execution option."""
+    parsed = normalize_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(parsed)
+    if backend != "postgresql":
+        raise ConfigError(
+            f"audit database URL {display_url(parsed)}: the audit store runs on SQLite (sqlite:///path) "
+            f"or PostgreSQL (postgresql://...), not {backend}"
+        )
+    # pre-ping: after a database restart the pool hands out a live connection instead of a dead one
+    return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    # the audit writer may run in a worker thread; the pool hands connections between threads
+    engine = create_engine(url, connect_args={"check_same_thread": False})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # sqlite3 must not emit its own BEGIN
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute("PRAGMA journal_mode = WAL")
+            cursor.execute("PRAGMA synchronous = FULL")
+            cursor.execute("PRAGMA foreign_keys = ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction holding the database's single-writer lock; commits on exit, rolls back on error.
+
+    SQLite: BEGIN IMMEDIATE takes the write lock up front (a deferred transaction that reads
+    first can fail to upgrade). PostgreSQL: a transaction-scoped advisory lock, so concurrent
+    writers append to the event chain one after another.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(sqlite_begin="IMMEDIATE")
+        with conn.begin():
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITER_LOCK_KEY})
+            yield conn
+
+
+@contextlib.contextmanager
+def unavailable_as_error(url: str | URL) -> Iterator[None]:
+    """Turn a failure to reach or use the database into AuditUnavailableError naming the URL."""
+    try:
+        yield
+    except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DisconnectionError, sa_exc.TimeoutError) as exc:
+        reason = getattr(exc, "orig", None) or exc
+        raise AuditUnavailableError(
+            f"the audit store at {display_url(url)} is unreachable: {str(reason).strip()}"
+        ) from exc
+    except sa_exc.DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        raise AuditUnavailableError(
+            f"the audit store at {display_url(url)} is unreachable: the connection was lost ({str(exc.orig).strip()})"
+        ) from exc
+    except OSError as exc:  # e.g. the SQLite file's folder cannot be created
+        raise AuditUnavailableError(f"the audit store at {display_url(url)} is unreachable: {exc}") from exc

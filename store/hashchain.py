@@ -1,0 +1,78 @@
+"""The event hash chain: each event's hash covers its fields and the previous event's hash."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterable
+from typing import Any, NamedTuple, Protocol
+
+from loraledger.store.canonical import canonical_json
+
+GENESIS_HASH = "0" * 64  # prev_hash of event seq 1
+
+
+class EventFields(NamedTuple):
+    """The hashed fields of one `events` row, in hash order."""
+
+    seq: int
+    at: dt.datetime
+    kind: str
+    request_id: str | None
+    payload: dict[str, Any]
+    dedup_key: str | None
+
+
+class ChainedRow(Protocol):
+    """What verify_chain reads from each row: an `events` row (a SQLAlchemy Row fits)."""
+
+    seq: int
+    at: dt.datetime
+    kind: str
+    request_id: str | None
+    payload: dict[str, Any]
+    dedup_key: str | None
+    prev_hash: str
+    hash: str
+
+
+class ChainBreak(NamedTuple):
+    """Where and why the chain first fails to verify."""
+
+    seq: int
+    reason: str
+
+
+def event_hash(prev_hash: str, fields: EventFields | tuple[Any, ...]) -> str:
+    """sha256 hex of prev_hash (as ASCII hex) followed by
+    canonical_json([seq, at, kind, request_id, payload, dedup_key])."""
+    h = hashlib.sha256(prev_hash.encode("ascii"))
+    h.update(canonical_json(list(fields)))
+    return h.hexdigest()
+
+
+def first_break(
+    rows: Iterable[ChainedRow], *, after_seq: int = 0, after_hash: str = GENESIS_HASH
+) -> ChainBreak | None:
+    """The first place the chain breaks, reading rows in seq order one at a time, or None.
+
+    Starts after (after_seq, after_hash): the genesis by default, or a trusted checkpoint.
+    A missing row is reported at the missing seq; an altered row at its own seq.
+    """
+    expected_seq, prev = after_seq + 1, after_hash
+    for row in rows:
+        if row.seq != expected_seq:
+            return ChainBreak(expected_seq, f"expected seq {expected_seq}, found seq {row.seq}: rows are missing")
+        if row.prev_hash != prev:
+            return ChainBreak(row.seq, "prev_hash does not match the previous event's hash")
+        fields = EventFields(row.seq, row.at, row.kind, row.request_id, row.payload, row.dedup_key)
+        if event_hash(prev, fields) != row.hash:
+            return ChainBreak(row.seq, "hash does not match the event's contents")
+        expected_seq, prev = expected_seq + 1, row.hash
+    return None
+
+
+def verify_chain(rows: Iterable[ChainedRow], *, after_seq: int = 0, after_hash: str = GENESIS_HASH) -> int | None:
+    """The first bad seq (see first_break), or None if every row verifies."""
+    found = first_break(rows, after_seq=after_seq, after_hash=after_hash)
+    return None if found is None else found.seq

@@ -1,0 +1,225 @@
+"""The audit schema as SQLAlchemy 2 typed ORM classes: adapters, requests, completions, events.
+
+The table and column names are a public contract: auditors query them with plain SQL. The
+schema itself is made only by the Alembic revisions in `loraledger.migrations` (never
+`create_all`); these classes describe it for queries and for `alembic check`, which proves the
+two agree. The append-only guards (triggers) live in `loraledger.store.guards`.
+
+Times are timezone-aware UTC timestamps with microseconds: `timestamp with time zone` on
+PostgreSQL; on SQLite the text `YYYY-MM-DD HH:MM:SS.ffffff+00:00`, which SQLite's own date
+functions understand and which sorts chronologically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeEngine
+
+# Fixed before the first revision: constraint names are part of the schema, and a later change
+# of convention would make every existing database drift from the models.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s__%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s__%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s__%(constraint_name)s",
+    "fk": "fk_%(table_name)s__%(column_0_N_name)s__%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+AUDIT_TABLES = ("adapters", "requests", "completions", "events")
+
+_SQLITE_UTC_FORMAT = (
+    "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d+00:00"
+)
+_SQLITE_UTC_REGEXP = r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\+00:00"
+
+
+def utc_from_unix(seconds: float) -> dt.datetime:
+    """A record's unix time as an aware UTC datetime, rounded to the microsecond."""
+    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """An aware UTC datetime on both dialects; naive datetimes are refused rather than guessed."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            # the explicit +00:00 keeps the stored text unambiguous for people reading it with SQL
+            return dialect.type_descriptor(
+                sqlite.DATETIME(storage_format=_SQLITE_UTC_FORMAT, regexp=_SQLITE_UTC_REGEXP)
+            )
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: audit times must be timezone-aware")
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dt.datetime: UTCDateTime(),
+        float: Double(),
+        str: Text(),
+        dict[str, Any]: JSON(),
+        list[str]: JSON(),
+        list[int]: JSON(),
+    }
+
+
+Sha256 = String(64)
+
+
+class Adapter(Base):
+    """`adapters`: one row per distinct adapter content, keyed by its fingerprint.
+
+    Columns: `fingerprint` (PK, sha256 hex of the canonical adapter config and tensor bytes),
+    `name` and `int_id` (as first seen), `path` (as first seen), `rank`, `alpha`,
+    `target_modules` (JSON list of module names), `base_model_fingerprint`, `use_rslora`,
+    `first_seen` (UTC). The same content loaded later under another name keeps the first row;
+    the name a request used is in `requests.lora_name`.
+    """
+
+    __tablename__ = "adapters"
+
+    fingerprint: Mapped[str] = mapped_column(Sha256, primary_key=True)
+    name: Mapped[str]
+    int_id: Mapped[int]
+    path: Mapped[str]
+    rank: Mapped[int]
+    alpha: Mapped[float]
+    target_modules: Mapped[list[str]]
+    base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
+    use_rslora: Mapped[bool]
+    first_seen: Mapped[dt.datetime]
+
+    requests: Mapped[list[Request]] = relationship(back_populates="adapter", lazy="raise")
+
+
+class Request(Base):
+    """`requests`: the binding, one row per request id, written at admission and never changed.
+
+    Columns: `request_id` (PK), `adapter_fingerprint` (FK -> adapters; NULL for the base model),
+    `lora_name` / `lora_int_id` / `lora_path` (the LoRARequest as submitted; NULL for the base
+    model), `tenant` (NULL if none), `sampling_params` (JSON), `prompt_text` (NULL unless prompts
+    are audited as text), `prompt_sha256` (NULL when prompts are not audited),
+    `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`.
+    """
+
+    __tablename__ = "requests"
+    __table_args__ = (
+        Index(None, "adapter_fingerprint", "received_at"),
+        Index(None, "tenant", "received_at"),
+        Index(None, "received_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(primary_key=True)
+    adapter_fingerprint: Mapped[str | None] = mapped_column(Sha256, ForeignKey("adapters.fingerprint"))
+    lora_name: Mapped[str | None]
+    lora_int_id: Mapped[int | None]
+    lora_path: Mapped[str | None]
+    tenant: Mapped[str | None]
+    sampling_params: Mapped[dict[str, Any]]
+    prompt_text: Mapped[str | None]
+    prompt_sha256: Mapped[str | None] = mapped_column(Sha256)
+    prompt_token_count: Mapped[int]
+    received_at: Mapped[dt.datetime]
+    engine_version: Mapped[str]
+    base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
+
+    adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
+    completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
+
+
+class Completion(Base):
+    """`completions`: one row per CompletionOutput, keyed by (`request_id`, `completion_index`).
+
+    `completion_index` is vLLM's `CompletionOutput.index` (named so because INDEX is an SQL
+    keyword). Other columns: `text`, `token_ids` (JSON list of ints), `cumulative_logprob`
+    (NULL if not computed), `finish_reason` ("stop" | "length" | "abort"), `stop_reason` (the
+    stop string or stop token id as text; NULL if none), `adapter_fingerprint` (repeated from
+    the request; a database trigger refuses a row where it differs from the request's binding),
+    `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
+    generated), `finished_at` (UTC).
+    """
+
+    __tablename__ = "completions"
+    __table_args__ = (
+        Index(None, "finish_reason"),
+        Index(None, "adapter_fingerprint"),
+    )
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("requests.request_id"), primary_key=True)
+    completion_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    text: Mapped[str]
+    token_ids: Mapped[list[int]]
+    cumulative_logprob: Mapped[float | None]
+    finish_reason: Mapped[str]
+    stop_reason: Mapped[str | None]
+    adapter_fingerprint: Mapped[str | None] = mapped_column(Sha256)
+    prompt_token_count: Mapped[int]
+    generated_token_count: Mapped[int]
+    first_token_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime]
+
+    request: Mapped[Request] = relationship(back_populates="completions", lazy="raise")
+
+
+class Event(Base):
+    """`events`: the hash-chained event log, in `seq` order (1, 2, 3, ... with no gaps).
+
+    Columns: `seq` (PK, assigned by the writer), `at` (UTC), `kind` (an EventKind value),
+    `request_id` (NULL for engine-wide events; no foreign key, because a request refused at
+    admission has events but no binding), `payload` (JSON), `dedup_key` (UNIQUE, NULL-able: a
+    second event with the same key is never written), `prev_hash` (the previous row's `hash`;
+    64 zeros for seq 1) and `hash` = sha256(prev_hash || canonical JSON of [seq, at, kind,
+    request_id, payload, dedup_key]), see `loraledger.store.hashchain`.
+    """
+
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("dedup_key"),
+        Index(None, "request_id", "kind"),
+        Index(None, "kind"),
+    )
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    at: Mapped[dt.datetime]
+    kind: Mapped[str]
+    request_id: Mapped[str | None]
+    payload: Mapped[dict[str, Any]]
+    dedup_key: Mapped[str | None]
+    prev_hash: Mapped[str] = mapped_column(Sha256)
+    hash: Mapped[str] = mapped_column(Sha256)

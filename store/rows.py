@@ -1,0 +1,81 @@
+"""Conversions between the audit records (store/records.py) and table rows: unix floats <-> UTC datetimes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraledger.store.canonical import json_roundtrip
+from loraledger.store.models import utc_from_unix
+from loraledger.store.records import AdapterRecord, CompletionRecord, RequestRecord
+
+
+def adapter_row(r: AdapterRecord) -> dict[str, Any]:
+    """An `adapters` row (column -> value) for the record."""
+    return {
+        "fingerprint": r.fingerprint,
+        "name": r.name,
+        "int_id": r.int_id,
+        "path": r.path,
+        "rank": r.rank,
+        "alpha": float(r.alpha),
+        "target_modules": [str(m) for m in r.target_modules],
+        "base_model_fingerprint": r.base_model_fingerprint,
+        "use_rslora": r.use_rslora,
+        "first_seen": utc_from_unix(r.first_seen),
+    }
+
+
+def request_row(r: RequestRecord) -> dict[str, Any]:
+    """A `requests` row for the record (JSON values in their stored form, see json_roundtrip)."""
+    return {
+        "request_id": r.request_id,
+        "adapter_fingerprint": r.adapter_fingerprint,
+        "lora_name": r.lora_name,
+        "lora_int_id": r.lora_int_id,
+        "lora_path": r.lora_path,
+        "tenant": r.tenant,
+        "sampling_params": json_roundtrip(r.sampling_params),
+        "prompt_text": r.prompt_text,
+        "prompt_sha256": r.prompt_sha256,
+        "prompt_token_count": r.prompt_token_count,
+        "received_at": utc_from_unix(r.received_at),
+        "engine_version": r.engine_version,
+        "base_model_fingerprint": r.base_model_fingerprint,
+    }
+
+
+def completion_row(r: CompletionRecord) -> dict[str, Any]:
+    """A `completions` row for the record (`index` becomes `completion_index`)."""
+    return {
+        "request_id": r.request_id,
+        "completion_index": r.index,
+        "text": r.text,
+        "token_ids": list(r.token_ids),
+        "cumulative_logprob": r.cumulative_logprob,
+        "finish_reason": r.finish_reason,
+        "stop_reason": r.stop_reason,
+        "adapter_fingerprint": r.adapter_fingerprint,
+        "prompt_token_count": r.prompt_token_count,
+        "generated_token_count": r.generated_token_count,
+        "first_token_at": None if r.first_token_at is None else utc_from_unix(r.first_token_at),
+        "finished_at": utc_from_unix(r.finished_at),
+    }
+
+
+def request_record(row: Any) -> RequestRecord:
+    """The RequestRecord a `requests` row holds (times back to unix floats, to the microsecond)."""
+    return RequestRecord(
+        request_id=row.request_id,
+        adapter_fingerprint=row.adapter_fingerprint,
+        lora_name=row.lora_name,
+        lora_int_id=row.lora_int_id,
+        lora_path=row.lora_path,
+        tenant=row.tenant,
+        sampling_params=row.sampling_params,
+        prompt_text=row.prompt_text,
+        prompt_sha256=row.prompt_sha256,
+        prompt_token_count=row.prompt_token_count,
+        received_at=row.received_at.timestamp(),
+        engine_version=row.engine_version,
+        base_model_fingerprint=row.base_model_fingerprint,
+    )
