@@ -136,9 +136,9 @@ class EngineCore:
                 await self._shutdown("audit")
         if scope.cancelled_caught:
             self._log.error("engine stop timed out", timeout=timeout)
-        for send, receive in self._streams.values():
+        # our own inbox handles: with them gone the Executor (whose only other sender was the Scheduler) ends too
+        for send, _ in self._streams.values():
             send.close()
-            receive.close()
 
     async def _shutdown(self, name: str) -> None:
         if self._done[name].is_set():

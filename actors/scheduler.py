@@ -352,10 +352,12 @@ class Scheduler:
         self._waiting.extendleft(reversed(skipped))
 
     def _slot_available(self, fp: str, active_fps: set[str]) -> bool:
-        if fp in self._fp_slot or fp in active_fps:
+        """Can fp run in this step? Slots are free to reassign except those of running or pinned adapters."""
+        if fp in active_fps:
             return True
-        in_use = {s.request.salt for s in self._running} | active_fps
-        return any(f is None or (f not in in_use and f not in self._pinned) for f in self._slot_fp)
+        needed = {s.request.salt for s in self._running} | active_fps | set(self._pinned) | {fp}
+        needed.discard("")
+        return len(needed) <= len(self._slot_fp)
 
     def _preempt(self, seq: Seq) -> None:
         self._running.remove(seq)
@@ -376,7 +378,9 @@ class Scheduler:
             if free:
                 slot = free[0]
             else:
-                candidates = [i for i, f in enumerate(self._slot_fp) if f not in fps and f not in self._pinned]
+                # never take the slot of an adapter whose sequences are running, even if not in this step
+                in_use = fps | {s.request.salt for s in self._running}
+                candidates = [i for i, f in enumerate(self._slot_fp) if f not in in_use and f not in self._pinned]
                 slot = min(candidates, key=lambda i: self._slot_used_step[i])
                 del self._fp_slot[self._slot_fp[slot]]
             ckpt = self._checkpoint_for(fp)

@@ -14,7 +14,7 @@ from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_DEFAULT_KV_BYTES = {"cpu": 1 << 30, "cuda": 8 << 30}
+_DEFAULT_KV_BYTES = {"cpu": 256 << 20, "cuda": 8 << 30}
 
 log = get_logger("engine_setup")
 

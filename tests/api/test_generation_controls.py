@@ -33,16 +33,17 @@ def test_n_completions_each_attributed_to_the_adapter(llama_llm, tiny_llama):
 
 def test_max_tokens_and_min_tokens_and_eos(llama_llm, tiny_llama):
     prompt = {"prompt_token_ids": random_prompts(1, seed=10)[0]}
-    out = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0].outputs[0]
-    assert len(out.token_ids) == 5 and out.finish_reason == "length"
-    # make a token "EOS" by asking to stop on it: the greedy continuation's 3rd token
-    target = out.token_ids[2]
-    stopped = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=5, stop_token_ids=[target]))[0].outputs[0]
+    out = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 12 and out.finish_reason == "length"
+    # make a token "EOS" by asking to stop on it: the first greedy token not seen before it
+    k = next(i for i in range(1, 12) if out.token_ids[i] not in out.token_ids[:i])
+    target = out.token_ids[k]
+    stopped = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[target]))[0].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == target
-    assert stopped.token_ids == out.token_ids[:3]
+    assert stopped.token_ids == out.token_ids[: k + 1]
     # min_tokens forbids stopping (the stop token cannot be sampled) before min_tokens outputs
-    held = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, min_tokens=4, stop_token_ids=[target]))[0].outputs[0]
-    assert len(held.token_ids) >= 4 and target not in held.token_ids[:3]
+    held = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, min_tokens=k + 2, stop_token_ids=[target]))[0].outputs[0]
+    assert len(held.token_ids) >= k + 2 and target not in held.token_ids[: k + 1]
 
 
 def test_stop_strings(llama_llm, tiny_llama):
