@@ -30,6 +30,7 @@ from loraledger.actors.messages import (
     TrackRequest,
 )
 from loraledger.errors import (
+    AdapterChangedError,
     DuplicateRequestError,
     EngineDeadError,
     LoRADisabledError,
@@ -117,7 +118,9 @@ class Admission:
                     )
                 ckpt = await self._resolve(lora)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
-            if self._audit is not None:
+            if msg.resume:
+                await self._record_resume(msg, fingerprint)
+            elif self._audit is not None:
                 await self._record_binding(msg, prompt_ids, ckpt)
         except LoraLedgerError as exc:
             log.info("request refused", error=str(exc), error_type=type(exc).__name__)
@@ -193,6 +196,42 @@ class Admission:
             raise answer.error
         return answer.checkpoint
 
+    async def _record_resume(self, msg: Submit, fingerprint: str | None) -> None:
+        """A resumed request runs under its original binding, or not at all."""
+        rid = msg.request_id
+        if fingerprint != msg.bound_fingerprint:
+            await self._append_and_wait(
+                AuditAppend(
+                    events=[
+                        EventRecord(
+                            kind=EventKind.RESUME_REFUSED,
+                            at=time.time(),
+                            request_id=rid,
+                            payload={"bound_fingerprint": msg.bound_fingerprint, "fingerprint_on_disk": fingerprint},
+                            dedup_key=f"resume-refused:{rid}",
+                        )
+                    ]
+                )
+            )
+            lora = msg.lora_request
+            raise AdapterChangedError(
+                f"request {rid!r} was bound to adapter fingerprint {msg.bound_fingerprint}, but the adapter on disk now has "
+                f"{fingerprint}; it is not resumed (the refusal is on record)",
+                lora_name=lora.lora_name if lora else None,
+                lora_path=lora.lora_path if lora else None,
+            )
+        await self._append_and_wait(
+            AuditAppend(events=[EventRecord(kind=EventKind.REQUEST_RESUMED, at=time.time(), request_id=rid, payload={}, dedup_key=f"resumed:{rid}")])
+        )
+
+    async def _append_and_wait(self, msg: AuditAppend) -> None:
+        send, receive = anyio.create_memory_object_stream[object](1)
+        await self._audit.send(msgspec.structs.replace(msg, reply=send))
+        async with receive:
+            outcome = await receive.receive()
+        if outcome is not None:
+            raise outcome
+
     async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt) -> None:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
@@ -219,20 +258,14 @@ class Admission:
         if self._audit_prompts == "text":
             payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
         event = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=msg.request_id, payload=payload, dedup_key=f"admit:{msg.request_id}")
-        send, receive = anyio.create_memory_object_stream[object](1)
-        await self._audit.send(
+        await self._append_and_wait(
             AuditAppend(
                 adapters=[ckpt.to_record(self._base_fp, time.time())] if ckpt is not None else [],
                 requests=[binding],
                 events=[event],
-                reply=send,
                 admission=True,
             )
         )
-        async with receive:
-            outcome = await receive.receive()
-        if outcome is not None:
-            raise outcome
 
 
 async def _deliver(channel, request_id: str, item: object) -> None:

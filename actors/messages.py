@@ -51,7 +51,8 @@ class Submit(Msg):
     tenant: str | None
     arrival_time: float
     channel: object  # MemoryObjectSendStream[Delivery], owned by the caller's side
-    resume: bool = False  # crash recovery re-run under an existing binding
+    resume: bool = False  # crash recovery: re-run under the binding already on record
+    bound_fingerprint: str | None = None  # with resume: the adapter fingerprint the binding names
 
 
 class Abort(Msg):

@@ -42,6 +42,9 @@ class AsyncEngine:
         self._stack: AsyncExitStack | None = None
         self._tg = None
         self._admission: MemoryObjectSendStream | None = None
+        self.interrupted: list[str] = []  # request ids found unfinished in the audit log at start
+        self.resumed: dict[str, object] = {}  # with resume_interrupted: request id -> final RequestOutput or error
+        self._resume_done = anyio.Event()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "AsyncEngine":
@@ -63,7 +66,24 @@ class AsyncEngine:
             _close_store(setup.store)
             raise
         self._admission = self._core.sender("admission")
+        if setup.store is not None:
+            await self._recover()
         return self
+
+    async def _recover(self) -> None:
+        from loraledger.recovery import record_interrupted, resume
+
+        unfinished = await record_interrupted(self)
+        self.interrupted = [r.request_id for r in unfinished]
+        if unfinished and self.args.resume_interrupted:
+            self._tg.start_soon(resume, self, unfinished, self.resumed, self._resume_done)
+        else:
+            self._resume_done.set()
+
+    async def wait_resumed(self) -> dict[str, object]:
+        """Wait until every resumed request has its outcome (final RequestOutput or error) in `resumed`."""
+        await self._resume_done.wait()
+        return self.resumed
 
     async def __aexit__(self, *exc_info) -> bool | None:
         core, stack = self._core, self._stack
@@ -120,6 +140,8 @@ class AsyncEngine:
         *,
         tenant: str | None = None,
         arrival_time: float | None = None,
+        resume: bool = False,
+        bound_fingerprint: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not."""
         self._live()
@@ -143,6 +165,8 @@ class AsyncEngine:
             tenant=tenant,
             arrival_time=arrival_time if arrival_time is not None else time.time(),
             channel=send,
+            resume=resume,
+            bound_fingerprint=bound_fingerprint,
         )
         try:
             await self._admission.send(msg)

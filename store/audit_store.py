@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -232,6 +234,19 @@ class AuditStore:
         query = select(REQUESTS).where(~terminal).order_by(REQUESTS.c.received_at, REQUESTS.c.request_id)
         with unavailable_as_error(self.url), self.engine.connect() as conn:
             return [request_record(row) for row in conn.execute(query)]
+
+    def admitted_payloads(self, request_ids: Iterable[str]) -> dict[str, dict]:
+        """The request_admitted event payload of each id (the binding, and the prompt token ids when prompts are kept)."""
+        ids = list(request_ids)
+        found: dict[str, dict] = {}
+        with unavailable_as_error(self.url), self.engine.connect() as conn:
+            for chunk in _chunks(ids):
+                query = select(EVENTS.c.request_id, EVENTS.c.payload).where(
+                    EVENTS.c.kind == EventKind.REQUEST_ADMITTED, EVENTS.c.request_id.in_(list(chunk))
+                )
+                for request_id, payload in conn.execute(query):
+                    found[request_id] = payload if isinstance(payload, dict) else json.loads(payload)
+        return found
 
     def first_break(self, *, batch_size: int = 1000) -> ChainBreak | None:
         """Recompute the whole event hash chain, streaming; the first break, or None if it verifies."""

@@ -1,0 +1,100 @@
+"""Crash recovery at engine start: requests admitted but never finished are put on record as interrupted, and optionally re-run.
+
+It assumes one engine writes to an audit database at a time: a second engine starting on the
+same database would take the first one's in-flight requests for interrupted ones.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import msgspec
+
+from loraledger.errors import LoraLedgerError
+from loraledger.lora_request import LoRARequest
+from loraledger.sampling_params import SamplingParams
+from loraledger.store.records import EventKind
+
+# the dedup keys keep a retried start from writing these events twice
+INTERRUPTED_KEY = "interrupted:{}"
+
+
+async def record_interrupted(engine) -> list:
+    """Write an `interrupted` event for every unfinished request, and one `engine_recovered` event."""
+    from loraledger.actors.messages import AuditAppend
+    from loraledger.store.records import EventRecord
+
+    store = engine._live().setup.store
+    unfinished = await anyio.to_thread.run_sync(store.unfinished_requests)
+    if not unfinished:
+        return []
+    now = time.time()
+    events = [
+        EventRecord(
+            kind=EventKind.REQUEST_INTERRUPTED,
+            at=now,
+            request_id=r.request_id,
+            payload={"reason": "the engine stopped before the request finished (process killed or crashed)"},
+            dedup_key=INTERRUPTED_KEY.format(r.request_id),
+        )
+        for r in unfinished
+    ]
+    events.append(
+        EventRecord(kind=EventKind.ENGINE_RECOVERED, at=now, payload={"interrupted": [r.request_id for r in unfinished], "resume": engine.args.resume_interrupted})
+    )
+    await _append(engine, AuditAppend(events=events))
+    return unfinished
+
+
+async def _append(engine, msg) -> None:
+    send, receive = anyio.create_memory_object_stream[object](1)
+    async with engine._live().sender("audit") as audit:
+        await audit.send(msgspec.structs.replace(msg, reply=send))
+    async with receive:
+        outcome = await receive.receive()
+    if outcome is not None:
+        raise outcome
+
+
+async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> None:
+    """Re-run interrupted requests under their original binding; each outcome (final output or error) lands in `results`."""
+    store = engine._live().setup.store
+    payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
+
+    async def one(record) -> None:
+        rid = record.request_id
+        payload = payloads.get(rid) or {}
+        prompt_ids = payload.get("prompt_token_ids")
+        if prompt_ids is None:
+            results[rid] = LoraLedgerError(f"request {rid!r} cannot be resumed: its prompt was not kept (audit_prompts != 'text')")
+            return
+        lora = None
+        if record.lora_int_id is not None:
+            lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
+        params = msgspec.convert(record.sampling_params, SamplingParams)
+        try:
+            channel = await engine.submit(
+                rid,
+                {"prompt_token_ids": prompt_ids},
+                params,
+                lora,
+                tenant=record.tenant,
+                resume=True,
+                bound_fingerprint=record.adapter_fingerprint,
+            )
+        except LoraLedgerError as exc:
+            results[rid] = exc
+            return
+        async with channel:
+            async for delivery in channel:
+                if isinstance(delivery.item, BaseException) or delivery.item.finished:
+                    results[rid] = delivery.item
+                    return
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for record in unfinished:
+                tg.start_soon(one, record)
+    finally:
+        done.set()
