@@ -1,0 +1,131 @@
+"""The CUDA kernel sources: their files, kernel templates and instantiations, compile options, and the text loader.
+
+The `.cu` files under gpu/kernels are compiled at run time by CuPy (NVRTC) with COMPILE_OPTIONS,
+one module per kernel instantiation, named by its C++ name expression (`lora_shrink_kernel<bf16_t, 1, 4>`).
+The same list drives tests/gpu/test_kernel_sources.py, which compiles every instantiation with
+nvcc for sm_80 and sm_90, so a kernel that CudaOps can ask for is a kernel that compiles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import torch
+
+from loraledger.errors import KernelInputError
+
+COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+COMMON_HEADER = "common.cuh"
+_INCLUDE_COMMON = re.compile(rf'^#include "{re.escape(COMMON_HEADER)}"[ \t]*$', re.MULTILINE)
+
+# torch dtype -> the kernels' element type (common.cuh)
+ELEMENT_TYPES: dict[torch.dtype, str] = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+# torch dtype -> index type of positions / slot_mapping
+INDEX_TYPES: dict[torch.dtype, str] = {torch.int64: "long long", torch.int32: "int"}
+
+# Launch geometry the kernels are written for (mirrored by constexprs in the .cu files; the test checks).
+LORA_SHRINK_THREADS = 128
+LORA_EXPAND_THREADS = 256
+ATTENTION_THREADS = 128
+
+# LoRA tiling: BGMV = one token per block; SGMV = tiles of up to SGMV_TILE tokens of one slot.
+BGMV_SHRINK_ROWS = 4
+SGMV_TILE = 8
+SGMV_SHRINK_ROWS = 4
+
+# Paged attention: query heads per pass (HP) and head elements per lane (EPL).
+ATTENTION_HEADS_PER_PASS = (1, 2, 4, 8)
+ATTENTION_ELEMS_PER_LANE: dict[str, tuple[int, ...]] = {"float": (4, 8), "bf16_t": (8,), "f16_t": (8,)}
+ATTENTION_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class KernelTemplate:
+    """One `__global__` template in one source file, with every instantiation CudaOps may launch."""
+
+    name: str
+    source: str
+    instantiations: tuple[tuple[str, ...], ...]
+
+    def expression(self, *args: object) -> str:
+        """The C++ name expression of one instantiation (the key NVRTC and CuPy know it by)."""
+        targs = tuple(str(a) for a in args)
+        if targs not in self.instantiations:
+            raise KernelInputError(
+                f"{self.name} has no instantiation <{', '.join(targs)}>; "
+                f"available: {['<' + ', '.join(i) + '>' for i in self.instantiations]}"
+            )
+        return _expr(self.name, targs)
+
+    def expressions(self) -> tuple[str, ...]:
+        return tuple(_expr(self.name, targs) for targs in self.instantiations)
+
+
+def _expr(name: str, targs: tuple[str, ...]) -> str:
+    return f"{name}<{', '.join(targs)}>"
+
+
+_ELEMS = tuple(ELEMENT_TYPES.values())
+_INDEXES = tuple(INDEX_TYPES.values())
+
+
+def _grid(*axes: tuple[object, ...]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(str(a) for a in combo) for combo in itertools.product(*axes))
+
+
+LORA_SHRINK = KernelTemplate(
+    "lora_shrink_kernel",
+    "lora.cu",
+    tuple(
+        (t, str(toks), str(rows))
+        for t in _ELEMS
+        for toks, rows in ((1, BGMV_SHRINK_ROWS), (SGMV_TILE, SGMV_SHRINK_ROWS))
+    ),
+)
+LORA_EXPAND = KernelTemplate("lora_expand_kernel", "lora.cu", _grid(_ELEMS, (1, SGMV_TILE)))
+PAGED_ATTENTION_DECODE = KernelTemplate(
+    "paged_attention_decode_kernel",
+    "paged_attention.cu",
+    tuple(
+        (t, str(hp), str(epl))
+        for t in _ELEMS
+        for hp in ATTENTION_HEADS_PER_PASS
+        for epl in ATTENTION_ELEMS_PER_LANE[t]
+    ),
+)
+PAGED_ATTENTION_REDUCE = KernelTemplate("paged_attention_reduce_kernel", "paged_attention.cu", _grid(_ELEMS))
+WRITE_KV = KernelTemplate("write_kv_kernel", "kv_cache.cu", _grid(_ELEMS, _INDEXES))
+RMS_NORM = KernelTemplate("rms_norm_kernel", "rms_norm.cu", _grid(_ELEMS))
+ROTARY_EMBEDDING = KernelTemplate("rotary_embedding_kernel", "rotary.cu", _grid(_ELEMS, _INDEXES))
+SILU_AND_MUL = KernelTemplate("silu_and_mul_kernel", "activation.cu", _grid(_ELEMS))
+
+KERNELS: tuple[KernelTemplate, ...] = (
+    LORA_SHRINK,
+    LORA_EXPAND,
+    PAGED_ATTENTION_DECODE,
+    PAGED_ATTENTION_REDUCE,
+    WRITE_KV,
+    RMS_NORM,
+    ROTARY_EMBEDDING,
+    SILU_AND_MUL,
+)
+SOURCES: tuple[str, ...] = tuple(dict.fromkeys(k.source for k in KERNELS))
+
+
+def _read(filename: str) -> str:
+    return resources.files("loraledger.gpu").joinpath("kernels", filename).read_text(encoding="utf-8")
+
+
+def load_source(filename: str) -> str:
+    """The compilable text of one kernel file: common.cuh pasted in place of its #include.
+
+    NVRTC then needs no include path, and the text that CuPy compiles is exactly the text
+    the nvcc test compiles.
+    """
+    if filename not in SOURCES:
+        raise KernelInputError(f"unknown kernel source {filename!r}; known: {list(SOURCES)}")
+    common = _read(COMMON_HEADER)
+    return _INCLUDE_COMMON.sub(lambda _: common, _read(filename), count=1)
