@@ -284,8 +284,8 @@ class OutputAssembler:
                 adapter_fingerprint=req.msg.adapter_fingerprint,
                 prompt_token_count=len(req.msg.prompt_token_ids),
                 generated_token_count=len(s.token_ids),
-                first_token_at=req.metrics.first_token_time,
-                finished_at=now,
+                first_token_at=_stored_time(req.metrics.first_token_time),
+                finished_at=_stored_time(now),
             )
             for s in req.seqs
         ]
@@ -350,3 +350,8 @@ async def _send_quietly(stream, msg) -> None:
         await stream.send(msg)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
+
+
+def _stored_time(t: float | None) -> float | None:
+    """Times as the store keeps them (microseconds), so the digest in the event can be recomputed from the rows."""
+    return None if t is None else round(t, 6)

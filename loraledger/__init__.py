@@ -1,26 +1,48 @@
 """loraledger: a multi-LoRA LLM inference engine whose every output is on record, bound to the adapter that wrote it."""
 
-from loraledger.async_engine import AsyncEngine
-from loraledger.engine_args import EngineArgs
-from loraledger.errors import LoraLedgerError
-from loraledger.llm import LLM
-from loraledger.llm_engine import LLMEngine
-from loraledger.lora_request import LoRARequest
-from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from loraledger.sampling_params import RequestOutputKind, SamplingParams
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from loraledger.version import __version__
 
-__all__ = [
-    "LLM",
-    "LLMEngine",
-    "AsyncEngine",
-    "EngineArgs",
-    "SamplingParams",
-    "LoRARequest",
-    "RequestOutput",
-    "CompletionOutput",
-    "RequestMetrics",
-    "RequestOutputKind",
-    "LoraLedgerError",
-    "__version__",
-]
+# public name -> module; imported on first use so `loraledger audit ...` does not pay for torch
+_EXPORTS = {
+    "LLM": "loraledger.llm",
+    "LLMEngine": "loraledger.llm_engine",
+    "AsyncEngine": "loraledger.async_engine",
+    "EngineArgs": "loraledger.engine_args",
+    "SamplingParams": "loraledger.sampling_params",
+    "RequestOutputKind": "loraledger.sampling_params",
+    "LoRARequest": "loraledger.lora_request",
+    "RequestOutput": "loraledger.outputs",
+    "CompletionOutput": "loraledger.outputs",
+    "RequestMetrics": "loraledger.outputs",
+    "LoraLedgerError": "loraledger.errors",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from loraledger.async_engine import AsyncEngine
+    from loraledger.engine_args import EngineArgs
+    from loraledger.errors import LoraLedgerError
+    from loraledger.llm import LLM
+    from loraledger.llm_engine import LLMEngine
+    from loraledger.lora_request import LoRARequest
+    from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from loraledger.sampling_params import RequestOutputKind, SamplingParams
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'loraledger' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,360 @@
+"""The `loraledger audit ...` commands: show, requests, usage, adapters, verify, checkpoint, report, verify-report, keygen."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
+
+import msgspec
+
+from loraledger.audit.log import AuditLog
+from loraledger.audit.records import AdapterInfo, RequestLineage, RequestRow, VerifyResult
+from loraledger.audit.timefmt import iso
+from loraledger.errors import ConfigError
+from loraledger.store.records import AdapterRecord
+
+LISTING_FORMATS = ("table", "csv", "jsonl")
+SHOWN_PROBLEMS = 10
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    audit = subparsers.add_parser("audit", help="query, verify and export the audit log", description=__doc__)
+    sub = audit.add_subparsers(dest="audit_command", required=True)
+
+    p = _command(sub, "show", "the full lineage of one request: binding, adapter, completions, events", _show)
+    p.add_argument("request_id")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+    p = _command(sub, "requests", "list requests (received order)", _requests)
+    _filters(p)
+    p.add_argument("--finish-reason", choices=("stop", "length", "abort"))
+    p.add_argument("--limit", type=int)
+    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+
+    p = _command(sub, "usage", "requests, prompt / generated tokens and failed requests per adapter, tenant, day", _usage)
+    p.add_argument("--by", default="adapter,tenant,day", help="comma-separated keys out of adapter,tenant,day (default: all)")
+    _filters(p)
+    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+
+    p = _command(sub, "adapters", "the adapter inventory with fingerprints and first / last use", _adapters)
+    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+
+    p = _command(sub, "verify", "recompute the hash chain and check every binding and completion", _verify)
+    p.add_argument("--checkpoint", metavar="FILE", help="a checkpoint (or report manifest.json) the log must extend unchanged")
+
+    p = _command(sub, "checkpoint", "write the current head of the event chain to a file", _checkpoint)
+    p.add_argument("--out", required=True, metavar="FILE")
+
+    p = _command(sub, "report", "export a signed compliance report bundle", _report)
+    p.add_argument("--since", required=True, help="ISO-8601 time (UTC if no offset), inclusive")
+    p.add_argument("--until", required=True, help="ISO-8601 time (UTC if no offset), exclusive")
+    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with")
+    p.add_argument("--tenant")
+    p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
+    p.add_argument("--previous", metavar="DIR", help="the previous report bundle: chains this report to it")
+    p.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="row file format (default csv)")
+    p.add_argument("--key-file", metavar="PEM", help="Ed25519 private key; default: HMAC-SHA256 with $LORALEDGER_REPORT_KEY")
+    p.add_argument("--unsigned", action="store_true", help="write the report even with no signing key")
+
+    p = sub.add_parser("verify-report", help="check a report bundle's signature, file hashes and counts")
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--key-file", metavar="PEM", help="the Ed25519 public key of an Ed25519-signed report")
+    p.add_argument("--previous", metavar="DIR", help="the report this one claims to follow")
+    p.add_argument("--allow-unsigned", action="store_true", help="accept a report written with --unsigned")
+    p.set_defaults(func=_verify_report)
+
+    p = sub.add_parser("keygen", help="write a new Ed25519 key pair for signing reports")
+    p.add_argument("--out", required=True, metavar="PEM", help="private key file (created with mode 0600)")
+    p.add_argument("--public", metavar="PEM", help="public key file, for verify-report")
+    p.set_defaults(func=_keygen)
+
+
+def _command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    from loraledger.cli import default_url
+
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("--url", default=None, help=f"audit database URL (default: $LORALEDGER_AUDIT_URL or {default_url()})")
+    p.set_defaults(func=_pipe_safe(func))
+    return p
+
+
+def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A listing piped into `head` stops quietly when the reader goes away."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except BrokenPipeError:
+            # the interpreter flushes stdout at exit: point it somewhere that still accepts writes
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+    return run
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with")
+    p.add_argument("--tenant")
+    p.add_argument("--since", help="ISO-8601 time (UTC if no offset), inclusive")
+    p.add_argument("--until", help="ISO-8601 time (UTC if no offset), exclusive")
+
+
+def _open(args: argparse.Namespace) -> AuditLog:
+    return AuditLog(args.url).open()
+
+
+# -- listings ------------------------------------------------------------------------------
+
+
+def _requests(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    table = (
+        ("request_id", "request", 26), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
+        ("lora_name", "adapter", 16), ("adapter_fingerprint", "fingerprint", 12), ("status", "status", 11),
+        ("num_completions", "n", 2), ("prompt_token_count", "prompt", 7), ("generated_tokens", "generated", 9),
+        ("finish_reasons", "finish", 12),
+    )  # fmt: skip
+    with _open(args) as log:
+        rows = log.requests(
+            adapter=args.adapter, tenant=args.tenant, since=args.since, until=args.until,
+            finish_reason=args.finish_reason, limit=args.limit,
+        )  # fmt: skip
+        _emit(rows, table, RequestRow.__struct_fields__, args.format, out, _request_cells)
+    return 0
+
+
+def _request_cells(row: RequestRow) -> dict[str, Any]:
+    cells = msgspec.to_builtins(row)
+    cells["received_at"] = iso(row.received_at)
+    cells["finished_at"] = iso(row.finished_at)
+    return cells
+
+
+def _usage(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    group_by = tuple(key.strip() for key in args.by.split(",") if key.strip())
+    table: list[tuple[str, str, int]] = [("day", "day (UTC)", 10)] if "day" in group_by else []
+    fields = ["day"] if "day" in group_by else []
+    if "adapter" in group_by:
+        table += [("lora_name", "adapter", 16), ("adapter_fingerprint", "fingerprint", 12)]
+        fields += ["lora_name", "adapter_fingerprint"]
+    if "tenant" in group_by:
+        table.append(("tenant", "tenant", 12))
+        fields.append("tenant")
+    metrics = (("requests", "requests", 9), ("prompt_tokens", "prompt tokens", 13),
+               ("generated_tokens", "generated tokens", 16), ("errors", "errors", 7))  # fmt: skip
+    table += metrics
+    fields += [name for name, _, _ in metrics]
+    with _open(args) as log:
+        rows = log.usage(group_by=group_by, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant)
+        _emit(rows, table, fields, args.format, out, msgspec.to_builtins)
+    return 0
+
+
+def _adapters(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    table = (
+        ("name", "name", 16), ("fingerprint", "fingerprint", 64), ("rank", "rank", 4), ("alpha", "alpha", 6),
+        ("requests", "requests", 9), ("first_used", "first used (UTC)", 20), ("last_used", "last used (UTC)", 20),
+    )  # fmt: skip
+    fields = (*AdapterRecord.__struct_fields__, "requests", "first_used", "last_used")
+    with _open(args) as log:
+        _emit(log.adapters(), table, fields, args.format, out, _adapter_cells)
+    return 0
+
+
+def _adapter_cells(info: AdapterInfo) -> dict[str, Any]:
+    cells = msgspec.to_builtins(info.record)
+    cells["first_seen"] = iso(info.record.first_seen)
+    cells.update(requests=info.requests, first_used=iso(info.first_used), last_used=iso(info.last_used))
+    return cells
+
+
+def _emit(
+    rows: Iterable[Any],
+    table: Sequence[tuple[str, str, int]],
+    fields: Sequence[str],
+    fmt: str,
+    out: TextIO,
+    cells: Callable[[Any], dict[str, Any]],
+) -> None:
+    """Write rows as they stream in: a fixed-width table of (field, header, width), or CSV / JSON lines of fields."""
+    if fmt == "csv":
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(fields)
+        for row in rows:
+            c = cells(row)
+            writer.writerow([_csv_cell(c.get(name)) for name in fields])
+    elif fmt == "jsonl":
+        for row in rows:
+            c = cells(row)
+            out.write(json.dumps({name: c.get(name) for name in fields}, ensure_ascii=False, separators=(",", ":")) + "\n")
+    else:
+        widths = [max(width, len(header)) for _, header, width in table]
+        out.write(" ".join(h.ljust(w) for (_, h, _), w in zip(table, widths)).rstrip() + "\n")
+        n = 0
+        for row in rows:
+            c = cells(row)
+            out.write(" ".join(_fit(_text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip() + "\n")
+            n += 1
+        out.write(f"({n} row{'s' if n != 1 else ''})\n")
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return value
+
+
+def _text(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str) and name.endswith(("_at", "_used")) and len(value) > 19:
+        return value[:10] + " " + value[11:19] + "Z"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _fit(text: str, width: int) -> str:
+    return text.ljust(width) if len(text) <= width else text[: width - 1] + "…"
+
+
+# -- one request ---------------------------------------------------------------------------
+
+
+def _show(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    with _open(args) as log:
+        lineage = log.request(args.request_id)
+    if args.format == "json":
+        out.write(msgspec.json.format(msgspec.json.encode(lineage), indent=2).decode() + "\n")
+    else:
+        out.write(format_lineage(lineage))
+    return 0
+
+
+def format_lineage(lineage: RequestLineage) -> str:
+    b = lineage.binding
+    lines = [
+        f"request {b.request_id}  ({lineage.status})",
+        f"  received      {iso(b.received_at)}",
+        f"  tenant        {b.tenant or '-'}",
+        f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
+        f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
+        f"  sampling      {json.dumps(b.sampling_params, sort_keys=True)}",
+    ]
+    if b.adapter_fingerprint is None:
+        lines.append("  adapter       none (base model)")
+    else:
+        lines.append(f"  lora_request  name={b.lora_name} int_id={b.lora_int_id} path={b.lora_path}")
+        lines.append(f"  adapter       {b.adapter_fingerprint}")
+        a = lineage.adapter
+        if a is not None:
+            lines.append(f"                {a.name}, rank {a.rank}, alpha {a.alpha:g}, targets {', '.join(a.target_modules)}")
+    lines.append(f"completions ({len(lineage.completions)})")
+    for c in lineage.completions:
+        adapter = "base" if c.adapter_fingerprint is None else c.adapter_fingerprint[:12]
+        lines.append(
+            f"  [{c.index}] {c.finish_reason:<6} {c.generated_token_count} tokens  adapter {adapter}  finished {iso(c.finished_at)}"
+        )
+        lines.append(f"      {json.dumps(c.text, ensure_ascii=False)}")
+    lines.append(f"events ({len(lineage.events)})")
+    for e in lineage.events:
+        lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")
+    return "\n".join(lines) + "\n"
+
+
+# -- integrity -----------------------------------------------------------------------------
+
+
+def _verify(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    with _open(args) as log:
+        result = log.verify(args.checkpoint)
+    out.write(format_verify(result))
+    return 0 if result.ok else 1
+
+
+def format_verify(result: VerifyResult) -> str:
+    head = result.head
+    if result.ok:
+        if head is None:
+            return "OK: the audit log is empty\n"
+        return (
+            f"OK: {result.events} events, {result.requests} requests, {result.completions} completions verified\n"
+            f"head {head.sequence} {head.hash}\n"
+        )
+    first = result.first_problem
+    assert first is not None
+    where = f"sequence {first.sequence}" if first.sequence is not None else "no event"
+    lines = [f"FAILED at {where}: {first.message}"]
+    for p in result.problems[1:SHOWN_PROBLEMS]:
+        lines.append(f"  also at {p.sequence if p.sequence is not None else '-'}: {p.message}")
+    if result.problem_count > SHOWN_PROBLEMS:
+        lines.append(f"  ... {result.problem_count - SHOWN_PROBLEMS} more problems")
+    return "\n".join(lines) + "\n"
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    from loraledger.audit.verify import write_checkpoint
+
+    with _open(args) as log:
+        head = log.head()
+    if head is None:
+        raise ConfigError("the audit log is empty: there is no head to checkpoint yet")
+    write_checkpoint(args.out, head)
+    out.write(f"head {head.sequence} {head.hash} written to {args.out}\n")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    from loraledger.audit.report import MANIFEST, write_report
+
+    with _open(args) as log:
+        manifest = write_report(
+            log, args.out, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant,
+            previous=args.previous, fmt=args.format, unsigned=args.unsigned, key_file=args.key_file,
+        )  # fmt: skip
+    counts, verification = manifest["counts"], manifest["verification"]
+    out.write(
+        f"report written to {args.out}: {counts['requests']} requests, {counts['completions']} completions, "
+        f"signature {manifest['signature']['algorithm']}\n"
+    )
+    if not verification["ok"]:
+        out.write(
+            f"WARNING: the audit log did not verify (first bad sequence {verification['first_bad_sequence']}: "
+            f"{verification['problem']}); see {MANIFEST}\n"
+        )
+        return 1
+    return 0
+
+
+def _verify_report(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    from loraledger.audit.report_verify import verify_report
+
+    check = verify_report(args.directory, key_file=args.key_file, previous=args.previous, allow_unsigned=args.allow_unsigned)
+    if check.ok:
+        out.write(f"OK: {args.directory} is intact ({check.signature} signature, file hashes and counts match)\n")
+        return 0
+    out.write(f"FAILED: {args.directory}\n" + "".join(f"  {p}\n" for p in check.problems))
+    return 1
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    out = sys.stdout
+    from loraledger.audit.signing import generate_ed25519_key
+
+    generate_ed25519_key(args.out, args.public)
+    out.write(f"Ed25519 private key written to {args.out}" + (f", public key to {args.public}" if args.public else "") + "\n")
+    return 0

@@ -1,0 +1,115 @@
+"""Row files of a report bundle (CSV or JSONL): written and read back one row at a time, hashed while written."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from loraledger.audit.records import ExportedFile
+from loraledger.errors import ConfigError
+
+FORMATS = ("csv", "jsonl")
+_CHUNK = 1 << 20
+
+
+def check_format(fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise ConfigError(f"export format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return fmt
+
+
+class _HashingSink(io.RawIOBase):
+    """A binary file that hashes what goes through it, so a file's digest costs no second read."""
+
+    def __init__(self, path: Path):
+        self._file = open(path, "wb")
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.size += view.nbytes
+        return self._file.write(view)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
+class RowWriter:
+    """Writes rows with a fixed column list to one CSV (with a header row) or JSONL file.
+
+    CSV cells are str, int, float or None (an empty cell); JSON lines take any JSON value.
+    """
+
+    def __init__(self, path: Path, columns: Sequence[str], fmt: str):
+        self.path = path
+        self.columns = tuple(columns)
+        self.fmt = check_format(fmt)
+        self.rows = 0
+        self._sink = _HashingSink(path)
+        self._text = io.TextIOWrapper(io.BufferedWriter(self._sink, _CHUNK), encoding="utf-8", newline="")
+        self._csv = csv.writer(self._text, lineterminator="\n") if fmt == "csv" else None
+        if self._csv is not None:
+            self._csv.writerow(self.columns)
+
+    def write(self, row: Sequence[Any]) -> None:
+        if self._csv is not None:
+            self._csv.writerow(row)
+        else:
+            self._text.write(json.dumps(dict(zip(self.columns, row)), ensure_ascii=False, separators=(",", ":")))
+            self._text.write("\n")
+        self.rows += 1
+
+    def close(self) -> ExportedFile:
+        self._text.close()
+        return ExportedFile(name=self.path.name, rows=self.rows, bytes=self._sink.size, sha256=self._sink.sha256.hexdigest())
+
+    def __enter__(self) -> RowWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._text.closed:
+            self._text.close()
+
+
+def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
+    """The rows of a file RowWriter wrote, as column -> value; CSV cells come back as text, empty as None."""
+    if check_format(fmt) == "csv":
+        with open(path, encoding="utf-8", newline="") as file:
+            reader = csv.reader(file)
+            header = next(reader, None)
+            if header is None:
+                raise ValueError(f"{path.name} is empty: it has no header row")
+            for line, cells in enumerate(reader, start=2):
+                if len(cells) != len(header):
+                    raise ValueError(f"{path.name} row {line} has {len(cells)} cells, the header has {len(header)}")
+                yield {k: (v if v != "" else None) for k, v in zip(header, cells)}
+    else:
+        with open(path, encoding="utf-8") as file:
+            for line, text in enumerate(file, start=1):
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path.name} line {line} is not JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path.name} line {line} is not a JSON object")
+                yield row
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,235 @@
+"""AuditLog: read-only, streaming queries over the audit database (lineage, listings, usage, inventory, verify)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, select
+from sqlalchemy.engine import URL
+
+from loraledger.audit import queries as q
+from loraledger.audit import rows
+from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
+from loraledger.audit.timefmt import Instant, to_unix
+from loraledger.audit.verify import read_checkpoint, verify_log
+from loraledger.errors import AuditSchemaError, AuditUnavailableError, UnknownRequestError
+from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
+from loraledger.store.migrate import current_revision
+from loraledger.store.records import Checkpoint
+
+_LISTING_REQUEST_COLUMNS = ("received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count")
+_LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
+
+
+class AuditLog:
+    """The audit log at url, for reading. Never writes and never migrates.
+
+    Listings are generators that stream from a server-side cursor: iterate them to the end (or
+    close them) before the AuditLog is closed.
+    """
+
+    def __init__(self, url: str | URL | None = None):
+        if url is None:
+            from loraledger.cli import default_url
+
+            url = default_url()
+        self.url = url
+        self._engine: Engine | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> AuditLog:
+        if self._engine is not None:
+            return self
+        parsed = normalize_url(self.url)
+        database = parsed.database
+        if parsed.get_backend_name() == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
+            if not Path(database).exists():
+                raise AuditUnavailableError(
+                    f"there is no audit database at {display_url(self.url)}: the file does not exist; "
+                    "pass --url (or set $LORALEDGER_AUDIT_URL) to the engine's audit_url"
+                )
+        with unavailable_as_error(self.url):
+            engine = make_engine(self.url)
+            try:
+                with engine.connect() as conn:
+                    revision = current_revision(conn)
+            except BaseException:
+                engine.dispose()
+                raise
+        if revision is None:
+            engine.dispose()
+            raise AuditSchemaError(
+                f"the database at {display_url(self.url)} holds no loraledger audit log (no schema revision); "
+                "check the URL"
+            )
+        self._engine = engine
+        return self
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> AuditLog:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def engine(self) -> Engine:
+        return self.open()._engine  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A read-only connection whose queries all see one state of the log (a repeatable-read transaction)."""
+        with self._connect() as conn, unavailable_as_error(self.url):
+            if conn.dialect.name == "postgresql":
+                conn = conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            with conn.begin():
+                yield conn
+
+    def _connect(self) -> Connection:
+        with unavailable_as_error(self.url):
+            return self.engine.connect()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def request(self, request_id: str) -> RequestLineage:
+        """The full lineage of one request: binding, adapter, completions in index order, events in seq order."""
+        with self.snapshot() as conn:
+            binding_row = conn.execute(select(q.R).where(q.R.c.request_id == request_id)).first()
+            if binding_row is None:
+                raise UnknownRequestError(f"request {request_id!r} is not in the audit log at {display_url(self.url)}")
+            binding = rows.request_record(binding_row)
+            adapter = None
+            if binding.adapter_fingerprint is not None:
+                adapter_row = conn.execute(select(q.A).where(q.A.c.fingerprint == binding.adapter_fingerprint)).first()
+                adapter = None if adapter_row is None else rows.adapter_record(adapter_row)
+            completions = [
+                rows.completion_record(row)
+                for row in conn.execute(
+                    select(q.C).where(q.C.c.request_id == request_id).order_by(q.C.c.completion_index)
+                )
+            ]
+            events = [
+                EventEntry(
+                    sequence=row.seq,
+                    kind=row.kind,
+                    at=row.at.timestamp(),
+                    request_id=row.request_id,
+                    payload=row.payload,
+                    prev_hash=row.prev_hash,
+                    hash=row.hash,
+                )
+                for row in conn.execute(select(q.E).where(q.E.c.request_id == request_id).order_by(q.E.c.seq))
+            ]
+        kinds = [e.kind for e in events if e.kind in q.LIFECYCLE_KINDS]
+        status = q.status_of(kinds[-1] if kinds else None)
+        return RequestLineage(binding=binding, adapter=adapter, completions=completions, events=events, status=status)
+
+    def requests(
+        self,
+        *,
+        adapter: str | None = None,
+        tenant: str | None = None,
+        since: Instant = None,
+        until: Instant = None,
+        finish_reason: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[RequestRow]:
+        """Requests in received order; adapter is a fingerprint or the lora_name submitted; since inclusive, until exclusive."""
+        flt = q.RequestFilter(
+            adapter=adapter,
+            tenant=tenant,
+            since=to_unix(since, what="since"),
+            until=to_unix(until, what="until"),
+            finish_reason=finish_reason,
+        )
+        return self._request_rows(flt, limit)
+
+    def _request_rows(self, flt: q.RequestFilter, limit: int | None) -> Iterator[RequestRow]:
+        if limit is not None and limit <= 0:
+            return
+        n = 0
+        with self._connect() as conn, unavailable_as_error(self.url):
+            groups = q.request_groups(
+                conn,
+                flt,
+                request_columns=[q.R.c[name] for name in _LISTING_REQUEST_COLUMNS],
+                completion_columns=[q.completion_column(name) for name in _LISTING_COMPLETION_COLUMNS],
+            )
+            for request, completions in groups:
+                yield request_row(request, completions)
+                n += 1
+                if limit is not None and n >= limit:
+                    return
+
+    def usage(
+        self,
+        *,
+        group_by: Sequence[str] = q.GROUP_KEYS,
+        since: Instant = None,
+        until: Instant = None,
+        adapter: str | None = None,
+        tenant: str | None = None,
+    ) -> Iterator[UsageRow]:
+        """Requests, prompt tokens, generated tokens and failed requests per group (adapter, tenant, UTC day)."""
+        flt = q.RequestFilter(
+            adapter=adapter, tenant=tenant, since=to_unix(since, what="since"), until=to_unix(until, what="until")
+        )
+        stmt = q.usage_statement(flt, tuple(group_by))
+        with self._connect() as conn, unavailable_as_error(self.url):
+            for row in q.stream(conn, stmt):
+                yield q.usage_row(row)
+
+    def adapters(self, fingerprints: Sequence[str] | None = None) -> Iterator[AdapterInfo]:
+        """The adapter inventory (all, or those fingerprints) with request counts and first / last use."""
+        with self._connect() as conn, unavailable_as_error(self.url):
+            for row in q.stream(conn, q.adapters_statement(fingerprints)):
+                yield adapter_info(row)
+
+    def head(self) -> Checkpoint | None:
+        """The last event's sequence number, hash and time; None for an empty log."""
+        with self._connect() as conn, unavailable_as_error(self.url):
+            return q.head(conn)
+
+    def verify(self, checkpoint: Checkpoint | str | Path | None = None) -> VerifyResult:
+        """Recompute the hash chain and check every binding and completion; checkpoint: a Checkpoint or its file."""
+        if isinstance(checkpoint, (str, Path)):
+            checkpoint = read_checkpoint(checkpoint)
+        with self.snapshot() as conn:
+            return verify_log(conn, checkpoint)
+
+
+def request_row(request: Any, completions: Sequence[Any]) -> RequestRow:
+    """A listing line from a request_groups() item."""
+    reasons = sorted({c.c_finish_reason for c in completions})
+    finished = [c.c_finished_at for c in completions]
+    return RequestRow(
+        request_id=request.request_id,
+        received_at=request.received_at.timestamp(),
+        tenant=request.tenant,
+        adapter_fingerprint=request.adapter_fingerprint,
+        lora_name=request.lora_name,
+        lora_int_id=request.lora_int_id,
+        prompt_token_count=request.prompt_token_count,
+        num_completions=len(completions),
+        generated_tokens=sum(c.c_generated_token_count for c in completions),
+        finish_reasons=",".join(reasons) if reasons else None,
+        status=q.status_of(request.status_kind),
+        finished_at=max(finished).timestamp() if finished else None,
+    )
+
+
+def adapter_info(row: Any) -> AdapterInfo:
+    return AdapterInfo(
+        record=rows.adapter_record(row),
+        requests=int(row.requests),
+        first_used=q.unix(row.first_used),
+        last_used=q.unix(row.last_used),
+    )

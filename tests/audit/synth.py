@@ -1,0 +1,170 @@
+"""Synthetic audit logs for the audit tests: several adapters, tenants and days, base-model requests,
+n > 1 completions, aborted, failed and unfinished requests, written through AuditStore.write the way
+the engine writes them (request_admitted carries the binding, request_finished the completions digest)."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+import msgspec
+
+from loraledger.audit.rows import binding_digest, completions_digest
+from loraledger.store.audit_store import AuditStore
+from loraledger.store.records import (
+    AdapterRecord,
+    AuditBatch,
+    CompletionRecord,
+    EventKind,
+    EventRecord,
+    RequestRecord,
+)
+
+DAY = 86_400.0
+START = 1_795_305_600.0  # 2026-11-22T00:00:00Z
+BASE_FP = hashlib.sha256(b"tiny-base-model").hexdigest()
+TENANTS = ("acme", "globex", "initech", None)
+OUTCOMES = ("stop", "stop", "stop", "length", "abort", "failed", "pending")
+
+
+def _fp(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+ADAPTERS = tuple(
+    AdapterRecord(
+        fingerprint=_fp(f"adapter-{name}"),
+        name=name,
+        int_id=i + 1,
+        path=f"/adapters/{name}",
+        rank=rank,
+        alpha=2.0 * rank,
+        target_modules=["q_proj", "v_proj"] if rank < 8 else ["q_proj", "k_proj", "v_proj", "o_proj"],
+        base_model_fingerprint=BASE_FP,
+        use_rslora=rank == 16,
+        first_seen=START,
+    )
+    for i, (name, rank) in enumerate((("legal-qa", 4), ("support-de", 8), ("sql-gen", 16)))
+)
+
+
+@dataclass
+class SynthRequest:
+    binding: RequestRecord
+    completions: list[CompletionRecord]
+    outcome: str  # OUTCOMES value
+
+
+@dataclass
+class SynthLog:
+    requests: list[SynthRequest] = field(default_factory=list)
+    events: int = 0
+
+
+def _binding(rng: random.Random, request_id: str, at: float, adapter: AdapterRecord | None, tenant: str | None) -> RequestRecord:
+    prompt = f"prompt {request_id} " + "x" * rng.randrange(5, 40)
+    return RequestRecord(
+        request_id=request_id,
+        adapter_fingerprint=adapter.fingerprint if adapter else None,
+        lora_name=adapter.name if adapter else None,
+        lora_int_id=adapter.int_id if adapter else None,
+        lora_path=adapter.path if adapter else None,
+        tenant=tenant,
+        sampling_params={"n": 1, "temperature": round(rng.random(), 2), "max_tokens": 16, "stop": ["\n\n"]},
+        prompt_text=prompt,
+        prompt_sha256=hashlib.sha256(prompt.encode()).hexdigest(),
+        prompt_token_count=rng.randrange(3, 60),
+        received_at=at,
+        engine_version="0.1.0",
+        base_model_fingerprint=BASE_FP,
+    )
+
+
+def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str) -> list[CompletionRecord]:
+    out = []
+    for index in range(n):
+        tokens = [rng.randrange(512) for _ in range(rng.randrange(1, 17))]
+        first = binding.received_at + rng.random()
+        out.append(
+            CompletionRecord(
+                request_id=binding.request_id,
+                index=index,
+                text=f"answer {index}, with \"quotes\", commas\nand a newline " + " ".join(map(str, tokens[:4])),
+                token_ids=tokens,
+                cumulative_logprob=-rng.random() * 10 if index % 2 == 0 else None,
+                finish_reason=reason,
+                stop_reason="\n\n" if reason == "stop" and index == 0 else None,
+                adapter_fingerprint=binding.adapter_fingerprint,
+                prompt_token_count=binding.prompt_token_count,
+                generated_token_count=len(tokens),
+                first_token_at=first,
+                finished_at=first + rng.random() * 3,
+            )
+        )
+    return out
+
+
+def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: int = 0, batch: int = 10) -> SynthLog:
+    """Write n_requests requests spread over days (UTC) starting at START, in group commits of batch requests."""
+    rng = random.Random(seed)
+    log = SynthLog()
+    pending_events: list[EventRecord] = [EventRecord(kind=EventKind.ENGINE_STARTED, at=START, payload={"version": "0.1.0"})]
+    pending_events += [
+        EventRecord(kind=EventKind.ADAPTER_LOADED, at=START + 1, payload={"fingerprint": a.fingerprint, "name": a.name})
+        for a in ADAPTERS
+    ]
+    store.write(AuditBatch(adapters=list(ADAPTERS), events=pending_events))
+    log.events += len(pending_events)
+    times = sorted(START + rng.random() * days * DAY for _ in range(n_requests))
+    for start in range(0, n_requests, batch):
+        requests: list[RequestRecord] = []
+        completions: list[CompletionRecord] = []
+        events: list[EventRecord] = []
+        for i in range(start, min(n_requests, start + batch)):
+            adapter = rng.choice((*ADAPTERS, None))
+            binding = _binding(rng, f"req-{seed}-{i:05d}", times[i], adapter, rng.choice(TENANTS))
+            outcome = rng.choice(OUTCOMES)
+            requests.append(binding)
+            events.append(
+                EventRecord(
+                    kind=EventKind.REQUEST_ADMITTED,
+                    at=binding.received_at,
+                    request_id=binding.request_id,
+                    payload={"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)},
+                    dedup_key=f"admitted:{binding.request_id}",
+                )
+            )
+            mine: list[CompletionRecord] = []
+            end = binding.received_at + 5
+            if outcome in ("stop", "length"):
+                mine = _completions(rng, binding, rng.choice((1, 1, 2, 3)), outcome)
+                events.append(
+                    EventRecord(
+                        kind=EventKind.REQUEST_FINISHED,
+                        at=end,
+                        request_id=binding.request_id,
+                        payload={"completions_sha256": completions_digest(mine), "num_completions": len(mine)},
+                        dedup_key=f"end:{binding.request_id}",
+                    )
+                )
+            elif outcome == "abort":
+                mine = _completions(rng, binding, 1, "abort")
+                events.append(
+                    EventRecord(
+                        kind=EventKind.REQUEST_ABORTED,
+                        at=end,
+                        request_id=binding.request_id,
+                        payload={"completions_sha256": completions_digest(mine), "num_completions": len(mine)},
+                        dedup_key=f"end:{binding.request_id}",
+                    )
+                )
+            elif outcome == "failed":
+                events.append(
+                    EventRecord(kind=EventKind.REQUEST_FAILED, at=end, request_id=binding.request_id, payload={"error": "boom"})
+                )
+            completions += mine
+            log.requests.append(SynthRequest(binding=binding, completions=mine, outcome=outcome))
+        store.write(AuditBatch(requests=requests, completions=completions, events=events))
+        log.events += len(events)
+    return log
