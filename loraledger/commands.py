@@ -156,7 +156,7 @@ def _print_table(outputs) -> None:
                 fp[:12] or "-",
                 completion.finish_reason or "",
                 str(len(completion.token_ids)),
-                completion.text.replace("\n", " ")[:60],
+                " ".join(completion.text.split())[:60],  # one line, whatever the model wrote
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
