@@ -1,0 +1,140 @@
+"""LoraSlots: the device-resident adapter slots, stacked per fused module (qkv, o, gate_up, down) and layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from loraledger.errors import AdapterRankError, AdapterShapeError, AdapterTargetError, ConfigError
+from loraledger.gpu.config import ModelConfig
+
+# fused module -> the HF linear layers it holds, in column order
+FUSED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv": ("q_proj", "k_proj", "v_proj"),
+    "o": ("o_proj",),
+    "gate_up": ("gate_proj", "up_proj"),
+    "down": ("down_proj",),
+}
+MODULE_GROUP = {module: group for group, modules in FUSED_MODULES.items() for module in modules}
+
+
+@dataclass
+class LoraStack:
+    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    slice_offsets: tuple[int, ...]
+
+
+class LoraSlots:
+    def __init__(
+        self, config: ModelConfig, max_loras: int, max_lora_rank: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        if max_loras < 1 or max_lora_rank < 1:
+            raise ConfigError(f"max_loras ({max_loras}) and max_lora_rank ({max_lora_rank}) must be >= 1")
+        self.config = config
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shapes = config.module_shapes()
+        layers, r = config.num_hidden_layers, max_lora_rank
+        self.stacks: dict[str, LoraStack] = {}
+        for group, modules in FUSED_MODULES.items():
+            in_features = shapes[modules[0]][0]
+            outs = [shapes[m][1] for m in modules]
+            offsets = (0, *torch.tensor(outs).cumsum(0).tolist())
+            self.stacks[group] = LoraStack(
+                a=torch.zeros((layers, max_loras, len(modules) * r, in_features), dtype=dtype, device=self.device),
+                b=torch.zeros((layers, max_loras, offsets[-1], r), dtype=dtype, device=self.device),
+                slice_offsets=tuple(int(o) for o in offsets),
+            )
+        self._targets: list[frozenset[str]] = [frozenset()] * max_loras
+        self.fingerprints: list[str | None] = [None] * max_loras
+
+    def layer(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """(A [S, n*R, in], B [S, out_total, R], slice offsets) of one fused module in one layer."""
+        stack = self.stacks[group]
+        return stack.a[layer], stack.b[layer], stack.slice_offsets
+
+    def targets(self, slot: int) -> frozenset[str]:
+        """The fused modules the adapter in `slot` changes (empty when the slot is free)."""
+        return self._targets[slot]
+
+    def groups_for(self, active_slots: Iterable[int]) -> frozenset[str]:
+        """The fused modules that at least one of the given slots targets: the others can skip LoRA work."""
+        out: set[str] = set()
+        for slot in active_slots:
+            out |= self._targets[slot]
+        return frozenset(out)
+
+    def load(self, slot: int, ckpt: object, fingerprint: str | None = None) -> None:
+        """Copy an adapter into `slot`: A zero-padded to max_lora_rank, B pre-multiplied by the adapter's scale.
+
+        `ckpt` is a LoraCheckpoint (loraledger.gpu.lora_checkpoint); modules it does not target are zeroed.
+        """
+        self._check_slot(slot)
+        name, path = getattr(ckpt, "name", None), getattr(ckpt, "path", None)
+        rank = int(ckpt.rank)
+        if rank > self.max_lora_rank:
+            raise AdapterRankError(
+                f"adapter rank {rank} is above max_lora_rank {self.max_lora_rank}; "
+                "start the engine with a larger max_lora_rank",
+                lora_name=name,
+                lora_path=path,
+            )
+        unknown = set(ckpt.target_modules) - set(MODULE_GROUP)
+        if unknown:
+            raise AdapterTargetError(
+                f"adapter targets {sorted(unknown)}, LoRA can only be applied to {list(MODULE_GROUP)}",
+                lora_name=name,
+                lora_path=path,
+            )
+        shapes = self.config.module_shapes()
+        r, scale = self.max_lora_rank, float(ckpt.scale)
+        targeted: set[str] = set()
+        for group, modules in FUSED_MODULES.items():
+            stack = self.stacks[group]
+            a_host = torch.zeros(stack.a.shape[0:1] + stack.a.shape[2:], dtype=torch.float32)
+            b_host = torch.zeros(stack.b.shape[0:1] + stack.b.shape[2:], dtype=torch.float32)
+            for m, module in enumerate(modules):
+                if module not in ckpt.target_modules:
+                    continue
+                targeted.add(group)
+                in_f, out_f = shapes[module]
+                lo = stack.slice_offsets[m]
+                for layer in range(self.config.num_hidden_layers):
+                    pair = ckpt.weights.get((layer, module))
+                    if pair is None:
+                        continue  # PEFT layers_to_transform: this layer keeps the base weights
+                    a, b = pair
+                    r_mod = a.shape[0]  # PEFT rank_pattern may give a module its own rank
+                    if r_mod > r or tuple(a.shape) != (r_mod, in_f) or tuple(b.shape) != (out_f, r_mod):
+                        raise AdapterShapeError(
+                            f"layer {layer} {module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
+                            f"the base model (expected ({r_mod}, {in_f}) / ({out_f}, {r_mod}), rank <= {r})",
+                            lora_name=name,
+                            lora_path=path,
+                        )
+                    a_host[layer, m * r : m * r + r_mod] = a
+                    b_host[layer, lo : lo + out_f, :r_mod] = b.float() * scale
+            stack.a[:, slot].copy_(a_host)
+            stack.b[:, slot].copy_(b_host)
+        self._targets[slot] = frozenset(targeted)
+        self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
+
+    def clear(self, slot: int) -> None:
+        """Free `slot`: zero its tensors so a stale adapter can never leak into a later step."""
+        self._check_slot(slot)
+        for stack in self.stacks.values():
+            stack.a[:, slot].zero_()
+            stack.b[:, slot].zero_()
+        self._targets[slot] = frozenset()
+        self.fingerprints[slot] = None
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_loras:
+            raise ConfigError(f"adapter slot {slot} is out of range: the engine has max_loras={self.max_loras} slots")

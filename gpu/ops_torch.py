@@ -1,0 +1,277 @@
+"""TorchOps: the device ops in plain torch; the CPU path and the oracle the CUDA kernels are tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loraledger.gpu.ops import LoraMeta, Ops
+
+_REDUCED = (torch.bfloat16, torch.float16)
+# a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
+_SEGMENT_MIN = 16
+
+
+class TorchOps(Ops):
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._kv_workspace: torch.Tensor | None = None
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r = x if residual is None else x + residual
+        rf = r.float()
+        out = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
+        return (out * weight.float()).to(x.dtype), r
+
+    def rotary_embedding(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> None:
+        half = cos_sin_cache.shape[-1] // 2
+        cs = cos_sin_cache.index_select(0, positions)
+        cos = cs[:, None, :half]
+        sin = cs[:, None, half:]
+        for x in (q, k):
+            x1 = x[..., :half].float()
+            x2 = x[..., half:].float()
+            # both halves are computed before either is written: x1/x2 may alias x
+            o1 = x1 * cos - x2 * sin
+            o2 = x2 * cos + x1 * sin
+            x[..., :half].copy_(o1)
+            x[..., half:].copy_(o2)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        i = x.shape[-1] // 2
+        return F.silu(x[:, :i]) * x[:, i:]
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        hk, d = k_cache.shape[-2:]
+        k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+    def paged_attention_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        keys, values, key_pos = self._gather_context(k_cache, v_cache, block_tables, seq_lens)
+        lens = seq_lens.to(torch.int64)[:, None]
+        allowed = key_pos[None, :] < lens
+        if sliding_window is not None:
+            allowed &= key_pos[None, :] >= lens - sliding_window
+        out = _sdpa(q[:, :, None, :], keys, values, allowed[:, None, None, :], scale)
+        return out[:, :, 0, :].to(q.dtype)
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        num_seqs = seq_lens.shape[0]
+        starts = query_start_loc.to(torch.int64)
+        q_lens = starts[1:] - starts[:-1]
+        lens = seq_lens.to(torch.int64)
+        if num_seqs == 1:
+            q_pad = q[None]  # one sequence: no padding needed
+            max_q = q.shape[0]
+            padded_at = None
+        else:
+            max_q = int(q_lens.max())
+            total = q.shape[0]
+            row_of = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens, output_size=total)
+            padded_at = row_of * max_q + torch.arange(total, device=q.device) - starts[:-1][row_of]
+            q_pad = q.new_zeros((num_seqs * max_q,) + tuple(q.shape[1:]))
+            q_pad.index_copy_(0, padded_at, q)
+            q_pad = q_pad.view((num_seqs, max_q) + tuple(q.shape[1:]))
+        keys, values, key_pos = self._gather_context(k_cache, v_cache, block_tables, seq_lens)
+        # query i of sequence p sits at absolute position seq_len - q_len + i
+        q_pos = (lens - q_lens)[:, None] + torch.arange(max_q, device=q.device)[None, :]
+        allowed = key_pos[None, None, :] <= q_pos[:, :, None]
+        if sliding_window is not None:
+            allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+        # padded query rows would see no key at all (NaN softmax): let them see key 0, then drop them
+        padded = torch.arange(max_q, device=q.device)[None, :] >= q_lens[:, None]
+        allowed[:, :, 0] |= padded
+        out = _sdpa(q_pad.transpose(1, 2), keys, values, allowed[:, None, :, :], scale).transpose(1, 2)
+        if padded_at is None:
+            return out[0].to(q.dtype)
+        return out.reshape((-1,) + tuple(out.shape[2:])).index_select(0, padded_at).to(q.dtype)
+
+    def _gather_context(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sequence's cached K and V laid out contiguously: [B, Hk, L, D] (L = blocks used * block_size).
+
+        The copies land in a workspace kept across calls: fresh multi-megabyte tensors at every layer
+        cost more in page faults than the copy itself. The views are only valid until the next call.
+        """
+        block_size, hk, d = k_cache.shape[1:]
+        used = -(-int(seq_lens.max()) // block_size)
+        table = block_tables[:, :used].to(torch.int64).clamp(min=0)
+        batch = table.shape[0]
+        flat = table.flatten()  # index_select of whole blocks is a row copy, far faster than k_cache[table]
+        n = flat.shape[0]
+        ws = self._workspace(2 * n, k_cache)
+        keys = torch.index_select(k_cache, 0, flat, out=ws[:n])
+        values = torch.index_select(v_cache, 0, flat, out=ws[n : 2 * n])
+        keys = keys.view(batch, used * block_size, hk, d).transpose(1, 2)
+        values = values.view(batch, used * block_size, hk, d).transpose(1, 2)
+        key_pos = torch.arange(used * block_size, device=k_cache.device)
+        return keys, values, key_pos
+
+    def _workspace(self, blocks: int, like: torch.Tensor) -> torch.Tensor:
+        """A [>= blocks, block_size, Hk, D] scratch tensor, grown geometrically, matching `like`."""
+        ws = self._kv_workspace
+        fits = (
+            ws is not None
+            and ws.shape[0] >= blocks
+            and ws.shape[1:] == like.shape[1:]
+            and ws.dtype == like.dtype
+            and ws.device == like.device
+            # an inference-mode tensor cannot be written outside inference mode, and vice versa
+            and ws.is_inference() == torch.is_inference_mode_enabled()
+        )
+        if not fits:
+            grown = max(blocks, 2 * ws.shape[0]) if ws is not None else blocks
+            ws = torch.empty((grown,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
+            self._kv_workspace = ws
+        return ws
+
+    def lora_prepare(self, token_slots: torch.Tensor, num_slots: int) -> LoraMeta:
+        """Plan the step's LoRA work once: long same-adapter runs as segments, the rest grouped by slot.
+
+        A run of at least _SEGMENT_MIN consecutive tokens with one adapter (a prefill chunk, or decode
+        tokens the runner sorted by slot) gets plain GEMMs on views of x and y, SGMV-style: no copies.
+        The remaining adapter tokens are sorted by slot and padded into [G, M] groups for one bmm per
+        slice (BGMV-style): gather [G * M] (token of each padded row; padding repeats a real token of
+        the group, computed and then dropped), src / dest (token and padded row of each real entry),
+        active_slots [G], groups G and width M.
+        """
+        slots = token_slots.to(torch.int64)
+        adapter = slots >= 0
+        if not bool(adapter.any()):
+            return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
+        total = slots.shape[0]
+        dev = slots.device
+        change = torch.ones(total, dtype=torch.bool, device=dev)
+        change[1:] = slots[1:] != slots[:-1]
+        starts = torch.nonzero(change).flatten()
+        ends = torch.cat((starts[1:], torch.tensor([total], device=dev)))
+        run_slot = slots[starts]
+        long = (ends - starts >= _SEGMENT_MIN) & (run_slot >= 0)
+        segments = list(zip(starts[long].tolist(), ends[long].tolist(), run_slot[long].tolist()))
+        short = adapter & ~torch.repeat_interleave(long, ends - starts, output_size=total)
+        src = torch.nonzero(short).flatten()
+        grouped = None
+        if src.numel():
+            src = src[torch.argsort(slots[src], stable=True)]
+            active_slots, counts = torch.unique_consecutive(slots[src], return_counts=True)
+            groups, width = active_slots.shape[0], int(counts.max())
+            group_start = torch.cumsum(counts, 0) - counts
+            group_of = torch.repeat_interleave(torch.arange(groups, device=dev), counts, output_size=src.shape[0])
+            dest = group_of * width + (torch.arange(src.shape[0], device=dev) - group_start[group_of])
+            gather = src[group_start].repeat_interleave(width)
+            gather[dest] = src
+            grouped = {
+                "src": src,
+                "dest": dest,
+                "gather": gather,
+                "active_slots": active_slots,
+                "groups": groups,
+                "width": width,
+            }
+        return LoraMeta(token_slots, num_slots, empty=False, segments=segments, grouped=grouped)
+
+    def lora_shrink(self, x: torch.Tensor, a_stack: torch.Tensor, meta: LoraMeta) -> torch.Tensor:
+        out_cols = a_stack.shape[1]
+        h = x.new_zeros((x.shape[0], out_cols))
+        ex = meta.extra
+        if ex["empty"]:
+            return h
+        reduced = x.dtype in _REDUCED
+        g = ex["grouped"]
+        if g is not None:
+            xg = x.index_select(0, g["gather"]).view(g["groups"], g["width"], x.shape[1])
+            a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
+            if reduced:
+                xg, a = xg.float(), a.float()
+            hg = torch.bmm(xg, a.transpose(1, 2)).view(-1, out_cols)
+            h.index_copy_(0, g["src"], hg.index_select(0, g["dest"]).to(h.dtype))
+        for start, end, slot in ex["segments"]:
+            if reduced:
+                h[start:end] = (x[start:end].float() @ a_stack[slot].float().t()).to(h.dtype)
+            else:
+                torch.mm(x[start:end], a_stack[slot].t(), out=h[start:end])
+        return h
+
+    def lora_expand(
+        self,
+        h: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        ex = meta.extra
+        if ex["empty"]:
+            return
+        n_slices = len(slice_offsets) - 1
+        rank = h.shape[1] // n_slices
+        reduced = h.dtype in _REDUCED or y.dtype in _REDUCED
+        g = ex["grouped"]
+        if g is not None:
+            hg = h.index_select(0, g["gather"]).view(g["groups"], g["width"], h.shape[1])
+            b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
+            if reduced:
+                hg, b = hg.float(), b.float()
+            parts = [
+                torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))
+                for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:]))
+            ]
+            yg = parts[0] if n_slices == 1 else torch.cat(parts, dim=-1)
+            delta = yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]).to(y.dtype)
+            # index_add_ is fast over whole contiguous rows and very slow into a column slice
+            whole = slice_offsets[0] == 0 and slice_offsets[-1] == y.shape[1]
+            target = y if whole else y[:, slice_offsets[0] : slice_offsets[-1]]
+            target.index_add_(0, g["src"], delta)
+        for start, end, slot in ex["segments"]:
+            for m in range(n_slices):
+                lo, hi = slice_offsets[m], slice_offsets[m + 1]
+                hs, bs = h[start:end, m * rank : (m + 1) * rank], b_stack[slot, lo:hi]
+                if reduced:
+                    y[start:end, lo:hi] += (hs.float() @ bs.float().t()).to(y.dtype)
+                else:
+                    y[start:end, lo:hi].addmm_(hs, bs.t())
+
+
+def _select_slots(stack: torch.Tensor, active_slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    if active_slots.shape[0] == stack.shape[0] == num_slots:
+        return stack  # every slot active: the sorted unique slots are 0..S-1 already
+    return stack.index_select(0, active_slots)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, Hq, Q, D], k/v [B, Hk, L, D], mask [B, 1, Q, L] bool (True = attend); softmax in fp32."""
+    if q.dtype != torch.float32:
+        q, k, v = q.float(), k.float(), v.float()
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])

@@ -1,0 +1,182 @@
+"""Sampler: batched token choice (penalties, temperature, top-k/p, min-p) with batch-independent seeded noise.
+
+Random rows use the Gumbel-max race `argmax(logits / T + G)`, where the noise G of vocabulary entry v
+is a pure function of (sequence seed, output position, v). A seeded sequence therefore picks the same
+tokens however it is batched, preempted or recomputed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from loraledger.gpu.step import SamplingSpec
+
+_GREEDY_BELOW = 1e-5
+_MASK32 = 0xFFFFFFFF
+
+
+@dataclass
+class SampleRow:
+    """What the sampler needs of one row: its settings and the sequence's token history."""
+
+    spec: SamplingSpec
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]  # tokens sampled so far; their count is the output position
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # log_softmax of the raw logits at the chosen token
+    top_logprobs: list[list[tuple[int, float]] | None]  # best first, per row; None where not asked
+
+
+class Sampler:
+    def __init__(self, vocab_size: int, device: torch.device | str) -> None:
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        vocab = torch.arange(vocab_size, dtype=torch.int64, device=self.device)
+        self._vocab_hash = _hash32(_mul32(vocab, 0x9E3779B1) ^ 0x5BD1E995)
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SamplerOutput:
+        """Choose one token per row of `logits` [N, V] (fp32, raw model output)."""
+        n = len(rows)
+        if n == 0:
+            return SamplerOutput([], [], [])
+        logits = logits.float()
+        specs = [r.spec for r in rows]
+        processed = self._apply_penalties(logits, rows, specs)
+        processed = self._hold_stop_tokens(processed, rows, specs)
+        temps = [s.temperature for s in specs]
+        random_rows = [i for i, t in enumerate(temps) if t >= _GREEDY_BELOW]
+        tokens = processed.argmax(dim=-1)
+        if random_rows:
+            idx = torch.tensor(random_rows, dtype=torch.int64, device=logits.device)
+            tokens[idx] = self._sample_random(processed.index_select(0, idx), [rows[i] for i in random_rows])
+        lse = torch.logsumexp(logits, dim=-1)
+        chosen = (logits.gather(1, tokens[:, None])[:, 0] - lse).tolist()
+        top: list[list[tuple[int, float]] | None] = [None] * n
+        k_max = max(s.logprobs for s in specs)
+        if k_max > 0:
+            values, ids = torch.topk(logits, min(k_max, logits.shape[1]), dim=-1)
+            values, ids = (values - lse[:, None]).tolist(), ids.tolist()
+            for i, s in enumerate(specs):
+                if s.logprobs >= 0:
+                    top[i] = list(zip(ids[i][: s.logprobs], values[i][: s.logprobs]))
+        elif k_max == 0:
+            top = [[] if s.logprobs == 0 else None for s in specs]
+        return SamplerOutput(tokens.tolist(), chosen, top)
+
+    def _apply_penalties(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]
+    ) -> torch.Tensor:
+        need = [
+            i
+            for i, s in enumerate(specs)
+            if s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+        ]
+        if not need:
+            return logits
+        dev, vocab = logits.device, logits.shape[1]
+        idx = torch.tensor(need, dtype=torch.int64, device=dev)
+        sub = logits.index_select(0, idx)
+        out_counts = _token_counts([rows[i].output_token_ids for i in need], vocab, dev)
+        rep = torch.tensor([specs[i].repetition_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
+        if bool((rep != 1.0).any()):
+            # HF semantics: every token of prompt and output, divided if positive, multiplied if negative
+            seen = (out_counts > 0) | (_token_counts([rows[i].prompt_token_ids for i in need], vocab, dev) > 0)
+            penalised = torch.where(sub > 0, sub / rep, sub * rep)
+            sub = torch.where(seen, penalised, sub)
+        freq = torch.tensor([specs[i].frequency_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
+        pres = torch.tensor([specs[i].presence_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
+        sub = sub - freq * out_counts - pres * (out_counts > 0).float()
+        processed = logits.clone()
+        processed[idx] = sub
+        return processed
+
+    def _hold_stop_tokens(self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]) -> torch.Tensor:
+        """min_tokens: until a sequence has that many outputs, EOS and its stop token ids cannot be chosen (as in vLLM)."""
+        pairs = [
+            (i, t)
+            for i, (r, s) in enumerate(zip(rows, specs))
+            if s.min_tokens > 0 and len(r.output_token_ids) < s.min_tokens
+            for t in s.stop_ids
+            if 0 <= t < logits.shape[1]
+        ]
+        if not pairs:
+            return logits
+        index = torch.tensor(pairs, dtype=torch.int64, device=logits.device)
+        held = logits.clone()  # the raw logits stay untouched: logprobs are reported from them
+        held[index[:, 0], index[:, 1]] = float("-inf")
+        return held
+
+    def _sample_random(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
+        dev = logits.device
+        specs = [r.spec for r in rows]
+        temp = torch.tensor([s.temperature for s in specs], dtype=torch.float32, device=dev)[:, None]
+        scaled = logits / temp
+        top_k = [s.top_k if 0 < s.top_k < logits.shape[1] else 0 for s in specs]
+        if any(top_k):
+            k_max = max(top_k)
+            kth = torch.topk(scaled, k_max, dim=-1).values
+            k_idx = torch.tensor([max(k, 1) - 1 for k in top_k], dtype=torch.int64, device=dev)[:, None]
+            threshold = kth.gather(1, k_idx)
+            has_k = torch.tensor([k > 0 for k in top_k], device=dev)[:, None]
+            scaled = scaled.masked_fill(has_k & (scaled < threshold), float("-inf"))
+        if any(s.top_p < 1.0 for s in specs):
+            top_p = torch.tensor([s.top_p for s in specs], dtype=torch.float32, device=dev)[:, None]
+            probs_sorted, order = torch.sort(scaled.softmax(dim=-1), dim=-1, descending=True)
+            # drop a token once the more likely ones already cover top_p; the most likely always stays
+            # rows without top_p must stay untouched even where rounding pushes the cumulative sum past 1
+            drop_sorted = ((probs_sorted.cumsum(dim=-1) - probs_sorted) > top_p) & (top_p < 1.0)
+            drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        if any(s.min_p > 0.0 for s in specs):
+            min_p = torch.tensor([s.min_p for s in specs], dtype=torch.float32, device=dev)[:, None]
+            probs = scaled.softmax(dim=-1)
+            scaled = scaled.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+        seeds = [s.seed & ((1 << 64) - 1) for s in specs]
+        positions = [len(r.output_token_ids) for r in rows]
+        return (scaled + self.gumbel_noise(seeds, positions)).argmax(dim=-1)
+
+    def gumbel_noise(self, seeds: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+        """[N, V] fp32 Gumbel noise, each entry a pure function of (seed, position, vocabulary index)."""
+        dev = self.device
+        lo = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=dev)
+        hi = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=dev)
+        pos = torch.tensor([p & _MASK32 for p in positions], dtype=torch.int64, device=dev)
+        key = _hash32(lo ^ _hash32(hi ^ _hash32(pos ^ 0x27D4EB2F)))
+        bits = _hash32(key[:, None] ^ self._vocab_hash[None, :])
+        uniform = (bits.double() + 0.5) / 4294967296.0  # strictly inside (0, 1)
+        return (-torch.log(-torch.log(uniform))).float()
+
+
+def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[n, V] fp32 count of each vocabulary entry in each row's token list."""
+    counts = torch.zeros((len(token_lists), vocab), dtype=torch.float32, device=device)
+    lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
+    total = int(lengths.sum())
+    if total:
+        flat = torch.tensor(list(itertools.chain.from_iterable(token_lists)), dtype=torch.int64, device=device)
+        row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths, output_size=total).to(device)
+        counts.index_put_((row, flat), torch.ones(total, dtype=torch.float32, device=device), accumulate=True)
+    return counts
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32), split in 16-bit halves so that int64 never overflows."""
+    return ((x & 0xFFFF) * c + (((x >> 16) * c) & 0xFFFF) * 65536) & _MASK32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mixer (Wellons' lowbias32) over int64 tensors holding values in [0, 2**32)."""
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)

@@ -1,0 +1,238 @@
+"""Base-model weights: read a Hugging Face safetensors checkpoint into our fused layout; the model fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import torch
+from safetensors import safe_open
+
+from loraledger.errors import ModelLoadError
+from loraledger.gpu.config import ModelConfig
+
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+_FINGERPRINT_CACHE = "model_fingerprints.json"
+_HASH_CHUNK = 8 << 20
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [q + 2 kv, H]: q_proj, k_proj, v_proj stacked
+    qkv_bias: torch.Tensor | None  # [q + 2 kv] (Qwen2, attention_bias)
+    o: torch.Tensor  # [H, q]
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
+    down: torch.Tensor  # [H, I]
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor  # [V, H]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+
+    @property
+    def nbytes(self) -> int:
+        seen: dict[int, int] = {}
+        for t in self._tensors():
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+    def _tensors(self) -> list[torch.Tensor]:
+        out = [self.embed, self.norm, self.lm_head]
+        for lw in self.layers:
+            out += [lw.input_norm, lw.qkv, lw.o, lw.post_norm, lw.gate_up, lw.down]
+            if lw.qkv_bias is not None:
+                out.append(lw.qkv_bias)
+        return out
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files: the shards named by the index, or the single model.safetensors."""
+    root = Path(model_dir)
+    index = root / _INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{index} is not a valid safetensors index ({exc}); re-save the checkpoint") from exc
+        files = [root / name for name in sorted(set(weight_map.values()))]
+    elif (root / _SINGLE_FILE).is_file():
+        files = [root / _SINGLE_FILE]
+    else:
+        raise ModelLoadError(
+            f"{root} holds no {_SINGLE_FILE} or {_INDEX_FILE}: save the model with "
+            "save_pretrained(..., safe_serialization=True) (PyTorch .bin checkpoints are not supported)"
+        )
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"weight shards listed in {index} are missing: {missing}")
+    return files
+
+
+def load_weights(
+    model_dir: str | Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str
+) -> ModelWeights:
+    """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`."""
+    reader = _TensorReader(weight_files(model_dir), dtype)
+    try:
+        def get(name: str) -> torch.Tensor:
+            return reader.get(name).to(device)
+
+        def fused(names: list[str]) -> torch.Tensor:
+            return torch.cat([reader.get(n) for n in names], dim=0).to(device)
+
+        layers = []
+        for i in range(config.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn = [f"{p}self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")]
+            layers.append(
+                LayerWeights(
+                    input_norm=get(f"{p}input_layernorm.weight"),
+                    qkv=fused([f"{a}.weight" for a in attn]),
+                    qkv_bias=fused([f"{a}.bias" for a in attn]) if config.attention_bias else None,
+                    o=get(f"{p}self_attn.o_proj.weight"),
+                    post_norm=get(f"{p}post_attention_layernorm.weight"),
+                    gate_up=fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
+                    down=get(f"{p}mlp.down_proj.weight"),
+                )
+            )
+        embed = get("model.embed_tokens.weight")
+        if config.tie_word_embeddings:
+            lm_head = embed
+        else:
+            lm_head = get("lm_head.weight")
+        weights = ModelWeights(embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head)
+    finally:
+        reader.close()
+    _check_shapes(weights, config, model_dir)
+    return weights
+
+
+class _TensorReader:
+    """Finds each tensor in whichever shard holds it; errors name the file and the tensor."""
+
+    def __init__(self, files: list[Path], dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._handles = []
+        self._where: dict[str, int] = {}
+        for path in files:
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except Exception as exc:  # safetensors raises its own SafetensorError, plus OSError
+                self.close()
+                raise ModelLoadError(
+                    f"{path} is not a readable safetensors file ({exc}); the checkpoint is corrupt"
+                ) from exc
+            for key in handle.keys():
+                self._where[key] = len(self._handles)
+            self._handles.append((path, handle))
+
+    def get(self, name: str) -> torch.Tensor:
+        at = self._where.get(name)
+        if at is None:
+            files = ", ".join(str(p) for p, _ in self._handles)
+            raise ModelLoadError(f"tensor {name!r} is missing from the checkpoint ({files})")
+        path, handle = self._handles[at]
+        try:
+            tensor = handle.get_tensor(name)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"tensor {name!r} in {path} cannot be read ({exc}); the checkpoint is corrupt"
+            ) from exc
+        return tensor.to(self.dtype)
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | Path) -> None:
+    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    qkv = config.q_size + 2 * config.kv_size
+    expected: list[tuple[str, torch.Tensor, tuple[int, ...]]] = [
+        ("model.embed_tokens.weight", weights.embed, (v, h)),
+        ("model.norm.weight", weights.norm, (h,)),
+        ("lm_head.weight", weights.lm_head, (v, h)),
+    ]
+    for n, lw in enumerate(weights.layers):
+        p = f"model.layers.{n}."
+        expected += [
+            (f"{p}self_attn.q/k/v_proj.weight", lw.qkv, (qkv, h)),
+            (f"{p}self_attn.o_proj.weight", lw.o, (h, config.q_size)),
+            (f"{p}mlp.gate/up_proj.weight", lw.gate_up, (2 * i, h)),
+            (f"{p}mlp.down_proj.weight", lw.down, (h, i)),
+            (f"{p}input_layernorm.weight", lw.input_norm, (h,)),
+            (f"{p}post_attention_layernorm.weight", lw.post_norm, (h,)),
+        ]
+        if lw.qkv_bias is not None:
+            expected.append((f"{p}self_attn.q/k/v_proj.bias", lw.qkv_bias, (qkv,)))
+    for name, tensor, shape in expected:
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(
+                f"{model_dir}: {name} has shape {tuple(tensor.shape)}, config.json implies {shape}; "
+                "the weights do not belong to this config"
+            )
+
+
+def model_fingerprint(model_dir: str | Path, *, cache_dir: str | Path | None = None) -> str:
+    """sha256 over the canonical config.json and every weight file's name and bytes (files in name order).
+
+    The result is cached in the user's cache folder (never in the model folder), keyed by the folder's
+    absolute path and each file's size and mtime, so a large model is hashed once, not at every start.
+    """
+    root = Path(model_dir).resolve()
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{config_path} not found: the model folder must hold a Hugging Face config.json")
+    files = [config_path, *weight_files(root)]
+    stats = [[f.name, st.st_size, st.st_mtime_ns] for f in files for st in [f.stat()]]
+    cache_file = Path(cache_dir or platformdirs.user_cache_dir("loraledger")) / _FINGERPRINT_CACHE
+    cache = _read_cache(cache_file)
+    entry = cache.get(str(root))
+    if isinstance(entry, dict) and entry.get("stats") == stats and isinstance(entry.get("fingerprint"), str):
+        return entry["fingerprint"]
+    fingerprint = _hash_model(config_path, files[1:])
+    cache[str(root)] = {"stats": stats, "fingerprint": fingerprint}
+    _write_cache(cache_file, cache)
+    return fingerprint
+
+
+def _hash_model(config_path: Path, weight_paths: list[Path]) -> str:
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"{config_path} is not valid JSON: {exc}") from exc
+    digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
+    for path in sorted(weight_paths, key=lambda p: p.name):
+        digest.update(b"\0" + path.name.encode() + b"\0")
+        with path.open("rb") as fh:
+            while chunk := fh.read(_HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}  # a missing or damaged cache only costs a rehash
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache folder must not stop the engine; the next start rehashes

@@ -1,0 +1,228 @@
+"""TorchOps against naive per-token reference loops (written here, in float64) on small random inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from loraledger.gpu.ops_torch import TorchOps
+
+OPS = TorchOps()
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_rms_norm_with_and_without_residual():
+    g = _gen(0)
+    x, res, w = torch.randn(5, 12, generator=g), torch.randn(5, 12, generator=g), torch.randn(12, generator=g)
+    for residual in (None, res):
+        out, r = OPS.rms_norm(x, w, 1e-6, residual)
+        for t in range(5):
+            row = x[t].double() + (0 if residual is None else residual[t].double())
+            expect = row / math.sqrt(float((row**2).mean()) + 1e-6) * w.double()
+            torch.testing.assert_close(out[t].double(), expect, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(r[t].double(), row)
+
+
+def test_rotary_embedding_rotates_each_pair_by_position():
+    g = _gen(1)
+    d, max_pos = 8, 32
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).double() / d))
+    angles = torch.arange(max_pos).double()[:, None] * inv_freq[None, :]
+    cache = torch.cat((angles.cos(), angles.sin()), dim=-1).float()
+    positions = torch.tensor([0, 3, 31, 7])
+    q, k = torch.randn(4, 3, d, generator=g), torch.randn(4, 1, d, generator=g)
+    q_ref, k_ref = q.clone().double(), k.clone().double()
+    OPS.rotary_embedding(positions, q, k, cache)
+    for ref, got in ((q_ref, q), (k_ref, k)):
+        for t, pos in enumerate(positions.tolist()):
+            for h in range(ref.shape[1]):
+                for i in range(d // 2):
+                    a, b = ref[t, h, i].item(), ref[t, h, i + d // 2].item()
+                    c, s = math.cos(angles[pos, i].item()), math.sin(angles[pos, i].item())
+                    assert got[t, h, i].item() == pytest.approx(a * c - b * s, abs=1e-5)
+                    assert got[t, h, i + d // 2].item() == pytest.approx(b * c + a * s, abs=1e-5)
+
+
+def test_rotary_embedding_works_on_views_of_a_fused_qkv():
+    g = _gen(2)
+    d = 4
+    cache = torch.randn(16, d, generator=g)
+    qkv = torch.randn(3, 2 * d + 2 * d, generator=g)
+    q, k = qkv[:, : 2 * d].view(3, 2, d), qkv[:, 2 * d : 3 * d].view(3, 1, d)
+    q_alone, k_alone = q.clone(), k.clone()
+    v_before = qkv[:, 3 * d :].clone()
+    positions = torch.tensor([1, 5, 9])
+    OPS.rotary_embedding(positions, q, k, cache)
+    OPS.rotary_embedding(positions, q_alone, k_alone, cache)
+    torch.testing.assert_close(qkv[:, : 2 * d].view(3, 2, d), q_alone)
+    torch.testing.assert_close(qkv[:, 2 * d : 3 * d].view(3, 1, d), k_alone)
+    torch.testing.assert_close(qkv[:, 3 * d :], v_before)
+
+
+def test_silu_and_mul():
+    x = torch.randn(4, 10, generator=_gen(3))
+    out = OPS.silu_and_mul(x)
+    for t in range(4):
+        for j in range(5):
+            a, b = x[t, j].item(), x[t, j + 5].item()
+            assert out[t, j].item() == pytest.approx(a / (1 + math.exp(-a)) * b, rel=1e-5, abs=1e-6)
+
+
+def test_write_kv_stores_each_token_at_its_slot():
+    g = _gen(4)
+    k_cache, v_cache = torch.zeros(6, 4, 2, 3), torch.zeros(6, 4, 2, 3)
+    key, value = torch.randn(5, 2, 3, generator=g), torch.randn(5, 2, 3, generator=g)
+    slots = torch.tensor([0, 13, 7, 22, 5])
+    OPS.write_kv(key, value, k_cache, v_cache, slots)
+    for t, slot in enumerate(slots.tolist()):
+        assert torch.equal(k_cache[slot // 4, slot % 4], key[t])
+        assert torch.equal(v_cache[slot // 4, slot % 4], value[t])
+    assert int((k_cache != 0).any(-1).any(-1).sum()) == 5
+
+
+def _naive_attention(q_row, k_cache, v_cache, table, pos, scale, window):
+    """One query (all heads) at absolute position `pos`, reading keys 0..pos (in the window) via the table."""
+    block_size, hk = k_cache.shape[1], k_cache.shape[2]
+    hq = q_row.shape[0]
+    lo = 0 if window is None else max(0, pos - window + 1)
+    out = torch.zeros(hq, q_row.shape[1], dtype=torch.float64)
+    for h in range(hq):
+        kvh = h // (hq // hk)
+        keys = [k_cache[table[j // block_size], j % block_size, kvh].double() for j in range(lo, pos + 1)]
+        vals = [v_cache[table[j // block_size], j % block_size, kvh].double() for j in range(lo, pos + 1)]
+        scores = torch.stack([q_row[h].double() @ kk for kk in keys]) * scale
+        probs = torch.softmax(scores, 0)
+        out[h] = sum(p * v for p, v in zip(probs, vals))
+    return out
+
+
+def _random_cache(g, num_blocks=24, block_size=4, hk=2, d=8):
+    return torch.randn(num_blocks, block_size, hk, d, generator=g), torch.randn(num_blocks, block_size, hk, d, generator=g)
+
+
+def _random_tables(g, seq_lens, block_size, num_blocks, width):
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)  # -1 padding must be harmless
+    for b, n in enumerate(seq_lens):
+        need = -(-n // block_size)
+        tables[b, :need] = torch.tensor([perm.pop() for _ in range(need)], dtype=torch.int32)
+    return tables
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("hq", [2, 4])
+def test_paged_attention_decode_matches_naive(hq, window):
+    g = _gen(5)
+    k_cache, v_cache = _random_cache(g)
+    seq_lens = [1, 9, 4, 13]
+    tables = _random_tables(g, seq_lens, 4, 24, width=6)
+    q = torch.randn(4, hq, 8, generator=g)
+    out = OPS.paged_attention_decode(q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), 0.3, window)
+    for b, n in enumerate(seq_lens):
+        expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, window)
+        torch.testing.assert_close(out[b].double(), expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_prefill_attention_with_cached_prefix_matches_naive(window):
+    g = _gen(6)
+    k_cache, v_cache = _random_cache(g, hk=1)
+    seq_lens = [7, 3, 12]
+    q_lens = [7, 2, 5]  # first: no prefix; the others follow a cached prefix of 1 and 7 tokens
+    tables = _random_tables(g, seq_lens, 4, 24, width=5)
+    starts = torch.tensor([0, 7, 9, 14], dtype=torch.int32)
+    q = torch.randn(14, 4, 8, generator=g)
+    out = OPS.prefill_attention(
+        q, k_cache, v_cache, starts, torch.tensor(seq_lens, dtype=torch.int32), tables, 0.25, window
+    )
+    for p, (n, ql) in enumerate(zip(seq_lens, q_lens)):
+        for i in range(ql):
+            t = int(starts[p]) + i
+            expect = _naive_attention(q[t], k_cache, v_cache, tables[p].tolist(), n - ql + i, 0.25, window)
+            torch.testing.assert_close(out[t].double(), expect, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_attention_single_sequence():
+    g = _gen(7)
+    k_cache, v_cache = _random_cache(g)
+    tables = _random_tables(g, [6], 4, 24, width=2)
+    q = torch.randn(6, 2, 8, generator=g)
+    out = OPS.prefill_attention(
+        q, k_cache, v_cache, torch.tensor([0, 6], dtype=torch.int32), torch.tensor([6], dtype=torch.int32), tables, 0.5
+    )
+    for i in range(6):
+        expect = _naive_attention(q[i], k_cache, v_cache, tables[0].tolist(), i, 0.5, None)
+        torch.testing.assert_close(out[i].double(), expect, rtol=1e-5, atol=1e-5)
+
+
+def _lora_stacks(g, num_slots, rank, ranks, in_f, outs):
+    """A [S, n*R, in] and B [S, sum(outs), R] with slot s using only its first ranks[s] rank columns."""
+    n = len(outs)
+    a = torch.randn(num_slots, n * rank, in_f, generator=g)
+    b = torch.randn(num_slots, sum(outs), rank, generator=g)
+    for s, r in enumerate(ranks):
+        for m in range(n):
+            a[s, m * rank + r : (m + 1) * rank] = 0
+        b[s, :, r:] = 0
+    return a, b
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [2, -1, 0, 2, 1, -1, 0, 2, 2, 3],  # mixed, with base tokens and uneven groups
+        [1, 1, 1],  # one adapter only
+        [3, 2, 1, 0],  # every slot active
+        [-1, -1],  # no adapter token at all
+        [0] * 20 + [1, 2, -1, 1] + [-1] * 17 + [3] * 16 + [0, 2],  # long runs (own GEMMs) beside grouped tokens
+        [2] * 18,  # one long run only
+    ],
+)
+def test_lora_shrink_expand_match_per_token_loop(slots):
+    g = _gen(8)
+    num_slots, rank, in_f, outs = 4, 8, 6, (5, 3, 3)
+    offsets = (0, 5, 8, 11)
+    a, b = _lora_stacks(g, num_slots, rank, ranks=[8, 2, 4, 1], in_f=in_f, outs=outs)
+    x = torch.randn(len(slots), in_f, generator=g)
+    y0 = torch.randn(len(slots), sum(outs), generator=g)
+    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), num_slots)
+    h = OPS.lora_shrink(x, a, meta)
+    y = y0.clone()
+    OPS.lora_expand(h, b, meta, offsets, y)
+    for t, s in enumerate(slots):
+        if s < 0:
+            assert torch.equal(h[t], torch.zeros(3 * rank))
+            assert torch.equal(y[t], y0[t])
+            continue
+        h_ref = a[s].double() @ x[t].double()
+        torch.testing.assert_close(h[t].double(), h_ref, rtol=1e-5, atol=1e-5)
+        y_ref = y0[t].double().clone()
+        for m in range(3):
+            for j in range(offsets[m], offsets[m + 1]):
+                y_ref[j] += sum(h_ref[m * rank + r] * b[s, j, r].double() for r in range(rank))
+        torch.testing.assert_close(y[t].double(), y_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_bf16_inputs_accumulate_in_fp32():
+    g = _gen(9)
+    a, b = _lora_stacks(g, 2, 4, ranks=[4, 4], in_f=64, outs=(16,))
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    slots = torch.tensor([0, 1, -1] + [1] * 20, dtype=torch.int32)  # grouped tokens and one long run
+    x16 = torch.randn(slots.shape[0], 64, generator=g).bfloat16()
+    meta = OPS.lora_prepare(slots, 2)
+    h16 = OPS.lora_shrink(x16, a16, meta)
+    y16 = torch.zeros(slots.shape[0], 16, dtype=torch.bfloat16)
+    OPS.lora_expand(h16, b16, meta, (0, 16), y16)
+    assert h16.dtype == y16.dtype == torch.bfloat16
+    # fp32 accumulation, rounded to bf16 once: within one bf16 ulp of the fp32 result
+    idx = slots.clamp(min=0).long()
+    h_ref = torch.einsum("toi,ti->to", a16.float()[idx], x16.float())
+    y_ref = torch.einsum("tor,tr->to", b16.float()[idx], h16.float())
+    h_ref[2], y_ref[2] = 0, 0
+    torch.testing.assert_close(h16.float(), h_ref, rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(y16.float(), y_ref, rtol=2**-7, atol=1e-6)

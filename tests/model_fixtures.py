@@ -1,0 +1,211 @@
+"""Shared pytest fixtures: tiny random Llama and Qwen2 checkpoints with PEFT adapters, and HF reference helpers.
+
+Loaded as a plugin by tests/conftest.py. Everything is built once per test session under
+tmp_path_factory, with transformers and peft themselves (no network, no hub), in a few seconds.
+
+Fixtures (session scope), each a ``TinyModel`` with ``.model_dir`` (Path: config.json,
+model.safetensors and the tokenizer files, so ``AutoTokenizer.from_pretrained(model_dir)`` and
+``EngineArgs(model=str(model_dir))`` both work), ``.adapters`` (dict name -> adapter folder Path)
+and ``.config`` (our ModelConfig):
+
+- ``tiny_llama``: LlamaForCausalLM, hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA),
+  head_dim 16, untied lm_head, vocab 512, max_position_embeddings 256.
+- ``tiny_qwen2``: Qwen2ForCausalLM, same sizes, q/k/v biases, tied embeddings.
+
+Both carry the same three adapters (made with ``get_peft_model(..., init_lora_weights=False)``,
+so B is non-zero and each adapter visibly changes greedy output):
+
+- ``"qv_r4"``: rank 4, alpha 8, q_proj + v_proj;
+- ``"all_r8"``: rank 8, alpha 16, all seven linear layers;
+- ``"ogd_r16_rslora"``: rank 16, alpha 16, o_proj + gate_proj + down_proj, use_rslora.
+
+Reference helpers (plain functions; import them from ``tests.model_fixtures``):
+
+- ``hf_reference_generate(model_dir, adapters, prompts_token_ids, adapter_per_prompt,
+  max_new_tokens, mixed=True) -> HFReference``: greedy generation with transformers + PEFT in
+  fp32. ``adapters`` maps names to folders; ``adapter_per_prompt[i]`` is an adapter name or
+  ``None`` / ``"__base__"`` for the base model. With ``mixed=True`` all prompts run in one
+  left-padded ``generate(..., adapter_names=[...])`` call (PEFT's mixed-batch inference),
+  otherwise one call per prompt. EOS does not stop generation: exactly ``max_new_tokens`` tokens
+  come back per prompt. ``HFReference.token_ids[i]`` is the list of generated ids and
+  ``HFReference.logits[i]`` the raw fp32 logits [max_new_tokens, V] that chose them.
+- ``hf_reference_logits(model_dir, adapter_path, token_ids) -> Tensor [len, V]``: fp32 logits of
+  one full forward over ``token_ids`` (``adapter_path`` None for the base model).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from loraledger.assets import build_tokenizer
+from loraledger.gpu.config import ModelConfig
+
+BASE = "__base__"
+TINY_VOCAB = 512
+
+# name -> (rank, alpha, target modules, use_rslora)
+TINY_ADAPTERS: dict[str, tuple[int, int, tuple[str, ...], bool]] = {
+    "qv_r4": (4, 8, ("q_proj", "v_proj"), False),
+    "all_r8": (8, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"), False),
+    "ogd_r16_rslora": (16, 16, ("o_proj", "gate_proj", "down_proj"), True),
+}
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    arch: str
+    model_dir: Path
+    adapters: dict[str, Path] = field(default_factory=dict)
+    config: ModelConfig | None = None
+
+
+@dataclass
+class HFReference:
+    token_ids: list[list[int]]
+    logits: list[torch.Tensor]  # per prompt [max_new_tokens, V] fp32, raw
+
+
+def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
+    """Make a tiny checkpoint with transformers and its adapters with peft, under `root`."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    model_dir = root / f"tiny-{arch}"
+    vocab = build_tokenizer(model_dir, vocab_size=TINY_VOCAB)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=vocab,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        initializer_range=0.1,  # larger than HF's 0.02 so that greedy output varies from token to token
+    )
+    torch.manual_seed(seed)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **common))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
+        with torch.no_grad():  # HF zero-initialises biases; random ones exercise the bias path
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0.0, 0.1)
+    else:
+        raise ValueError(f"unknown tiny arch {arch!r}")
+    model.save_pretrained(model_dir, safe_serialization=True)
+    adapters = {}
+    for n, (name, (rank, alpha, targets, rslora)) in enumerate(TINY_ADAPTERS.items()):
+        torch.manual_seed(seed * 100 + n + 1)
+        lora = LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            target_modules=list(targets),
+            use_rslora=rslora,
+            init_lora_weights=False,
+            lora_dropout=0.0,
+            task_type="CAUSAL_LM",
+        )
+        peft_model = get_peft_model(copy.deepcopy(model), lora)
+        adapters[name] = root / f"tiny-{arch}-{name}"
+        peft_model.save_pretrained(adapters[name])
+    return TinyModel(arch=arch, model_dir=model_dir, adapters=adapters, config=ModelConfig.from_pretrained(model_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=2)
+
+
+@functools.lru_cache(maxsize=8)
+def _hf_model(model_dir: str, adapters: tuple[tuple[str, str], ...]):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    if not adapters:
+        return model
+    from peft import PeftModel
+
+    (first_name, first_path), *rest = adapters
+    peft_model = PeftModel.from_pretrained(model, first_path, adapter_name=first_name)
+    for name, path in rest:
+        peft_model.load_adapter(path, adapter_name=name)
+    peft_model.eval()
+    return peft_model
+
+
+def _adapter_key(adapters: Mapping[str, str | Path]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((name, str(path)) for name, path in adapters.items()))
+
+
+def hf_reference_generate(
+    model_dir: str | Path,
+    adapters: Mapping[str, str | Path],
+    prompts_token_ids: Sequence[Sequence[int]],
+    adapter_per_prompt: Sequence[str | None],
+    max_new_tokens: int,
+    mixed: bool = True,
+) -> HFReference:
+    """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring."""
+    names = [BASE if a is None else a for a in adapter_per_prompt]
+    used = {n for n in names if n != BASE}
+    model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}))
+    groups = [list(range(len(prompts_token_ids)))] if mixed else [[i] for i in range(len(prompts_token_ids))]
+    token_ids: list[list[int]] = [[] for _ in prompts_token_ids]
+    logits: list[torch.Tensor] = [torch.empty(0) for _ in prompts_token_ids]
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    for group in groups:
+        longest = max(len(prompts_token_ids[i]) for i in group)
+        ids = torch.full((len(group), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(group), longest), dtype=torch.long)
+        for row, i in enumerate(group):
+            prompt = list(prompts_token_ids[i])
+            ids[row, longest - len(prompt) :] = torch.tensor(prompt)
+            mask[row, longest - len(prompt) :] = 1
+        kwargs = {}
+        if used:
+            kwargs["adapter_names"] = [names[i] for i in group]
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=pad,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **kwargs,
+            )
+        step_logits = torch.stack(out.logits, dim=1).float()  # [rows, new, V]
+        for row, i in enumerate(group):
+            token_ids[i] = out.sequences[row, longest:].tolist()
+            logits[i] = step_logits[row]
+    return HFReference(token_ids=token_ids, logits=logits)
+
+
+def hf_reference_logits(
+    model_dir: str | Path, adapter_path: str | Path | None, token_ids: Sequence[int]
+) -> torch.Tensor:
+    """fp32 logits [len(token_ids), V] of one full forward, with the adapter at `adapter_path` (or none)."""
+    adapters = {} if adapter_path is None else {"ref": adapter_path}
+    model = _hf_model(str(model_dir), _adapter_key(adapters))
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([list(token_ids)]))
+    return out.logits[0].float()
