@@ -14,6 +14,7 @@ import msgspec
 from loraledger.store.canonical import digest
 from loraledger.store.models import utc_from_unix
 from loraledger.store.records import AdapterRecord, CompletionRecord, RequestRecord
+from loraledger.store.rows import request_record  # noqa: F401  (re-exported: one reader of a requests row)
 
 _COMPLETION_TIMES = ("first_token_at", "finished_at")
 
@@ -35,24 +36,6 @@ def adapter_record(row: Any) -> AdapterRecord:
         base_model_fingerprint=row.base_model_fingerprint,
         use_rslora=bool(row.use_rslora),
         first_seen=row.first_seen.timestamp(),
-    )
-
-
-def request_record(row: Any) -> RequestRecord:
-    return RequestRecord(
-        request_id=row.request_id,
-        adapter_fingerprint=row.adapter_fingerprint,
-        lora_name=row.lora_name,
-        lora_int_id=row.lora_int_id,
-        lora_path=row.lora_path,
-        tenant=row.tenant,
-        sampling_params=row.sampling_params,
-        prompt_text=row.prompt_text,
-        prompt_sha256=row.prompt_sha256,
-        prompt_token_count=row.prompt_token_count,
-        received_at=row.received_at.timestamp(),
-        engine_version=row.engine_version,
-        base_model_fingerprint=row.base_model_fingerprint,
     )
 
 
