@@ -206,8 +206,11 @@ class AdapterLoader:
 
 async def _answer(reply: MemoryObjectSendStream, value: object) -> None:
     """Send a one-shot reply; a caller that stopped waiting is not an error."""
-    try:
-        async with reply:
-            await reply.send(value)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
+    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
+    # channel without a value, and the waiting side would see the end of the stream instead of its answer
+    with anyio.CancelScope(shield=True):
+        try:
+            async with reply:
+                await reply.send(value)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass

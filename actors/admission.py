@@ -40,7 +40,7 @@ from loraledger.errors import (
 )
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.canonical import digest
-from loraledger.store.records import EventKind, EventRecord, RequestRecord
+from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
 
@@ -77,31 +77,38 @@ class Admission:
         self._log = get_logger("admission")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._loader, self._scheduler, self._assembler, anyio.create_task_group() as tg:
-            task_status.started()
-            async for msg in self._inbox:
-                match msg:
-                    case Submit(request_id=rid):
-                        if rid in self._in_flight:
-                            await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
-                            continue
-                        self._in_flight.add(rid)
-                        self._admitting[rid] = msg.channel
-                        tg.start_soon(self._admit, msg)
-                    case Abort(request_ids=ids):
-                        pending = [rid for rid in ids if rid in self._admitting]
-                        self._abort_on_admit.update(pending)
-                        rest = [rid for rid in ids if rid not in self._admitting]
-                        if rest:
-                            await self._scheduler.send(Abort(request_ids=rest))
-                    case RequestDone(request_id=rid):
-                        self._in_flight.discard(rid)
-                    case Shutdown():
-                        break
-            tg.cancel_scope.cancel()
-            with anyio.move_on_after(5, shield=True):
-                for rid, channel in self._admitting.items():
-                    await _deliver(channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}"))
+        async with self._inbox, self._loader, self._scheduler, self._assembler:
+            try:
+                async with anyio.create_task_group() as tg:
+                    task_status.started()
+                    await self._serve(tg)
+                    tg.cancel_scope.cancel()
+            finally:
+                # shut down, or torn down by another actor's failure: nobody is left waiting for an answer
+                with anyio.move_on_after(5, shield=True):
+                    for rid, channel in self._admitting.items():
+                        await _deliver(channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}"))
+
+    async def _serve(self, tg) -> None:
+        async for msg in self._inbox:
+            match msg:
+                case Submit(request_id=rid):
+                    if rid in self._in_flight:
+                        await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
+                        continue
+                    self._in_flight.add(rid)
+                    self._admitting[rid] = msg.channel
+                    tg.start_soon(self._admit, msg)
+                case Abort(request_ids=ids):
+                    pending = [rid for rid in ids if rid in self._admitting]
+                    self._abort_on_admit.update(pending)
+                    rest = [rid for rid in ids if rid not in self._admitting]
+                    if rest:
+                        await self._scheduler.send(Abort(request_ids=rest))
+                case RequestDone(request_id=rid):
+                    self._in_flight.discard(rid)
+                case Shutdown():
+                    return
 
     async def _admit(self, msg: Submit) -> None:
         rid = msg.request_id
@@ -245,9 +252,9 @@ class Admission:
             lora_name=lora.lora_name if lora else None,
             lora_int_id=lora.lora_int_id if lora else None,
             lora_path=lora.lora_path if lora else None,
-            tenant=msg.tenant,
-            sampling_params=msgspec.to_builtins(msg.params),
-            prompt_text=prompt_text if self._audit_prompts == "text" else None,
+            tenant=recordable(msg.tenant),
+            sampling_params=_recordable_params(msg.params),
+            prompt_text=recordable(prompt_text) if self._audit_prompts == "text" else None,
             prompt_sha256=None if self._audit_prompts == "none" else prompt_hash,
             prompt_token_count=len(prompt_ids),
             received_at=msg.arrival_time,
@@ -273,3 +280,11 @@ async def _deliver(channel, request_id: str, item: object) -> None:
         await channel.send(Delivery(request_id=request_id, item=item))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
+
+
+def _recordable_params(params) -> dict:
+    """Sampling params as builtins, stop strings made recordable like every other text."""
+    out = msgspec.to_builtins(params)
+    if out.get("stop"):
+        out["stop"] = [recordable(s) for s in out["stop"]]
+    return out

@@ -14,7 +14,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from loraledger.actors.messages import AuditAppend, AuditCommitted, Shutdown
+from loraledger.actors.messages import AuditAppend, AuditCommitted, AuditRefused, Shutdown
 from loraledger.errors import AuditUnavailableError, DuplicateRequestError, LoraLedgerError
 from loraledger.logging import get_logger
 from loraledger.store.records import AuditBatch
@@ -123,15 +123,16 @@ class AuditWriter:
             self._down = True
             return False
         except LoraLedgerError as exc:
-            # something in the batch is bad on its own (not the store): isolate it message by message
+            if len(pending) == 1:
+                await self._refuse(pending[0], exc)
+                return True
+            # something in the batch is bad on its own (not the store): find it, message by message
             self._log.error("audit batch refused; retrying message by message", error=str(exc))
-            ok = True
             for msg in list(pending):
                 if not await self._commit([msg]):
-                    ok = False
-                    break
+                    return False  # the store went down meanwhile: keep the rest for the retry
                 pending.remove(msg)
-            return ok
+            return True
         if self._down:
             self._log.warning("audit store reachable again")
         self._down = False
@@ -151,6 +152,22 @@ class AuditWriter:
                 pass  # shutting down: the assembler has already failed what it held
         self._log.debug("group commit", messages=len(pending), seconds=round(time.perf_counter() - started, 5))
         return True
+
+    async def _refuse(self, msg: AuditAppend, error: Exception) -> None:
+        """A message the database will never accept: its sender learns why, nothing waits for it forever."""
+        self._log.error(
+            "audit record refused by the database",
+            error=str(error),
+            requests=[r.request_id for r in msg.requests] + list(msg.commit_notify),
+            events=[e.kind for e in msg.events],
+        )
+        self._attempted.difference_update(r.request_id for r in msg.requests)
+        await _reply(msg.reply, error)
+        if msg.commit_notify:
+            try:
+                await self._assembler.send(AuditRefused(request_ids=list(msg.commit_notify), error=error))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
 
     def _write(self, pending: list[AuditAppend]) -> dict[int, Exception]:
         """One transaction for the whole group (worker thread). Returns refusals by message id()."""
@@ -179,8 +196,11 @@ class AuditWriter:
 async def _reply(reply, value) -> None:
     if reply is None:
         return
-    try:
-        async with reply:
-            await reply.send(value)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
+    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
+    # channel without a value, and the waiting side would see the end of the stream instead of its answer
+    with anyio.CancelScope(shield=True):
+        try:
+            async with reply:
+                await reply.send(value)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass

@@ -224,5 +224,13 @@ class GetStats(Msg):
     reply: object
 
 
+class AuditRefused(Msg):
+    """AuditWriter -> OutputAssembler: the database refused these requests' final rows; they end with the error
+    (an output that cannot be put on record is not released as done)."""
+
+    request_ids: list[str]
+    error: object
+
+
 class Shutdown(Msg):
     reason: str = "engine shutting down"

@@ -18,6 +18,7 @@ from loraledger.actors.detokenizer import Detokenizer
 from loraledger.actors.messages import (
     AuditAppend,
     AuditCommitted,
+    AuditRefused,
     Delivery,
     RequestDone,
     RequestFailed,
@@ -30,7 +31,7 @@ from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.store.canonical import digest
-from loraledger.store.records import CompletionRecord, EventKind, EventRecord
+from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
 
 
 @dataclass(eq=False)
@@ -99,6 +100,11 @@ class OutputAssembler:
                             await self._on_tokens(msg)
                         case RequestFailed(request_id=rid, error=error):
                             await self._fail(rid, error)
+                        case AuditRefused(request_ids=ids, error=error):
+                            for rid in ids:
+                                req = self._held.pop(rid, None)
+                                if req is not None:
+                                    await self._refused(rid, req, error)
                         case AuditCommitted(request_ids=ids):
                             for rid in ids:
                                 req = self._held.pop(rid, None)
@@ -276,11 +282,11 @@ class OutputAssembler:
             CompletionRecord(
                 request_id=rid,
                 index=s.index,
-                text=s.text,
+                text=recordable(s.text),
                 token_ids=list(s.token_ids),
                 cumulative_logprob=s.cumulative_logprob,
                 finish_reason=s.finish_reason or "abort",
-                stop_reason=None if s.stop_reason is None else str(s.stop_reason),
+                stop_reason=None if s.stop_reason is None else recordable(str(s.stop_reason)),
                 adapter_fingerprint=req.msg.adapter_fingerprint,
                 prompt_token_count=len(req.msg.prompt_token_ids),
                 generated_token_count=len(s.token_ids),
@@ -318,6 +324,14 @@ class OutputAssembler:
             await req.msg.channel.send(Delivery(request_id=req.msg.request_id, item=item))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the caller stopped listening (it aborts the request itself)
+
+    async def _refused(self, rid: str, req: _ReqOut, error: object) -> None:
+        from loraledger.errors import RequestFailedError
+
+        request_logger(self._log, rid, req.metrics.adapter_name).error("final output not recordable", error=str(error))
+        failure = RequestFailedError(f"request {rid!r} finished, but the audit store refused its record, so its output is withheld: {error}")
+        await self._deliver(req, failure)
+        await _send_quietly(self._admission, RequestDone(request_id=rid))
 
     async def _fail(self, rid: str, error: object) -> None:
         req = self._reqs.pop(rid, None)

@@ -529,8 +529,11 @@ def _mix_seed(seed: int, index: int) -> int:
 
 
 async def _answer(reply, value) -> None:
-    try:
-        async with reply:
-            await reply.send(value)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
+    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
+    # channel without a value, and the waiting side would see the end of the stream instead of its answer
+    with anyio.CancelScope(shield=True):
+        try:
+            async with reply:
+                await reply.send(value)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass

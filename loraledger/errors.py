@@ -113,3 +113,7 @@ class KernelInputError(LoraLedgerError, ValueError):
 
 class LoRARequestError(LoraLedgerError, ValueError):
     """A LoRARequest field is malformed (empty name, id < 1, no path)."""
+
+
+class AuditIntegrityError(LoraLedgerError, RuntimeError):
+    """The audit database refused a record (a guard, a constraint, or a value it cannot hold); nothing of its batch was written."""

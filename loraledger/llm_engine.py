@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from contextlib import ExitStack
 
 import anyio
@@ -35,6 +36,9 @@ class LLMEngine:
         self._loras: dict[str, LoRARequest | None] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # the portal's event-loop thread is not a daemon, and Python joins such threads before atexit
+        # handlers run: close there, or a script that never calls close() would never exit
+        threading._register_atexit(_close_at_exit, weakref.ref(self))
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -161,3 +165,9 @@ def _error_output(request_id: str, error: BaseException, lora: LoRARequest | Non
         lora_request=lora,
     )
 
+
+
+def _close_at_exit(ref: "weakref.ref[LLMEngine]") -> None:
+    engine = ref()
+    if engine is not None:
+        engine.close()

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table, exc as sa_exc, insert, select
 from sqlalchemy.engine import URL
 
-from loraledger.errors import AuditUnavailableError, DuplicateRequestError
+from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import display_url, make_engine, unavailable_as_error, write_transaction
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
@@ -204,9 +204,10 @@ class AuditStore:
         try:
             with unavailable_as_error(self.url), write_transaction(engine) as conn:
                 return write_batch(conn, batch)
-        except (sa_exc.IntegrityError, sa_exc.InternalError) as exc:
-            # a guard or constraint refused a row: a caller bug, but the batch is still not on record
-            raise AuditUnavailableError(
+        except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
+            # a guard, a constraint or a value the column cannot hold refused a row: retrying the same
+            # batch cannot help (unlike an outage), and nothing of it is on record
+            raise AuditIntegrityError(
                 f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
                 f"{str(exc.orig).strip()}"
             ) from exc

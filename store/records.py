@@ -10,6 +10,15 @@ from __future__ import annotations
 import msgspec
 
 
+def recordable(text: str | None) -> str | None:
+    """Text as the audit log keeps it: NUL (which PostgreSQL text cannot hold) becomes U+FFFD.
+
+    Applied where records are made, on every dialect, so digests computed from the records match
+    the rows; token_ids stay exact, so the original text can always be decoded from them.
+    """
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
 class EventKind:
     ENGINE_STARTED = "engine_started"
     ENGINE_STOPPED = "engine_stopped"

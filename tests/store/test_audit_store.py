@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import exc as sa_exc, func, select
 
-from loraledger.errors import AuditSchemaError, AuditUnavailableError, DuplicateRequestError
+from loraledger.errors import AuditIntegrityError, AuditSchemaError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store import audit_store as audit_store_module
 from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.db import make_engine
@@ -84,7 +84,7 @@ def test_a_refused_completion_leaves_nothing_of_its_batch(audit_store):
     bad = AuditBatch(
         adapters=batch.adapters, requests=batch.requests, completions=[make_completion("r1", FP_B)], events=batch.events
     )
-    with pytest.raises(AuditUnavailableError, match="refused the batch"):
+    with pytest.raises(AuditIntegrityError, match="refused the batch"):
         audit_store.write(bad)
     assert counts(audit_store) == {"adapters": 0, "requests": 0, "completions": 0, "events": 0}
 

@@ -1,0 +1,241 @@
+"""The audit log after real engine runs: one binding per request, n completions bound to the adapter's fingerprint,
+a chain that verifies, prompts kept as asked, duplicate ids refused, and no final output before its commit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+
+import anyio
+import pytest
+from sqlalchemy import func, select, text
+
+from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
+from loraledger.errors import DuplicateRequestError
+from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
+from loraledger.store.records import EventKind
+from tests.api.conftest import loras_for
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+WAIT_S = 120  # upper bounds only: a few tiny-model steps, unless a shared 2-core machine is oversubscribed
+
+# the README's auditor query: which adapter, by content, wrote which text
+README_JOIN = (
+    "SELECT r.request_id, a.name, a.fingerprint, c.text FROM requests r "
+    "JOIN adapters a ON a.fingerprint = r.adapter_fingerprint "
+    "JOIN completions c ON c.request_id = r.request_id "
+    "ORDER BY r.request_id, c.completion_index"
+)
+
+
+def engine_kwargs(tiny, url: str, **extra) -> dict:
+    return dict(model=str(tiny.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=url, **extra)
+
+
+def sha256(s: str) -> str:
+    return hashlib.sha256(s.encode("utf-8")).hexdigest()
+
+
+def read_log(url: str) -> dict[str, list]:
+    with AuditStore(url) as store:
+        with store.engine.connect() as conn:
+            return {
+                "adapters": conn.execute(select(ADAPTERS)).all(),
+                "requests": conn.execute(select(REQUESTS)).all(),
+                "completions": conn.execute(select(COMPLETIONS).order_by(COMPLETIONS.c.request_id, COMPLETIONS.c.completion_index)).all(),
+                "events": conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all(),
+                "joined": [tuple(row) for row in conn.execute(text(README_JOIN))],
+            }
+
+
+def chain_break(url: str):
+    with AuditStore(url) as store:
+        return store.first_break()
+
+
+def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny_llama):
+    loras = loras_for(tiny_llama)
+    prompts = ["the base model speaks", "queries and values", "every layer, twice", "rslora on o gate down"]
+    per_prompt = [None, loras["qv_r4"], loras["all_r8"], loras["ogd_r16_rslora"]]
+    params = [GREEDY, GREEDY, SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True), GREEDY]
+    with LLM(**engine_kwargs(tiny_llama, db_url)) as llm:
+        outs = llm.generate(prompts, params, lora_request=per_prompt, tenant="acme")
+
+    fps = {name: fingerprint_adapter(str(path)) for name, path in tiny_llama.adapters.items()}
+    log = read_log(db_url)
+    requests = {r.request_id: r for r in log["requests"]}
+    assert sorted(requests) == sorted(o.request_id for o in outs)  # exactly one binding per request
+    base_fps = {r.base_model_fingerprint for r in requests.values()}
+    assert len(base_fps) == 1
+    for out, lora, prompt, p in zip(outs, per_prompt, prompts, params):
+        req = requests[out.request_id]
+        fp = fps[lora.lora_name] if lora else None
+        assert req.adapter_fingerprint == fp  # NULL for the base model
+        assert (req.lora_name, req.lora_int_id, req.lora_path) == ((lora.lora_name, lora.lora_int_id, lora.lora_path) if lora else (None, None, None))
+        assert req.tenant == "acme"
+        assert (req.prompt_text, req.prompt_sha256) == (prompt, sha256(prompt))
+        assert req.sampling_params.get("n", 1) == p.n
+        rows = [c for c in log["completions"] if c.request_id == out.request_id]
+        assert len(rows) == p.n == len(out.outputs)
+        assert [(c.completion_index, c.text, c.token_ids, c.adapter_fingerprint) for c in rows] == [
+            (o.index, o.text, o.token_ids, fp) for o in out.outputs
+        ]
+    adapters = {a.fingerprint: a for a in log["adapters"]}
+    assert set(adapters) == set(fps.values())
+    assert {a.name for a in adapters.values()} == set(fps)
+    assert {a.base_model_fingerprint for a in adapters.values()} == base_fps
+
+    per_request = Counter((e.kind, e.request_id) for e in log["events"] if e.request_id is not None)
+    for out in outs:
+        assert per_request[(EventKind.REQUEST_ADMITTED, out.request_id)] == 1
+        assert per_request[(EventKind.REQUEST_FINISHED, out.request_id)] == 1
+    assert chain_break(db_url) is None
+
+    expected = sorted(
+        (out.request_id, lora.lora_name, fps[lora.lora_name], o.text)
+        for out, lora in zip(outs, per_prompt)
+        if lora is not None
+        for o in out.outputs
+    )
+    assert sorted(log["joined"]) == expected  # the inner join drops the base-model request
+    assert len(expected) == 4
+
+
+@pytest.mark.parametrize("mode", ["hash", "none"])
+def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
+    secret = "a confidential prompt"
+    with LLM(**engine_kwargs(tiny_llama, db_url, audit_prompts=mode)) as llm:
+        outs = llm.generate([secret, {"prompt_token_ids": [11, 12, 13, 14]}], GREEDY, lora_request=loras_for(tiny_llama)["qv_r4"], tenant="t1")
+    log = read_log(db_url)
+    requests = {r.request_id: r for r in log["requests"]}
+    text_req, ids_req = requests[outs[0].request_id], requests[outs[1].request_id]
+    assert text_req.prompt_text is None and ids_req.prompt_text is None
+    if mode == "hash":
+        assert text_req.prompt_sha256 == sha256(secret)
+        assert len(ids_req.prompt_sha256) == 64 and ids_req.prompt_sha256 != text_req.prompt_sha256
+    else:
+        assert text_req.prompt_sha256 is None and ids_req.prompt_sha256 is None
+    assert ids_req.prompt_token_count == 4
+    assert all(r.tenant == "t1" for r in requests.values())
+    for event in log["events"]:
+        payload = json.dumps(event.payload)
+        assert secret not in payload
+        # the token ids would give the prompt away as surely as its text
+        assert "prompt_token_ids" not in payload, f"{event.kind} keeps the prompt's token ids with audit_prompts={mode!r}"
+    assert chain_break(db_url) is None
+
+
+def test_a_request_id_already_in_the_log_is_refused_by_a_later_engine(db_url, tiny_llama):
+    qv = loras_for(tiny_llama)["qv_r4"]
+    with LLM(**engine_kwargs(tiny_llama, db_url)) as llm:
+        first = llm.generate(["one", "two", "three"], GREEDY)
+        engine = llm.llm_engine
+        engine.add_request("order-42", "the original", GREEDY, tenant="acme")
+        while engine.has_unfinished_requests():
+            engine.step()
+    before = read_log(db_url)
+
+    with LLM(**engine_kwargs(tiny_llama, db_url)) as llm:
+        engine = llm.llm_engine
+        with pytest.raises(DuplicateRequestError, match="order-42"):
+            engine.add_request("order-42", "a different prompt", GREEDY, qv, tenant="mallory")
+        second = llm.generate(["one", "two", "three"], GREEDY)  # the engine serves on
+        engine.add_request("order-43", "a new id", GREEDY, qv)
+        while engine.has_unfinished_requests():
+            engine.step()
+    after = read_log(db_url)
+
+    generated = [o.request_id for o in first + second]
+    assert len(set(generated)) == 6, "engine-generated ids must never repeat across engines on one log"
+    ids = [r.request_id for r in after["requests"]]
+    assert sorted(ids) == sorted(generated + ["order-42", "order-43"])
+    original = next(r for r in before["requests"] if r.request_id == "order-42")
+    assert next(r for r in after["requests"] if r.request_id == "order-42") == original  # the binding is untouched
+    kinds = [e.kind for e in after["events"] if e.request_id == "order-42"]
+    assert kinds == [EventKind.REQUEST_ADMITTED, EventKind.REQUEST_FINISHED]
+    assert [c for c in after["completions"] if c.request_id == "order-42"] == [c for c in before["completions"] if c.request_id == "order-42"]
+    assert chain_break(db_url) is None
+
+
+def gate_completion_writes(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make every store write that carries completions wait for `release`; `reached` is set when one does."""
+    reached, release = threading.Event(), threading.Event()
+    original = AuditStore.write
+
+    def write(store, batch):
+        if batch.completions:
+            reached.set()
+            release.wait(WAIT_S)
+        return original(store, batch)
+
+    monkeypatch.setattr(AuditStore, "write", write)
+    return reached, release
+
+
+def count_completions(store: AuditStore, request_id: str) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id)).scalar_one()
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "not-durable"])
+async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeypatch, durable):
+    reached, release = gate_completion_writes(monkeypatch)
+    lora = loras_for(tiny_llama)["all_r8"]
+    finals: list[tuple[object, int]] = []
+    got_final = anyio.Event()
+    try:
+        async with AsyncEngine(EngineArgs(**engine_kwargs(tiny_llama, db_url, audit_durable=durable))) as engine:
+            with AuditStore(db_url) as reader:
+
+                async def consume() -> None:
+                    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+                    async for out in engine.generate("hold me", params, "held-1", lora, tenant="acme"):
+                        if out.finished:
+                            # read the log at the very moment the caller gets the output
+                            finals.append((out, count_completions(reader, "held-1")))
+                            got_final.set()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    assert await anyio.to_thread.run_sync(reached.wait, WAIT_S), "the completion rows never reached the store"
+                    if durable:
+                        # the commit is stuck in front of the database: the caller must not have the final output
+                        with anyio.move_on_after(0.5):
+                            await got_final.wait()
+                        assert finals == []
+                        assert count_completions(reader, "held-1") == 0
+                        release.set()
+                    with anyio.fail_after(WAIT_S):
+                        await got_final.wait()
+                    release.set()
+    finally:
+        release.set()  # never leave the engine's writer thread waiting
+    (out, rows_when_released), = finals
+    assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 5
+    # the control: without audit_durable the output does come out before its rows are written
+    assert rows_when_released == (1 if durable else 0)
+    log = read_log(db_url)
+    assert [(c.request_id, c.token_ids) for c in log["completions"]] == [("held-1", out.outputs[0].token_ids)]
+    assert chain_break(db_url) is None
+
+
+async def test_text_with_a_nul_character_is_recorded_with_a_replacement_char(db_url, tiny_llama):
+    # a byte-level tokenizer emits U+0000 like any other byte (token 192 of the tiny one), in prompts and in
+    # outputs; PostgreSQL text cannot hold it, so every dialect records U+FFFD there (the sha256 is of the
+    # prompt as submitted, and token ids stay exact) instead of the store refusing the record
+    prompt = "before\x00after"
+    async with AsyncEngine(EngineArgs(**engine_kwargs(tiny_llama, db_url))) as engine:
+        with anyio.fail_after(WAIT_S):
+            outs = [out async for out in engine.generate(prompt, GREEDY, "nul-1", tenant="ac\x00me")]
+    assert outs[-1].finished
+    log = read_log(db_url)
+    (request,) = log["requests"]
+    assert (request.prompt_text, request.prompt_sha256) == ("before\ufffdafter", sha256(prompt))
+    assert request.tenant == "ac\ufffdme"
+    (completion,) = log["completions"]
+    assert completion.text == outs[-1].outputs[0].text.replace("\x00", "\ufffd")
+    assert list(completion.token_ids) == outs[-1].outputs[0].token_ids
+    assert chain_break(db_url) is None
