@@ -92,6 +92,7 @@ class Scheduler:
         self._fp_slot: dict[str, int] = {}
         self._slot_used_step: list[int] = [-1] * max_loras
         self._pinned: dict[str, object] = {}  # fingerprint -> checkpoint
+        self._draining: str | None = None  # adapter taking no new requests so a starved head gets its slot
         self._stats = StepStats()
         self._log = get_logger("scheduler")
 
@@ -316,6 +317,7 @@ class Scheduler:
     def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
         skipped: list[Seq] = []
         head_blocked = False
+        draining: str | None = None
         while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
             seq = self._waiting.popleft()
             req = seq.request
@@ -328,8 +330,16 @@ class Scheduler:
                     head_blocked = True
                     req.blocked_steps += 1
                     if req.blocked_steps > self._max_head_skips:
-                        skipped.append(seq)
-                        break  # the head has waited long enough: admit nothing ahead of it
+                        # the head has waited long enough: one running adapter takes no new requests,
+                        # so its slot frees within one request's length and the head gets it next;
+                        # the other slots keep the batch full meanwhile
+                        draining = self._drain_target()
+                        if draining is None:
+                            skipped.append(seq)
+                            break
+                skipped.append(seq)
+                continue
+            if draining is not None and req.salt == draining:
                 skipped.append(seq)
                 continue
             use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
@@ -350,6 +360,17 @@ class Scheduler:
             budget -= num_new
         # put back what we passed over, in its original order, ahead of the rest
         self._waiting.extendleft(reversed(skipped))
+
+    def _drain_target(self) -> str | None:
+        """The running adapter to stop feeding so a slot frees: the one closest to done, kept until it is."""
+        remaining: dict[str, int] = {}
+        for s in self._running:
+            fp = s.request.salt
+            if fp and fp not in self._pinned:
+                remaining[fp] = max(remaining.get(fp, 0), s.request.max_output - s.num_output)
+        if self._draining not in remaining:
+            self._draining = min(remaining, key=remaining.__getitem__) if remaining else None
+        return self._draining
 
     def _slot_available(self, fp: str, active_fps: set[str]) -> bool:
         """Can fp run in this step? Slots are free to reassign except those of running or pinned adapters."""

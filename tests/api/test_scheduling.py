@@ -52,3 +52,34 @@ def test_prefix_cache_shared_only_under_the_same_adapter(tiny_llama):
     assert base.num_cached_tokens == 0, "nor the base model"
     assert base_again.num_cached_tokens == 16
     assert same.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+def test_a_request_waiting_for_a_slot_is_not_starved_by_a_busy_adapter(tiny_llama):
+    from loraledger import EngineArgs, LLMEngine
+
+    loras = loras_for(tiny_llama)
+    busy, waiting = loras["qv_r4"], loras["all_r8"]
+    prompts = random_prompts(2, seed=23)
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=1, max_lora_rank=16, audit_url=None))
+    try:
+        for i in range(3):
+            engine.add_request(f"busy-{i}", {"prompt_token_ids": prompts[0]}, _greedy(6), busy)
+        engine.add_request("waiting", {"prompt_token_ids": prompts[1]}, _greedy(6), waiting)
+        finished: dict[str, int] = {}
+        step = added = 0
+        while "waiting" not in finished and step < 400:
+            # the busy adapter never runs dry: a new request for it joins every step
+            engine.add_request(f"busy-more-{added}", {"prompt_token_ids": prompts[0]}, _greedy(6), busy)
+            added += 1
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = step
+            step += 1
+        assert "waiting" in finished, "the request for the other adapter starved"
+        assert sum(1 for rid in finished if rid.startswith("busy")) >= 3
+        for rid in [f"busy-more-{i}" for i in range(added)]:
+            engine.abort_request(rid)
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        engine.close()
