@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import ConfigError
 from loraledger.llm_engine import LLMEngine
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import as_prompt_list
-from loraledger.sampling_params import SamplingParams
+from loraledger.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -38,6 +40,8 @@ class LLM:
         prompt_list = as_prompt_list(prompts)
         n = len(prompt_list)
         params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(), n, "sampling_params", SamplingParams)
+        # only the final output is returned here: do not have the engine build and stream the others
+        params = [msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         loras = _per_prompt(lora_request, n, "lora_request", LoRARequest)
         engine = self.llm_engine.engine
         requests = [(engine.new_request_id(), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
