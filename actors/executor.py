@@ -37,6 +37,10 @@ class Executor:
                             output = await anyio.to_thread.run_sync(runner.execute, plan, limiter=self._limiter)
                         except Exception as exc:  # a failing step fails its requests, not the engine
                             self._log.exception("step raised", step_id=plan.step_id)
-                            await self._scheduler.send(StepDone(output=None, error=exc, step_id=plan.step_id))
+                            done = StepDone(output=None, error=exc, step_id=plan.step_id)
                         else:
-                            await self._scheduler.send(StepDone(output=output, step_id=plan.step_id))
+                            done = StepDone(output=output, step_id=plan.step_id)
+                        try:
+                            await self._scheduler.send(done)
+                        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                            return  # the Scheduler stopped (shutdown) while this step ran: nobody wants it
