@@ -23,6 +23,7 @@ from loraledger.actors.messages import (
 from loraledger.errors import LoRARequestConflictError, TooManyLoRAsError, UnknownRequestError
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
+from loraledger.actors.replies import answer
 from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
 from loraledger.store.records import EventKind, EventRecord
@@ -70,7 +71,7 @@ class AdapterLoader:
                     case PinLora(lora_int_id=int_id, reply=reply):
                         await self._pin(tg, int_id, reply)
                     case ListLoras(reply=reply):
-                        await _answer(reply, sorted(self._registry))
+                        await answer(reply, sorted(self._registry))
                     case Shutdown():
                         break
             tg.cancel_scope.cancel()
@@ -99,12 +100,12 @@ class AdapterLoader:
         try:
             self._register(lora)
         except LoRARequestConflictError as exc:
-            tg.start_soon(_answer, reply, AdapterResolved(lora_request=lora, error=exc))
+            tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, error=exc))
             return
         cached = self._cache.get(lora.lora_int_id)
         if cached is not None:
             self._cache.move_to_end(lora.lora_int_id)
-            tg.start_soon(_answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
+            tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
             return
         waiters = self._loading.get(lora.lora_int_id)
         if waiters is not None:  # a load of this adapter is already running: share it
@@ -141,7 +142,7 @@ class AdapterLoader:
                 )
             )
             for reply in self._loading.pop(lora.lora_int_id, []):
-                await _answer(reply, AdapterResolved(lora_request=lora, error=exc))
+                await answer(reply, AdapterResolved(lora_request=lora, error=exc))
             return
         log.info("adapter loaded", fingerprint=ckpt.fingerprint[:12], rank=ckpt.rank, seconds=round(time.perf_counter() - started, 4))
         self._cache[lora.lora_int_id] = ckpt
@@ -160,7 +161,7 @@ class AdapterLoader:
                 )
             )
         for reply in self._loading.pop(lora.lora_int_id, []):
-            await _answer(reply, AdapterResolved(lora_request=lora, checkpoint=ckpt))
+            await answer(reply, AdapterResolved(lora_request=lora, checkpoint=ckpt))
 
     async def _evict_over_capacity(self) -> None:
         while len(self._cache) > self._capacity:
@@ -180,7 +181,7 @@ class AdapterLoader:
     async def _remove(self, int_id: int, reply) -> None:
         lora = self._registry.pop(int_id, None)
         if lora is None:
-            await _answer(reply, False)
+            await answer(reply, False)
             return
         if self._names.get(lora.lora_name) == int_id:
             del self._names[lora.lora_name]
@@ -191,26 +192,14 @@ class AdapterLoader:
                 await self._scheduler.send(UnpinSlot(fingerprint=ckpt.fingerprint))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
-        await _answer(reply, True)
+        await answer(reply, True)
 
     async def _pin(self, tg, int_id: int, reply) -> None:
         if int_id not in self._registry:
-            await _answer(reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first"))
+            await answer(reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first"))
             return
         if int_id not in self._pinned and len(self._pinned) >= self._max_loras:
-            await _answer(reply, TooManyLoRAsError(f"cannot pin more than max_loras={self._max_loras} adapters"))
+            await answer(reply, TooManyLoRAsError(f"cannot pin more than max_loras={self._max_loras} adapters"))
             return
         self._pinned.add(int_id)
-        await _answer(reply, self._registry[int_id])
-
-
-async def _answer(reply: MemoryObjectSendStream, value: object) -> None:
-    """Send a one-shot reply; a caller that stopped waiting is not an error."""
-    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
-    # channel without a value, and the waiting side would see the end of the stream instead of its answer
-    with anyio.CancelScope(shield=True):
-        try:
-            async with reply:
-                await reply.send(value)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
+        await answer(reply, self._registry[int_id])

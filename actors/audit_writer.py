@@ -16,6 +16,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from loraledger.actors.messages import AuditAppend, AuditCommitted, AuditRefused, Shutdown
 from loraledger.errors import AuditUnavailableError, DuplicateRequestError, LoraLedgerError
+from loraledger.actors.replies import answer
 from loraledger.logging import get_logger
 from loraledger.store.records import AuditBatch
 
@@ -102,7 +103,7 @@ class AuditWriter:
         for msg in pending:
             if msg.admission and not any(r.request_id in self._attempted for r in msg.requests):
                 rid = msg.requests[0].request_id if msg.requests else "?"
-                await _reply(
+                await answer(
                     msg.reply,
                     AuditUnavailableError(
                         f"request {rid!r} refused: the audit store is unreachable, and no request is served off the record "
@@ -142,7 +143,7 @@ class AuditWriter:
         notify = []
         for msg in pending:
             outcome = refused.get(id(msg))
-            await _reply(msg.reply, outcome)
+            await answer(msg.reply, outcome)
             if outcome is None:
                 notify.extend(msg.commit_notify)
         if notify:
@@ -162,7 +163,7 @@ class AuditWriter:
             events=[e.kind for e in msg.events],
         )
         self._attempted.difference_update(r.request_id for r in msg.requests)
-        await _reply(msg.reply, error)
+        await answer(msg.reply, error)
         if msg.commit_notify:
             try:
                 await self._assembler.send(AuditRefused(request_ids=list(msg.commit_notify), error=error))
@@ -191,16 +192,3 @@ class AuditWriter:
         if batch.adapters or batch.requests or batch.completions or batch.events:
             self._store.write(batch)
         return refused
-
-
-async def _reply(reply, value) -> None:
-    if reply is None:
-        return
-    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
-    # channel without a value, and the waiting side would see the end of the stream instead of its answer
-    with anyio.CancelScope(shield=True):
-        try:
-            async with reply:
-                await reply.send(value)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass

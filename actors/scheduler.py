@@ -41,6 +41,7 @@ from loraledger.actors.step_stats import StepStats
 from loraledger.errors import EngineDeadError, RequestFailedError
 from loraledger.gpu.block_manager import BlockManager
 from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+from loraledger.actors.replies import answer
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.records import EventKind, EventRecord
 
@@ -163,11 +164,11 @@ class Scheduler:
                 await self._stop_from_string(rid, index)
             case PinSlot(fingerprint=fp, checkpoint=ckpt, reply=reply):
                 self._pinned[fp] = ckpt
-                await _answer(reply, True)
+                await answer(reply, True)
             case UnpinSlot(fingerprint=fp):
                 self._pinned.pop(fp, None)
             case GetStats(reply=reply):
-                await _answer(reply, self._stats.snapshot(self._blocks))
+                await answer(reply, self._stats.snapshot(self._blocks))
             case Shutdown():
                 return False
             case StepDone():  # a step whose plan we no longer wait for (cannot happen in order); ignore
@@ -547,14 +548,3 @@ def _mix_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 2
-
-
-async def _answer(reply, value) -> None:
-    # shielded: a reply cut short by a cancel scope (the writer's backoff timer, say) would close the
-    # channel without a value, and the waiting side would see the end of the stream instead of its answer
-    with anyio.CancelScope(shield=True):
-        try:
-            async with reply:
-                await reply.send(value)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
