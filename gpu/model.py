@@ -1,7 +1,8 @@
 """Model: our Llama / Mistral / Qwen2 decoder forward over a paged KV cache, with batched multi-LoRA.
 
-Device-agnostic: the attention, norm, rotary and LoRA ops go through the `Ops` backend; GEMMs and
-the embedding are plain torch. No transformers model class is used at run time.
+Device-agnostic: the attention, norm, rotary and LoRA ops go through the `Ops` backend; the base
+GEMMs go through `Dense` (F.linear, or oneDNN pre-packed weights on the CPU); the embedding is plain
+torch. No transformers model class is used at run time.
 """
 
 from __future__ import annotations
@@ -9,13 +10,28 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dataclasses import dataclass
+
 from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.dense import Dense, prepack_supported
 from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.rotary import build_cos_sin_cache
-from loraledger.gpu.weights import LayerWeights, ModelWeights
+from loraledger.gpu.weights import ModelWeights
+
+
+@dataclass
+class DecoderLayer:
+    """One decoder layer as the forward runs it: the two norm weights and the four fused projections."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Dense
+    o: Dense
+    gate_up: Dense
+    down: Dense
 
 
 class Model:
@@ -27,22 +43,43 @@ class Model:
         *,
         lora_slots: LoraSlots | None = None,
         max_positions: int | None = None,
+        prepack: bool | None = None,
     ) -> None:
+        """`prepack`: give the projections oneDNN pre-packed weights (None: wherever prepack_supported()).
+
+        The Model keeps only what its forward reads (pre-packed copies replace the plain projection
+        weights), so a caller that drops `weights` afterwards does not hold the base weights twice.
+        """
         self.config = config
-        self.weights = weights
         self.ops = ops
         self.lora_slots = lora_slots
         device = weights.embed.device
+        if prepack is None:
+            prepack = prepack_supported(device, weights.embed.dtype)
+        self.embed = weights.embed
+        self.norm = weights.norm
+        self.lm_head = Dense(weights.lm_head, prepack=prepack)
+        self.layers = [
+            DecoderLayer(
+                input_norm=lw.input_norm,
+                post_norm=lw.post_norm,
+                qkv=Dense(lw.qkv, lw.qkv_bias, prepack=prepack),
+                o=Dense(lw.o, prepack=prepack),
+                gate_up=Dense(lw.gate_up, prepack=prepack),
+                down=Dense(lw.down, prepack=prepack),
+            )
+            for lw in weights.layers
+        ]
         self.cos_sin_cache = build_cos_sin_cache(config, max_positions or config.max_position_embeddings, device)
         self.scale = config.head_dim**-0.5
         self._split = (config.q_size, config.kv_size, config.kv_size)
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Run every token of the step; return fp32 logits [N, V] at batch.logits_indices only."""
-        cfg, w, ops = self.config, self.weights, self.ops
-        hidden = F.embedding(batch.input_ids, w.embed)
+        cfg, ops = self.config, self.ops
+        hidden = F.embedding(batch.input_ids, self.embed)
         residual: torch.Tensor | None = None
-        for i, lw in enumerate(w.layers):
+        for i, lw in enumerate(self.layers):
             x, residual = ops.rms_norm(hidden, lw.input_norm, cfg.rms_norm_eps, residual)
             attn = self._attention(i, lw, x, batch, kv_cache)
             x, residual = ops.rms_norm(attn, lw.post_norm, cfg.rms_norm_eps, residual)
@@ -51,15 +88,15 @@ class Model:
         if rows.shape[0] == 0:
             return hidden.new_zeros((0, cfg.vocab_size), dtype=torch.float32)
         # the final norm and lm_head only run where logits are wanted
-        out, _ = ops.rms_norm(hidden.index_select(0, rows), w.norm, cfg.rms_norm_eps, residual.index_select(0, rows))
-        return F.linear(out, w.lm_head).float()
+        out, _ = ops.rms_norm(hidden.index_select(0, rows), self.norm, cfg.rms_norm_eps, residual.index_select(0, rows))
+        return self.lm_head(out).float()
 
     def _attention(
-        self, layer: int, lw: LayerWeights, x: torch.Tensor, batch: ForwardBatch, kv_cache: KVCache
+        self, layer: int, lw: DecoderLayer, x: torch.Tensor, batch: ForwardBatch, kv_cache: KVCache
     ) -> torch.Tensor:
         cfg, ops = self.config, self.ops
         tokens = x.shape[0]
-        qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+        qkv = lw.qkv(x)
         self._lora(layer, "qkv", x, qkv, batch)
         # q/k/v are row-strided views of the fused output (last two dims contiguous)
         q, k, v = qkv.split(self._split, dim=-1)
@@ -94,15 +131,15 @@ class Model:
         else:
             attn = torch.cat((decode_out, prefill_out), dim=0)
         attn = attn.reshape(tokens, cfg.q_size)
-        out = F.linear(attn, lw.o)
+        out = lw.o(attn)
         self._lora(layer, "o", attn, out, batch)
         return out
 
-    def _mlp(self, layer: int, lw: LayerWeights, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        gate_up = F.linear(x, lw.gate_up)
+    def _mlp(self, layer: int, lw: DecoderLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        gate_up = lw.gate_up(x)
         self._lora(layer, "gate_up", x, gate_up, batch)
         act = self.ops.silu_and_mul(gate_up)
-        out = F.linear(act, lw.down)
+        out = lw.down(act)
         self._lora(layer, "down", act, out, batch)
         return out
 

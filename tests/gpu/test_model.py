@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from loraledger.gpu.dense import prepack_supported
 from loraledger.gpu.forward_batch import build_forward_batch, order_for_batch
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
@@ -25,7 +26,7 @@ ADAPTER_NAMES = ["qv_r4", "all_r8", "ogd_r16_rslora"]
 class PagedModel:
     """Our model with every adapter loaded (slot i = ADAPTER_NAMES[i]) and a trivial block allocator."""
 
-    def __init__(self, tiny: TinyModel) -> None:
+    def __init__(self, tiny: TinyModel, prepack: bool | None = None) -> None:
         cfg = tiny.config
         self.ops = TorchOps()
         self.slots = LoraSlots(cfg, max_loras=len(ADAPTER_NAMES), max_lora_rank=16, dtype=torch.float32, device="cpu")
@@ -35,7 +36,7 @@ class PagedModel:
             )
             self.slots.load(slot, ckpt)
         weights = load_weights(tiny.model_dir, cfg, dtype=torch.float32, device="cpu")
-        self.model = Model(cfg, weights, self.ops, lora_slots=self.slots)
+        self.model = Model(cfg, weights, self.ops, lora_slots=self.slots, prepack=prepack)
         self.kv = KVCache(cfg, NUM_BLOCKS, BLOCK_SIZE, torch.float32, "cpu")
         self.free = list(range(NUM_BLOCKS))
         random.Random(0).shuffle(self.free)  # scattered, non-contiguous block tables
@@ -80,8 +81,11 @@ def test_chunked_prefill_then_decode_matches_hf(tiny, adapter):
         torch.testing.assert_close(got, expect[lo:hi], rtol=0, atol=1e-4)
 
 
-def test_mixed_batch_of_base_and_every_adapter_matches_hf_per_sequence(tiny):
-    paged = PagedModel(tiny)
+# prepack True: oneDNN pre-packed projections (the CPU default); False: F.linear (the GPU's and bf16's path)
+@pytest.mark.parametrize("prepack", [True, False] if prepack_supported("cpu", torch.float32) else [False])
+def test_mixed_batch_of_base_and_every_adapter_matches_hf_per_sequence(tiny, prepack):
+    paged = PagedModel(tiny, prepack=prepack)
+    assert all(layer.qkv.prepacked == prepack for layer in paged.model.layers)
     seqs = {
         0: ([1, 5, 9, 200, 33, 71, 14], -1),
         1: ([1, 7, 7, 301, 2, 99], 0),

@@ -1,0 +1,58 @@
+"""Dense: the pre-packed oneDNN projection equals F.linear within fp32 rounding, at every batch size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loraledger.gpu.dense import Dense, prepack_supported
+
+needs_prepack = pytest.mark.skipif(
+    not prepack_supported("cpu", torch.float32), reason="this torch build has no oneDNN linear on the CPU"
+)
+
+
+@needs_prepack
+@pytest.mark.parametrize("rows", [0, 1, 3, 32, 257])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_prepacked_matches_f_linear(rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=g) * 0.1
+    bias = torch.randn(96, generator=g) if with_bias else None
+    x = torch.randn(rows, 40, generator=g)
+    dense = Dense(weight, bias, prepack=True)
+    assert dense.prepacked and (dense.out_features, dense.in_features) == (96, 40)
+    with torch.inference_mode():
+        out = dense(x)
+    assert out.shape == (rows, 96) and out.dtype == torch.float32 and out.is_contiguous()
+    expect = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    torch.testing.assert_close(out.double(), expect, rtol=1e-5, atol=1e-5)
+
+
+@needs_prepack
+def test_prepacked_reads_strided_activations():
+    weight = torch.randn(24, 16)
+    wide = torch.randn(5, 40)
+    x = wide[:, 8:24]  # rows with a stride larger than their width
+    out = Dense(weight, prepack=True)(x)
+    torch.testing.assert_close(out, F.linear(x.contiguous(), weight), rtol=1e-5, atol=1e-5)
+
+
+def test_plain_dense_is_f_linear_and_keeps_the_weight():
+    weight, bias = torch.randn(8, 4), torch.randn(8)
+    x = torch.randn(3, 4)
+    dense = Dense(weight, bias, prepack=False)
+    assert not dense.prepacked
+    assert torch.equal(dense(x), F.linear(x, weight, bias))
+
+
+def test_prepack_is_refused_where_unsupported():
+    assert not prepack_supported("cpu", torch.bfloat16)
+    assert not prepack_supported("meta", torch.float32)
+    with pytest.raises(ValueError, match="cannot pre-pack a torch.bfloat16 weight"):
+        Dense(torch.randn(4, 4, dtype=torch.bfloat16), prepack=True)
+    with pytest.raises(ValueError, match=r"2-D \[out, in\] weight"):
+        Dense(torch.randn(4), prepack=False)
+    with pytest.raises(ValueError, match="bias shape"):
+        Dense(torch.randn(4, 2), torch.randn(3))
