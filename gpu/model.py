@@ -148,5 +148,4 @@ class Model:
         if batch.lora is None or group not in batch.lora_groups:
             return
         a, b, offsets = self.lora_slots.layer(layer, group)
-        h = self.ops.lora_shrink(x, a, batch.lora)
-        self.ops.lora_expand(h, b, batch.lora, offsets, y)
+        self.ops.lora_apply(x, a, b, batch.lora, offsets, y)

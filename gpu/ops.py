@@ -142,3 +142,19 @@ class Ops(abc.ABC):
         output column j of slice m (slice_offsets[m] <= j < slice_offsets[m+1]):
         `y[t, j] += sum_r h[t, m*R + r] * b_stack[slot[t], j, r]`; rows with slot -1 unchanged.
         """
+
+    def lora_apply(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        """y += LoRA delta of x: lora_shrink then lora_expand, with the same semantics and shapes.
+
+        A backend may fuse the two and keep the intermediate h in its own layout; the result must
+        equal this composition within the dtype's rounding.
+        """
+        self.lora_expand(self.lora_shrink(x, a_stack, meta), b_stack, meta, slice_offsets, y)

@@ -165,7 +165,9 @@ class TorchOps(Ops):
         The remaining adapter tokens are sorted by slot and padded into [G, M] groups for one bmm per
         slice (BGMV-style): gather [G * M] (token of each padded row; padding repeats a real token of
         the group, computed and then dropped), src / dest (token and padded row of each real entry),
-        active_slots [G], groups G and width M.
+        active_slots [G], groups G and width M; `padded` says whether any group is narrower than M,
+        `span` gives (first, end) when src is the contiguous run first..end-1 (decode tokens sorted by
+        slot), so that the deltas are added to a row slice of y instead of scattered.
         """
         slots = token_slots.to(torch.int64)
         adapter = slots >= 0
@@ -192,6 +194,8 @@ class TorchOps(Ops):
             dest = group_of * width + (torch.arange(src.shape[0], device=dev) - group_start[group_of])
             gather = src[group_start].repeat_interleave(width)
             gather[dest] = src
+            first = int(src[0])
+            in_order = bool(torch.equal(src, torch.arange(first, first + src.shape[0], device=dev)))
             grouped = {
                 "src": src,
                 "dest": dest,
@@ -199,6 +203,10 @@ class TorchOps(Ops):
                 "active_slots": active_slots,
                 "groups": groups,
                 "width": width,
+                # every group exactly `width` wide: the padded rows are the real rows, no gather/compaction
+                "padded": bool((counts != width).any()),
+                # src is first, first+1, ...: deltas land on contiguous rows y[first:first+len(src)]
+                "span": (first, first + src.shape[0]) if in_order else None,
             }
         return LoraMeta(token_slots, num_slots, empty=False, segments=segments, grouped=grouped)
 
@@ -244,16 +252,8 @@ class TorchOps(Ops):
             b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
             if reduced:
                 hg, b = hg.float(), b.float()
-            parts = [
-                torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))
-                for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:]))
-            ]
-            yg = parts[0] if n_slices == 1 else torch.cat(parts, dim=-1)
-            delta = yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]).to(y.dtype)
-            # index_add_ is fast over whole contiguous rows and very slow into a column slice
-            whole = slice_offsets[0] == 0 and slice_offsets[-1] == y.shape[1]
-            target = y if whole else y[:, slice_offsets[0] : slice_offsets[-1]]
-            target.index_add_(0, g["src"], delta)
+            yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
+            self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
         for start, end, slot in ex["segments"]:
             for m in range(n_slices):
                 lo, hi = slice_offsets[m], slice_offsets[m + 1]
@@ -262,6 +262,96 @@ class TorchOps(Ops):
                     y[start:end, lo:hi] += (hs.float() @ bs.float().t()).to(y.dtype)
                 else:
                     y[start:end, lo:hi].addmm_(hs, bs.t())
+
+    def lora_apply(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        """shrink + expand fused: the grouped intermediate stays [G, M, n*R], never scattered to [T, n*R].
+
+        At decode (tokens sorted by slot) this is one gather of x (none when the groups are equally
+        wide), one bmm for A, one bmm per slice for B, and plain adds into a row slice of y.
+        """
+        ex = meta.extra
+        if ex["empty"]:
+            return
+        n_slices = len(slice_offsets) - 1
+        rank = a_stack.shape[1] // n_slices
+        reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
+        g = ex["grouped"]
+        if g is not None:
+            groups, width, span = g["groups"], g["width"], g["span"]
+            if span is not None and not g["padded"]:
+                xg = x[span[0] : span[1]].view(groups, width, x.shape[1])
+            else:
+                xg = x.index_select(0, g["gather"]).view(groups, width, x.shape[1])
+            a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
+            b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
+            if reduced:
+                xg, a, b = xg.float(), a.float(), b.float()
+            hg = torch.bmm(xg, a.transpose(1, 2))
+            if reduced:
+                hg = hg.to(x.dtype).float()  # h rounded to the model dtype between A and B, as in lora_shrink and PEFT
+            if span is not None:
+                rows = y[span[0] : span[1]]
+                for (lo, hi), d in zip(zip(slice_offsets[:-1], slice_offsets[1:]), _expand_slices(hg, b, slice_offsets, rank)):
+                    d = d.view(-1, hi - lo)
+                    if g["padded"]:
+                        d = d.index_select(0, g["dest"])
+                    rows[:, lo:hi] += d.to(y.dtype)
+            else:
+                yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
+                self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
+        if ex["segments"]:
+            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, reduced)
+
+    @staticmethod
+    def _scatter_add(y: torch.Tensor, slice_offsets: tuple[int, ...], src: torch.Tensor, delta: torch.Tensor) -> None:
+        # index_add_ is fast over whole contiguous rows and very slow into a column slice
+        whole = slice_offsets[0] == 0 and slice_offsets[-1] == y.shape[1]
+        target = y if whole else y[:, slice_offsets[0] : slice_offsets[-1]]
+        target.index_add_(0, src, delta.to(y.dtype))
+
+    @staticmethod
+    def _segments(
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        segments: list[tuple[int, int, int]],
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+        rank: int,
+        reduced: bool,
+    ) -> None:
+        """Long same-adapter runs: plain GEMMs on row views of x and y (prefill chunks)."""
+        for start, end, slot in segments:
+            xs, a = x[start:end], a_stack[slot]
+            h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
+            for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:])):
+                hs, bs = h[:, m * rank : (m + 1) * rank], b_stack[slot, lo:hi]
+                if reduced:
+                    y[start:end, lo:hi] += (hs @ bs.float().t()).to(y.dtype)
+                else:
+                    y[start:end, lo:hi].addmm_(hs, bs.t())
+
+
+def _expand_slices(
+    hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int
+) -> list[torch.Tensor]:
+    """[G, M, n*R] grouped h times each slice's B ([G, out_total, R]): one [G, M, width_m] tensor per slice."""
+    return [
+        torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))
+        for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:]))
+    ]
+
+
+def _cat_columns(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def _select_slots(stack: torch.Tensor, active_slots: torch.Tensor, num_slots: int) -> torch.Tensor:

@@ -208,6 +208,45 @@ def test_lora_shrink_expand_match_per_token_loop(slots):
         torch.testing.assert_close(y[t].double(), y_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [2, -1, 0, 2, 1, -1, 0, 2, 2, 3],  # unsorted: gathered, scattered back with index_add_
+        [-1, -1, 0, 0, 1, 1, 3, 3],  # sorted like decode, equal widths: views only, no gather
+        [-1, 0, 0, 0, 1, 2, 2, 3, 3, 3],  # sorted, uneven widths: padded, compacted, added to a row slice
+        [1, 1, 1],  # one adapter only
+        [-1, -1],  # no adapter token at all
+        [0, 0, 1, 2, 2] + [-1] * 3 + [3] * 16 + [1, 0],  # sorted decode part, a long run, then short chunks
+        [2] * 18,  # one long run only
+    ],
+)
+def test_lora_apply_equals_shrink_then_expand(slots):
+    g = _gen(10)
+    num_slots, rank, in_f, outs = 4, 8, 6, (5, 3, 3)
+    offsets = (0, 5, 8, 11)
+    a, b = _lora_stacks(g, num_slots, rank, ranks=[8, 2, 4, 1], in_f=in_f, outs=outs)
+    x = torch.randn(len(slots), in_f, generator=g)
+    y0 = torch.randn(len(slots), sum(outs), generator=g)
+    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), num_slots)
+    y_ref = y0.clone()
+    OPS.lora_expand(OPS.lora_shrink(x, a, meta), b, meta, offsets, y_ref)
+    y = y0.clone()
+    OPS.lora_apply(x, a, b, meta, offsets, y)
+    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+    base = torch.tensor(slots) < 0
+    assert torch.equal(y[base], y0[base]), "lora_apply changed a base-model token's row"
+
+
+def test_lora_prepare_marks_sorted_decode_tokens_as_one_span():
+    meta = OPS.lora_prepare(torch.tensor([-1, -1, 0, 0, 2, 2], dtype=torch.int32), 3)
+    grouped = meta.extra["grouped"]
+    assert grouped["span"] == (2, 6) and not grouped["padded"]
+    meta = OPS.lora_prepare(torch.tensor([-1, 0, 2, 2], dtype=torch.int32), 3)
+    assert meta.extra["grouped"]["span"] == (1, 4) and meta.extra["grouped"]["padded"]
+    meta = OPS.lora_prepare(torch.tensor([0, -1, 0], dtype=torch.int32), 3)
+    assert meta.extra["grouped"]["span"] is None
+
+
 def test_lora_bf16_inputs_accumulate_in_fp32():
     g = _gen(9)
     a, b = _lora_stacks(g, 2, 4, ranks=[4, 4], in_f=64, outs=(16,))
@@ -226,3 +265,6 @@ def test_lora_bf16_inputs_accumulate_in_fp32():
     h_ref[2], y_ref[2] = 0, 0
     torch.testing.assert_close(h16.float(), h_ref, rtol=2**-7, atol=1e-6)
     torch.testing.assert_close(y16.float(), y_ref, rtol=2**-7, atol=1e-6)
+    fused = torch.zeros_like(y16)
+    OPS.lora_apply(x16, a16, b16, meta, (0, 16), fused)
+    torch.testing.assert_close(fused.float(), y_ref, rtol=2**-7, atol=1e-6)
