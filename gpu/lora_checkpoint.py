@@ -35,6 +35,7 @@ Validation (``load_lora_checkpoint`` only) raises the typed errors of
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -55,6 +56,7 @@ from loraledger.errors import (
     AdapterUnsupportedError,
 )
 from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.lora_slots import SlotStacks, stack_for_slots
 from loraledger.store.records import AdapterRecord
 
 CONFIG_FILE = "adapter_config.json"
@@ -97,7 +99,9 @@ class LoraCheckpoint:
     target_modules: tuple[str, ...]  # the modules that carry tensors, in LORA_TARGETS order
     config: dict  # adapter_config.json as read
     weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    nbytes: int  # host memory held by the weights
+    nbytes: int  # host memory held by the weights and the slot stacks
+    # the weights laid out as a device slot holds them, built while loading so a slot load is a copy
+    slot_stacks: SlotStacks | None = None
 
     def to_record(self, base_model_fingerprint: str, first_seen: float) -> AdapterRecord:
         return AdapterRecord(
@@ -159,7 +163,7 @@ def load_lora_checkpoint(
     weights = _build_weights(pairs, rank, declared, model_config, max_lora_rank, err)
 
     present = {module for _, module in weights}
-    return LoraCheckpoint(
+    ckpt = LoraCheckpoint(
         name=lora_name,
         int_id=lora_int_id,
         path=path,
@@ -173,6 +177,9 @@ def load_lora_checkpoint(
         weights=types.MappingProxyType(weights),
         nbytes=sum(a.nbytes + b.nbytes for a, b in weights.values()),
     )
+    stacks = stack_for_slots(model_config, max_lora_rank, ckpt)
+    stacked_bytes = sum(a.nbytes + b.nbytes for a, b in stacks.groups.values())
+    return dataclasses.replace(ckpt, slot_stacks=stacks, nbytes=ckpt.nbytes + stacked_bytes)
 
 
 # ---- reading and fingerprinting -------------------------------------------------------------

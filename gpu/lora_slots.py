@@ -20,6 +20,71 @@ FUSED_MODULES: dict[str, tuple[str, ...]] = {
 MODULE_GROUP = {module: group for group, modules in FUSED_MODULES.items() for module in modules}
 
 
+@dataclass(frozen=True)
+class SlotStacks:
+    """One adapter laid out as a slot holds it: per targeted fused module, A [L, n*R, in] zero-padded to
+    R = max_lora_rank and B [L, out_total, R] with the adapter's scale folded in (fp32, host memory).
+    Fused modules the adapter does not target are absent."""
+
+    rank: int  # the max_lora_rank R the tensors are padded to
+    groups: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> SlotStacks:
+    """Validate an adapter against the base model and lay it out for LoraSlots.load (pure; thread-safe).
+
+    Raises AdapterRankError, AdapterTargetError or AdapterShapeError, naming the adapter.
+    """
+    name, path = getattr(ckpt, "name", None), getattr(ckpt, "path", None)
+    rank = int(ckpt.rank)
+    if rank > max_lora_rank:
+        raise AdapterRankError(
+            f"adapter rank {rank} is above max_lora_rank {max_lora_rank}; "
+            "start the engine with a larger max_lora_rank",
+            lora_name=name,
+            lora_path=path,
+        )
+    unknown = set(ckpt.target_modules) - set(MODULE_GROUP)
+    if unknown:
+        raise AdapterTargetError(
+            f"adapter targets {sorted(unknown)}, LoRA can only be applied to {list(MODULE_GROUP)}",
+            lora_name=name,
+            lora_path=path,
+        )
+    shapes = config.module_shapes()
+    layers, r, scale = config.num_hidden_layers, max_lora_rank, float(ckpt.scale)
+    groups: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for group, modules in FUSED_MODULES.items():
+        if not any(module in ckpt.target_modules for module in modules):
+            continue
+        in_features = shapes[modules[0]][0]
+        offsets = (0, *torch.tensor([shapes[m][1] for m in modules]).cumsum(0).tolist())
+        a_host = torch.zeros((layers, len(modules) * r, in_features), dtype=torch.float32)
+        b_host = torch.zeros((layers, offsets[-1], r), dtype=torch.float32)
+        for m, module in enumerate(modules):
+            if module not in ckpt.target_modules:
+                continue
+            in_f, out_f = shapes[module]
+            lo = offsets[m]
+            for layer in range(layers):
+                pair = ckpt.weights.get((layer, module))
+                if pair is None:
+                    continue  # PEFT layers_to_transform: this layer keeps the base weights
+                a, b = pair
+                r_mod = a.shape[0]  # PEFT rank_pattern may give a module its own rank
+                if r_mod > r or tuple(a.shape) != (r_mod, in_f) or tuple(b.shape) != (out_f, r_mod):
+                    raise AdapterShapeError(
+                        f"layer {layer} {module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
+                        f"the base model (expected ({r_mod}, {in_f}) / ({out_f}, {r_mod}), rank <= {r})",
+                        lora_name=name,
+                        lora_path=path,
+                    )
+                a_host[layer, m * r : m * r + r_mod] = a
+                b_host[layer, lo : lo + out_f, :r_mod] = b.float() * scale
+        groups[group] = (a_host, b_host)
+    return SlotStacks(rank=max_lora_rank, groups=groups)
+
+
 @dataclass
 class LoraStack:
     """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in)."""
@@ -75,55 +140,22 @@ class LoraSlots:
         """Copy an adapter into `slot`: A zero-padded to max_lora_rank, B pre-multiplied by the adapter's scale.
 
         `ckpt` is a LoraCheckpoint (loraledger.gpu.lora_checkpoint); modules it does not target are zeroed.
+        A checkpoint loaded for this max_lora_rank carries its slot-ready stacks (built by the adapter
+        loader's thread, off the step), so this is one copy per fused module; otherwise they are built here.
         """
         self._check_slot(slot)
-        name, path = getattr(ckpt, "name", None), getattr(ckpt, "path", None)
-        rank = int(ckpt.rank)
-        if rank > self.max_lora_rank:
-            raise AdapterRankError(
-                f"adapter rank {rank} is above max_lora_rank {self.max_lora_rank}; "
-                "start the engine with a larger max_lora_rank",
-                lora_name=name,
-                lora_path=path,
-            )
-        unknown = set(ckpt.target_modules) - set(MODULE_GROUP)
-        if unknown:
-            raise AdapterTargetError(
-                f"adapter targets {sorted(unknown)}, LoRA can only be applied to {list(MODULE_GROUP)}",
-                lora_name=name,
-                lora_path=path,
-            )
-        shapes = self.config.module_shapes()
-        r, scale = self.max_lora_rank, float(ckpt.scale)
-        targeted: set[str] = set()
-        for group, modules in FUSED_MODULES.items():
-            stack = self.stacks[group]
-            a_host = torch.zeros(stack.a.shape[0:1] + stack.a.shape[2:], dtype=torch.float32)
-            b_host = torch.zeros(stack.b.shape[0:1] + stack.b.shape[2:], dtype=torch.float32)
-            for m, module in enumerate(modules):
-                if module not in ckpt.target_modules:
-                    continue
-                targeted.add(group)
-                in_f, out_f = shapes[module]
-                lo = stack.slice_offsets[m]
-                for layer in range(self.config.num_hidden_layers):
-                    pair = ckpt.weights.get((layer, module))
-                    if pair is None:
-                        continue  # PEFT layers_to_transform: this layer keeps the base weights
-                    a, b = pair
-                    r_mod = a.shape[0]  # PEFT rank_pattern may give a module its own rank
-                    if r_mod > r or tuple(a.shape) != (r_mod, in_f) or tuple(b.shape) != (out_f, r_mod):
-                        raise AdapterShapeError(
-                            f"layer {layer} {module}: lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit "
-                            f"the base model (expected ({r_mod}, {in_f}) / ({out_f}, {r_mod}), rank <= {r})",
-                            lora_name=name,
-                            lora_path=path,
-                        )
-                    a_host[layer, m * r : m * r + r_mod] = a
-                    b_host[layer, lo : lo + out_f, :r_mod] = b.float() * scale
-            stack.a[:, slot].copy_(a_host)
-            stack.b[:, slot].copy_(b_host)
-        self._targets[slot] = frozenset(targeted)
+        stacked = getattr(ckpt, "slot_stacks", None)
+        if stacked is None or stacked.rank != self.max_lora_rank:
+            stacked = stack_for_slots(self.config, self.max_lora_rank, ckpt)
+        for group, stack in self.stacks.items():
+            pair = stacked.groups.get(group)
+            if pair is None:
+                stack.a[:, slot].zero_()
+                stack.b[:, slot].zero_()
+            else:
+                stack.a[:, slot].copy_(pair[0])
+                stack.b[:, slot].copy_(pair[1])
+        self._targets[slot] = frozenset(stacked.groups)
         self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
 
     def clear(self, slot: int) -> None:

@@ -103,7 +103,16 @@ def test_weights_equal_peft_state_dict(adapter, model_config):
         torch.testing.assert_close(a, state[f"{prefix}.lora_A.weight"], rtol=0, atol=0)
         torch.testing.assert_close(b, state[f"{prefix}.lora_B.weight"], rtol=0, atol=0)
         assert a.shape[0] == b.shape[1] == 4
-    assert ckpt.nbytes == sum(a.nbytes + b.nbytes for a, b in ckpt.weights.values())
+    # slot-ready stacks are built while loading: q/k/v and down targeted, o and gate/up absent
+    stacks = ckpt.slot_stacks
+    assert set(stacks.groups) == {"qkv", "down"}
+    a_qkv, b_qkv = stacks.groups["qkv"]
+    r, q = stacks.rank, model_config.q_size
+    torch.testing.assert_close(a_qkv[1, :4], ckpt.weights[(1, "q_proj")][0], rtol=0, atol=0)
+    assert not a_qkv[:, 4:r].any() and not a_qkv[:, r : 2 * r].any()  # rank padding; k_proj untargeted
+    torch.testing.assert_close(b_qkv[0, :q, :4], ckpt.weights[(0, "q_proj")][1] * ckpt.scale, rtol=0, atol=0)
+    weight_bytes = sum(a.nbytes + b.nbytes for a, b in ckpt.weights.values())
+    assert ckpt.nbytes == weight_bytes + sum(a.nbytes + b.nbytes for a, b in stacks.groups.values())
     record = ckpt.to_record("base-fp", 12.5)
     assert (record.fingerprint, record.rank, record.alpha, record.target_modules, record.first_seen) == (
         ckpt.fingerprint, 4, 8.0, ["q_proj", "v_proj", "down_proj"], 12.5)
