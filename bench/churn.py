@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from bench.assets import BenchAssets, churn_adapters
+from bench.assets import CHURN_RANK, BenchAssets, churn_adapters
 from bench.offline_engine import OfflineEngine, OfflineRun
 from bench.stats import percentiles
 from bench.workload import Workload, random_prompts, zipf_choices
@@ -30,6 +30,8 @@ class ChurnConfig:
     zipf_exponent: float = 1.0
     max_cpu_loras: int = 64
     max_loras: int = 8
+    # the engine's max_lora_rank: the adapters' own rank, as one would serve them (slots are padded to it)
+    max_lora_rank: int = CHURN_RANK
     baseline_adapters: int = 8
     seed: int = 11
     num_threads: int = 2
@@ -58,7 +60,7 @@ def run_churn(assets: BenchAssets, cfg: ChurnConfig, log: Callable[[str], None] 
             paths[:count],
             num_threads=cfg.num_threads,
             max_loras=cfg.max_loras,
-            max_lora_rank=16,
+            max_lora_rank=cfg.max_lora_rank,
             max_cpu_loras=capacity,
             name_prefix="churn-",
         )

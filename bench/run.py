@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serving-rate", type=float, default=None, help="arrivals per second (default: 1.25 x measured capacity)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for every system (default 2)")
     parser.add_argument("--churn-max-loras", type=int, default=None, help="adapter slots in the churn scenario (default 8)")
+    parser.add_argument("--churn-max-lora-rank", type=int, default=None, help="max_lora_rank in the churn scenario (default 8, the adapters' rank)")
     parser.add_argument("--no-audit", action="store_true", help="skip scenario 1a (scenario 1 with the SQLite audit store)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         churn_cfg = replace(churn_cfg, num_adapters=80, num_requests=48, new_tokens=8, max_cpu_loras=16)
     if args.churn_max_loras is not None:
         churn_cfg = replace(churn_cfg, max_loras=args.churn_max_loras)
+    if args.churn_max_lora_rank is not None:
+        churn_cfg = replace(churn_cfg, max_lora_rank=args.churn_max_lora_rank)
     if args.repeats is not None:
         throughput_cfg = replace(throughput_cfg, repeats=args.repeats)
 
