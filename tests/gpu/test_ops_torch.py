@@ -172,6 +172,16 @@ def _lora_stacks(g, num_slots, rank, ranks, in_f, outs):
     return a, b
 
 
+def _qkv_like_case(g, slots):
+    """Four slots of ranks 8/2/4/1 (R = 8) on a 3-slice fused module; x, y0 and the plan for `slots`."""
+    num_slots, rank, in_f, outs = 4, 8, 6, (5, 3, 3)
+    a, b = _lora_stacks(g, num_slots, rank, ranks=[8, 2, 4, 1], in_f=in_f, outs=outs)
+    x = torch.randn(len(slots), in_f, generator=g)
+    y0 = torch.randn(len(slots), sum(outs), generator=g)
+    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), num_slots)
+    return rank, (0, 5, 8, 11), a, b, x, y0, meta
+
+
 @pytest.mark.parametrize(
     "slots",
     [
@@ -184,13 +194,7 @@ def _lora_stacks(g, num_slots, rank, ranks, in_f, outs):
     ],
 )
 def test_lora_shrink_expand_match_per_token_loop(slots):
-    g = _gen(8)
-    num_slots, rank, in_f, outs = 4, 8, 6, (5, 3, 3)
-    offsets = (0, 5, 8, 11)
-    a, b = _lora_stacks(g, num_slots, rank, ranks=[8, 2, 4, 1], in_f=in_f, outs=outs)
-    x = torch.randn(len(slots), in_f, generator=g)
-    y0 = torch.randn(len(slots), sum(outs), generator=g)
-    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), num_slots)
+    rank, offsets, a, b, x, y0, meta = _qkv_like_case(_gen(8), slots)
     h = OPS.lora_shrink(x, a, meta)
     y = y0.clone()
     OPS.lora_expand(h, b, meta, offsets, y)
@@ -221,13 +225,7 @@ def test_lora_shrink_expand_match_per_token_loop(slots):
     ],
 )
 def test_lora_apply_equals_shrink_then_expand(slots):
-    g = _gen(10)
-    num_slots, rank, in_f, outs = 4, 8, 6, (5, 3, 3)
-    offsets = (0, 5, 8, 11)
-    a, b = _lora_stacks(g, num_slots, rank, ranks=[8, 2, 4, 1], in_f=in_f, outs=outs)
-    x = torch.randn(len(slots), in_f, generator=g)
-    y0 = torch.randn(len(slots), sum(outs), generator=g)
-    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), num_slots)
+    _, offsets, a, b, x, y0, meta = _qkv_like_case(_gen(10), slots)
     y_ref = y0.clone()
     OPS.lora_expand(OPS.lora_shrink(x, a, meta), b, meta, offsets, y_ref)
     y = y0.clone()
