@@ -7,10 +7,10 @@ torch. No transformers model class is used at run time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-
-from dataclasses import dataclass
 
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.dense import Dense, prepack_supported

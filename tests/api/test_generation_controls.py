@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import anyio
-import pytest
 
 from loraledger import AsyncEngine, EngineArgs, LLMEngine, RequestOutputKind, SamplingParams
 from tests.api.conftest import loras_for, random_prompts
