@@ -27,7 +27,7 @@ def _shapes() -> dict[str, tuple[int, int]]:
     return {"qkv": (h + 2 * kv, h), "o": (h, h), "gate_up": (2 * i, h), "down": (h, i), "lm_head": (v, h)}
 
 
-def _best_ms(fn, iters: int) -> float:
+def _ms_per_call(fn, iters: int) -> float:
     started = time.perf_counter()
     for _ in range(iters):
         fn()
@@ -57,8 +57,8 @@ def main() -> None:
                 iters = max(1, args.iters if rows * out_f < 8_000_000 else args.iters // 5)
                 plain, packed = [], []
                 for _ in range(args.repeats):
-                    plain.append(_best_ms(lambda: F.linear(x, weight), iters))
-                    packed.append(_best_ms(lambda: dense(x), iters))
+                    plain.append(_ms_per_call(lambda: F.linear(x, weight), iters))
+                    packed.append(_ms_per_call(lambda: dense(x), iters))
                 ref = F.linear(x.double(), weight.double())
                 err = float((dense(x).double() - ref).abs().max())
                 row = {"projection": name, "rows": rows, "f_linear_ms": min(plain), "dense_ms": min(packed), "max_abs_err": err}

@@ -26,8 +26,8 @@ import torch
 
 from bench.assets import model_assets
 from bench.offline_engine import OfflineEngine
-from bench.throughput import WARMUP_SEED, ThroughputConfig
-from bench.workload import base_only, batch_workload
+from bench.throughput import WARMUP_SEED, ThroughputConfig, mixed_workload
+from bench.workload import base_only
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -137,14 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     assets = model_assets()
 
     def workload(seed: int):
-        w = batch_workload(
-            seed,
-            num_prompts=cfg.num_prompts,
-            prompt_len=cfg.prompt_len,
-            max_tokens=cfg.new_tokens,
-            vocab_size=assets.vocab_size,
-            num_adapters=len(assets.adapters),
-        )
+        w = mixed_workload(assets, cfg, seed)
         return w if args.scenario == "mixed" else base_only(w)
 
     steps = StepProfiler()

@@ -58,16 +58,21 @@ def hf_generate(model: HFModel, workload: Workload) -> HFRun:
     return HFRun(seconds=seconds, cpu_seconds=cpu_seconds, tokens=int(out.numel()), token_ids=out.tolist())
 
 
+def mixed_workload(assets: BenchAssets, cfg: ThroughputConfig, seed: int) -> Workload:
+    """Scenario 1's prompts and bindings for one seed (scenario 3 runs base_only() of it)."""
+    return batch_workload(
+        seed,
+        num_prompts=cfg.num_prompts,
+        prompt_len=cfg.prompt_len,
+        max_tokens=cfg.new_tokens,
+        vocab_size=assets.vocab_size,
+        num_adapters=len(assets.adapters),
+    )
+
+
 def run_throughput(assets: BenchAssets, cfg: ThroughputConfig, log: Callable[[str], None] = print) -> dict:
     def workload(seed: int) -> Workload:
-        return batch_workload(
-            seed,
-            num_prompts=cfg.num_prompts,
-            prompt_len=cfg.prompt_len,
-            max_tokens=cfg.new_tokens,
-            vocab_size=assets.vocab_size,
-            num_adapters=len(assets.adapters),
-        )
+        return mixed_workload(assets, cfg, seed)
 
     closers = []
     with tempfile.TemporaryDirectory(prefix="loraledger-bench-") as tmp:

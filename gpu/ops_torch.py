@@ -255,13 +255,7 @@ class TorchOps(Ops):
             yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
             self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
         for start, end, slot in ex["segments"]:
-            for m in range(n_slices):
-                lo, hi = slice_offsets[m], slice_offsets[m + 1]
-                hs, bs = h[start:end, m * rank : (m + 1) * rank], b_stack[slot, lo:hi]
-                if reduced:
-                    y[start:end, lo:hi] += (hs.float() @ bs.float().t()).to(y.dtype)
-                else:
-                    y[start:end, lo:hi].addmm_(hs, bs.t())
+            _add_segment_delta(h[start:end], b_stack[slot], slice_offsets, rank, y[start:end], reduced)
 
     def lora_apply(
         self,
@@ -299,7 +293,7 @@ class TorchOps(Ops):
                 hg = hg.to(x.dtype).float()  # h rounded to the model dtype between A and B, as in lora_shrink and PEFT
             if span is not None:
                 rows = y[span[0] : span[1]]
-                for (lo, hi), d in zip(zip(slice_offsets[:-1], slice_offsets[1:]), _expand_slices(hg, b, slice_offsets, rank)):
+                for (lo, hi), d in zip(_bounds(slice_offsets), _expand_slices(hg, b, slice_offsets, rank)):
                     d = d.view(-1, hi - lo)
                     if g["padded"]:
                         d = d.index_select(0, g["dest"])
@@ -332,12 +326,24 @@ class TorchOps(Ops):
         for start, end, slot in segments:
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
-            for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:])):
-                hs, bs = h[:, m * rank : (m + 1) * rank], b_stack[slot, lo:hi]
-                if reduced:
-                    y[start:end, lo:hi] += (hs @ bs.float().t()).to(y.dtype)
-                else:
-                    y[start:end, lo:hi].addmm_(hs, bs.t())
+            _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _bounds(slice_offsets: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(lo, hi) column range of each slice of a fused module."""
+    return list(zip(slice_offsets[:-1], slice_offsets[1:]))
+
+
+def _add_segment_delta(
+    h: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int, y_rows: torch.Tensor, reduced: bool
+) -> None:
+    """One adapter's run of tokens: y_rows[:, slice m] += h[:, m-th rank block] @ b[slice m]^T (fp32 when reduced)."""
+    for m, (lo, hi) in enumerate(_bounds(slice_offsets)):
+        hs, bs = h[:, m * rank : (m + 1) * rank], b[lo:hi]
+        if reduced:
+            y_rows[:, lo:hi] += (hs.float() @ bs.float().t()).to(y_rows.dtype)
+        else:
+            y_rows[:, lo:hi].addmm_(hs, bs.t())
 
 
 def _expand_slices(
@@ -346,7 +352,7 @@ def _expand_slices(
     """[G, M, n*R] grouped h times each slice's B ([G, out_total, R]): one [G, M, width_m] tensor per slice."""
     return [
         torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))
-        for m, (lo, hi) in enumerate(zip(slice_offsets[:-1], slice_offsets[1:]))
+        for m, (lo, hi) in enumerate(_bounds(slice_offsets))
     ]
 
 
