@@ -1,4 +1,4 @@
-"""Run issue 6's benchmark in one process: `python -m bench.run [--only throughput|serving|churn] [--quick]`.
+"""Run issue 6's benchmark in one process: `python -m bench.run [--only throughput|serving|churn-serving|churn] [--quick]`.
 
 Prints a table of every scenario and ratio, and writes everything (with the engine-source hash,
 since other work may be changing the engine while this runs) to bench/results/latest.json.
@@ -23,13 +23,13 @@ import loraledger.engine_setup  # noqa: F401
 import loraledger.gpu.backend  # noqa: F401
 import loraledger.gpu.model_runner  # noqa: F401
 from bench.assets import model_assets
-from bench.churn import ChurnConfig, run_churn
+from bench.churn import ChurnConfig, ChurnServingConfig, run_churn, run_churn_serving
 from bench.serving import ServingConfig, run_serving
 from bench.stats import environment
 from bench.throughput import ThroughputConfig, run_throughput
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = ("throughput", "serving", "churn")
+PARTS = ("throughput", "serving", "churn-serving", "churn")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable); default: all")
     parser.add_argument("--quick", action="store_true", help="small sizes and one repeat: a smoke test, not figures to quote")
     parser.add_argument("--repeats", type=int, default=None, help="measured calls per throughput scenario (default 3, --quick 1)")
-    parser.add_argument("--serving-rate", type=float, default=None, help="arrivals per second (default: 1.25 x measured capacity)")
+    parser.add_argument("--serving-rate", type=float, default=None, help="arrivals per second in serving and churn-serving (default: 1.25 x measured capacity)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for every system (default 2)")
     parser.add_argument("--churn-max-loras", type=int, default=None, help="adapter slots in the churn scenario (default 8)")
     parser.add_argument("--churn-max-lora-rank", type=int, default=None, help="max_lora_rank in the churn scenario (default 8, the adapters' rank)")
@@ -50,14 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     throughput_cfg = ThroughputConfig(num_threads=args.threads, with_audit=not args.no_audit)
     serving_cfg = ServingConfig(num_threads=args.threads, rate=args.serving_rate)
     churn_cfg = ChurnConfig(num_threads=args.threads)
+    churn_serving_cfg = ChurnServingConfig(num_threads=args.threads, rate=args.serving_rate)
     if args.quick:
         throughput_cfg = replace(throughput_cfg, repeats=1, new_tokens=8)
         serving_cfg = replace(serving_cfg, num_requests=48, max_tokens=24)
         churn_cfg = replace(churn_cfg, num_adapters=80, num_requests=48, new_tokens=8, max_cpu_loras=16)
+        churn_serving_cfg = replace(churn_serving_cfg, num_adapters=80, num_requests=48, max_tokens=24, max_cpu_loras=16)
     if args.churn_max_loras is not None:
         churn_cfg = replace(churn_cfg, max_loras=args.churn_max_loras)
+        churn_serving_cfg = replace(churn_serving_cfg, max_loras=args.churn_max_loras)
     if args.churn_max_lora_rank is not None:
         churn_cfg = replace(churn_cfg, max_lora_rank=args.churn_max_lora_rank)
+        churn_serving_cfg = replace(churn_serving_cfg, max_lora_rank=args.churn_max_lora_rank)
     if args.repeats is not None:
         throughput_cfg = replace(throughput_cfg, repeats=args.repeats)
 
@@ -77,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             report[part] = run_throughput(assets, throughput_cfg, log)
         elif part == "serving":
             report[part] = run_serving(assets, serving_cfg, log)
+        elif part == "churn-serving":
+            report[part] = run_churn_serving(assets, churn_serving_cfg, log)
         else:
             report[part] = run_churn(assets, churn_cfg, log)
         report[part]["part_seconds"] = time.perf_counter() - started
@@ -130,9 +136,23 @@ def format_report(report: dict) -> str:
                 f"  {name:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['ttft']['p50']:9.3f} {r['ttft']['p99']:9.3f} "
                 f"{r['itl']['p50']:8.3f} {r['itl']['p99']:8.3f}"
             )
+    if "churn-serving" in report:
+        c = report["churn-serving"]
+        lines += [
+            "",
+            f"Adapter churn, serving traffic: {c['workload']['requests']} requests at {c['config']['rate_used']:.2f} req/s, "
+            f"{c['workload']['useful_tokens']} tokens",
+            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'max wait':>9} {'done':>9}",
+        ]
+        for key in ("baseline_8_adapters", "churn"):
+            r = c[key]
+            lines.append(
+                f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} {r['ttft']['p50']:9.3f} "
+                f"{r['ttft']['p99']:9.3f} {r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
+            )
     if "churn" in report:
         c = report["churn"]
-        lines += ["", "Adapter churn", f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'max wait':>9} {'done':>9}"]
+        lines += ["", "Adapter churn, offline batch (all requests at once)", f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'max wait':>9} {'done':>9}"]
         for key in ("baseline_8_adapters", "churn"):
             r = c[key]
             lines.append(

@@ -25,7 +25,7 @@ import anyio
 
 from bench.assets import BenchAssets
 from bench.hf_baseline import HFModel, TokenClock
-from bench.stats import percentiles
+from bench.stats import percentiles, stats_delta
 from bench.workload import Workload, batch_workload, serving_workload
 
 
@@ -51,6 +51,8 @@ class RequestTrace:
     first_token: float | None = None  # engine-side, seconds on the run's clock
     finished: float | None = None
     itl: list[float] | None = None
+    queue_wait: float = 0.0  # engine-side: first scheduled - arrival
+    completed: bool = False  # finished with reason "length" (all its tokens)
 
 
 def run_serving(assets: BenchAssets, cfg: ServingConfig, log: Callable[[str], None] = print) -> dict:
@@ -98,83 +100,110 @@ def _make_workload(assets: BenchAssets, cfg: ServingConfig, rate: float) -> Work
 
 
 async def _serve_loraledger(assets: BenchAssets, cfg: ServingConfig, log) -> tuple[dict, float, float]:
-    from loraledger import AsyncEngine, EngineArgs, LoRARequest, RequestOutputKind, SamplingParams
+    from loraledger import AsyncEngine, EngineArgs, LoRARequest
 
     args = EngineArgs(
         model=str(assets.model_dir), enable_lora=True, max_loras=8, max_lora_rank=16, audit_url=None, num_threads=cfg.num_threads
     )
     loras = [LoRARequest(f"bench-{i}", i + 1, str(p)) for i, p in enumerate(assets.adapters)]
-
-    def params(n: int) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-
     async with AsyncEngine.from_engine_args(args) as engine:
         # warm-up, doubling as the capacity measurement the default arrival rate is derived from
-        warm = batch_workload(
-            10_001, num_prompts=32, prompt_len=cfg.prompt_len, max_tokens=32, vocab_size=assets.vocab_size, num_adapters=len(loras)
-        )
-        calibration = 0.0
-        for _ in range(2):
-            started = time.perf_counter()
-            await engine.generate_many(
-                [
-                    (engine.new_request_id(), {"prompt_token_ids": p}, params(32), None if a is None else loras[a], None)
-                    for p, a in zip(warm.prompts, warm.adapter_of)
-                ]
-            )
-            calibration = warm.generated_tokens / (time.perf_counter() - started)
-        mean_len = (cfg.min_tokens + cfg.max_tokens) / 2
-        rate = cfg.rate if cfg.rate is not None else cfg.saturation * calibration / mean_len
+        calibration = await measure_capacity(engine, loras, cfg.prompt_len, assets.vocab_size)
+        rate = cfg.rate if cfg.rate is not None else arrival_rate(cfg, calibration)
         workload = _make_workload(assets, cfg, rate)
         log(f"  loraledger capacity at batch 32: {calibration:.1f} tok/s -> arrival rate {rate:.2f} req/s over {workload.arrivals[-1]:.1f}s")
-        traces = [RequestTrace(arrival=t) for t in workload.arrivals]
-        start_wall = time.time() + 0.05
+        result = await stream_workload(engine, loras, workload)
+    log(f"  loraledger: {result['seconds']:.1f}s, {result['tokens_per_second']:.1f} tok/s, "
+        f"TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s")
+    return {**result, "workload": workload}, rate, calibration
 
-        async def one(i: int) -> None:
-            trace = traces[i]
-            lora = None if workload.adapter_of[i] is None else loras[workload.adapter_of[i]]
-            last = None
-            itl: list[float] = []
-            prompt = {"prompt_token_ids": workload.prompts[i]}
-            async for out in engine.generate(prompt, params(workload.max_tokens[i]), engine.new_request_id(), lora):
-                now = time.time()
-                n = len(out.outputs[0].token_ids)
-                if n and last is not None:
-                    itl.extend([(now - last) / n] * n)
-                if n:
-                    last = now
-                trace.tokens += n
-                if out.finished:
-                    m = out.metrics
-                    trace.first_token = m.first_token_time - start_wall
-                    trace.arrival = m.arrival_time - start_wall
-                    trace.finished = m.finished_time - start_wall
-            trace.itl = itl
 
-        async with anyio.create_task_group() as tg:
-            for i, at in enumerate(workload.arrivals):
-                delay = start_wall + at - time.time()
-                if delay > 0:
-                    await anyio.sleep(delay)
-                tg.start_soon(one, i)
-        stats = await engine.get_stats()
+def arrival_rate(cfg, calibration: float) -> float:
+    """`cfg.saturation` times the measured capacity, in requests/s of the mean output length."""
+    return cfg.saturation * calibration / ((cfg.min_tokens + cfg.max_tokens) / 2)
+
+
+def _stream_params(n: int):
+    from loraledger import RequestOutputKind, SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+
+async def measure_capacity(engine, loras: list, prompt_len: int, vocab_size: int) -> float:
+    """Generated tokens/s for 32 prompts x 32 tokens over `loras` round-robin (twice; the first call warms up)."""
+    warm = batch_workload(10_001, num_prompts=32, prompt_len=prompt_len, max_tokens=32, vocab_size=vocab_size, num_adapters=len(loras))
+    calibration = 0.0
+    for _ in range(2):
+        started = time.perf_counter()
+        await engine.generate_many(
+            [
+                (engine.new_request_id(), {"prompt_token_ids": p}, _stream_params(32), None if a is None else loras[a], None)
+                for p, a in zip(warm.prompts, warm.adapter_of)
+            ]
+        )
+        calibration = warm.generated_tokens / (time.perf_counter() - started)
+    return calibration
+
+
+async def stream_workload(engine, loras: list, workload: Workload) -> dict:
+    """Submit each request at its arrival time, stream its tokens, and summarise throughput and latencies.
+
+    Throughput = generated tokens / (last finish - first arrival); TTFT, queue wait (first scheduled -
+    arrival) and end-to-end latency come from the engine's RequestMetrics, ITL from the client side.
+    """
+    traces = [RequestTrace(arrival=t) for t in workload.arrivals]
+    start_wall = time.time() + 0.05
+    before = await engine.get_stats()
+
+    async def one(i: int) -> None:
+        trace = traces[i]
+        lora = None if workload.adapter_of[i] is None else loras[workload.adapter_of[i]]
+        last = None
+        itl: list[float] = []
+        prompt = {"prompt_token_ids": workload.prompts[i]}
+        async for out in engine.generate(prompt, _stream_params(workload.max_tokens[i]), engine.new_request_id(), lora):
+            now = time.time()
+            n = len(out.outputs[0].token_ids)
+            if n and last is not None:
+                itl.extend([(now - last) / n] * n)
+            if n:
+                last = now
+            trace.tokens += n
+            if out.finished:
+                m = out.metrics
+                trace.first_token = m.first_token_time - start_wall
+                trace.arrival = m.arrival_time - start_wall
+                trace.finished = m.finished_time - start_wall
+                trace.queue_wait = m.first_scheduled_time - m.arrival_time
+                trace.completed = out.outputs[0].finish_reason == "length"
+        trace.itl = itl
+
+    async with anyio.create_task_group() as tg:
+        for i, at in enumerate(workload.arrivals):
+            delay = start_wall + at - time.time()
+            if delay > 0:
+                await anyio.sleep(delay)
+            tg.start_soon(one, i)
+    engine_delta = stats_delta(before, await engine.get_stats())
     span = max(t.finished for t in traces) - min(t.arrival for t in traces)
     tokens = sum(t.tokens for t in traces)
     ttft = [t.first_token - t.arrival for t in traces]
     itl = [g for t in traces for g in t.itl]
-    result = {
+    waits = [t.queue_wait for t in traces]
+    return {
         "seconds": span,
         "generated_tokens": tokens,
         "tokens_per_second": tokens / span,
+        "requests": len(traces),
+        "requests_completed": sum(t.completed for t in traces),
         "ttft": {**percentiles(ttft), "max": max(ttft)},
         "itl": {**percentiles(itl), "max": max(itl)},
+        "queue_wait": {**percentiles(waits), "max": max(waits)},
         "e2e_latency": percentiles([t.finished - t.arrival for t in traces]),
-        "engine_overhead_fraction": stats.overhead_fraction,
-        "engine_mean_sequences_per_step": stats.sequences / max(stats.steps, 1),
-        "workload": workload,
+        "engine_overhead_fraction": engine_delta["overhead_fraction"],
+        "engine_mean_sequences_per_step": engine_delta["sequences"] / max(engine_delta["steps"], 1),
+        "engine": engine_delta,
     }
-    log(f"  loraledger: {span:.1f}s, {tokens / span:.1f} tok/s, TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s")
-    return result, rate, calibration
 
 
 def _serve_hf(assets: BenchAssets, cfg: ServingConfig, workload: Workload, log) -> dict:
