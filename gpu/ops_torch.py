@@ -22,6 +22,9 @@ class TorchOps(Ops):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r = x if residual is None else x + residual
+        if r.dtype == torch.float32 and weight.dtype == torch.float32:
+            # ATen's fused kernel: the same fp32 arithmetic (bit for bit on the CPU) in one pass instead of six
+            return F.rms_norm(r, (r.shape[-1],), weight, eps), r
         rf = r.float()
         out = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
         return (out * weight.float()).to(x.dtype), r
@@ -31,9 +34,9 @@ class TorchOps(Ops):
     ) -> None:
         half = cos_sin_cache.shape[-1] // 2
         cs = cos_sin_cache.index_select(0, positions)
-        cos = cs[:, None, :half]
-        sin = cs[:, None, half:]
-        for x in (q, k):
+        cos, sin = cs[:, None, :half], cs[:, None, half:]
+        qk = _adjacent_heads(q, k)
+        for x in (q, k) if qk is None else (qk,):
             x1 = x[..., :half].float()
             x2 = x[..., half:].float()
             # both halves are computed before either is written: x1/x2 may alias x
@@ -327,6 +330,18 @@ class TorchOps(Ops):
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
             _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """q [T, Hq, D] and k [T, Hk, D] as one [T, Hq + Hk, D] view when k's heads follow q's in memory
+    (the q and k column blocks of one fused qkv output), so both rotate in one pass; else None."""
+    if q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.stride() != k.stride():
+        return None
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2] or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
+        return None
+    if k.storage_offset() != q.storage_offset() + q.shape[1] * q.shape[2]:
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1], q.shape[2]), q.stride())
 
 
 def _bounds(slice_offsets: tuple[int, ...]) -> list[tuple[int, int]]:
