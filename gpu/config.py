@@ -85,6 +85,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        if kv_heads < 1 or heads % kv_heads:
+            raise ModelLoadError(
+                f"{source}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads}); "
+                "each key/value head serves an equal group of query heads"
+            )
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_scaling = raw.get("rope_scaling") or None
@@ -105,7 +111,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             intermediate_size=int(raw["intermediate_size"]),
             num_hidden_layers=int(raw["num_hidden_layers"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            num_key_value_heads=kv_heads,
             head_dim=int(raw.get("head_dim") or hidden // heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope_theta if rope_theta is not None else 10000.0),

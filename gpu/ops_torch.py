@@ -22,9 +22,6 @@ class TorchOps(Ops):
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r = x if residual is None else x + residual
-        if r.dtype == torch.float32 and weight.dtype == torch.float32:
-            # ATen's fused kernel: the same fp32 arithmetic (bit for bit on the CPU) in one pass instead of six
-            return F.rms_norm(r, (r.shape[-1],), weight, eps), r
         rf = r.float()
         out = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
         return (out * weight.float()).to(x.dtype), r
@@ -76,8 +73,12 @@ class TorchOps(Ops):
         allowed = key_pos[None, :] < lens
         if sliding_window is not None:
             allowed &= key_pos[None, :] >= lens - sliding_window
-        out = _sdpa(q[:, :, None, :], keys, values, allowed[:, None, None, :], scale)
-        return out[:, :, 0, :].to(q.dtype)
+        # one query token per sequence: the query heads sharing a KV head are that head's "query rows"
+        # ([B, Hk, Hq/Hk, D]), so K and V are read as they are instead of being expanded per query head
+        batch, heads, dim = q.shape
+        q_grouped = q.reshape(batch, keys.shape[1], heads // keys.shape[1], dim)
+        out = _sdpa(q_grouped, keys, values, allowed[:, None, None, :], scale)
+        return out.reshape(batch, heads, dim).to(q.dtype)
 
     def prefill_attention(
         self,
