@@ -78,10 +78,11 @@ def run_churn(assets: BenchAssets, cfg: ChurnConfig, log: Callable[[str], None] 
             register_seconds = engine.register_all()
             warm = churn_workload(replace(cfg, seed=cfg.seed + 100, num_requests=32), assets.vocab_size, count)
             engine.generate(warm)
-            run = engine.generate(churn_workload(cfg, assets.vocab_size, count))
+            workload = churn_workload(cfg, assets.vocab_size, count)
+            run = engine.generate(workload)
         finally:
             engine.close()
-        results[name] = _summarise_run(run, register_seconds, cfg)
+        results[name] = _summarise_run(run, workload, register_seconds, cfg)
         log(f"  {name}: {run.seconds:.1f}s, {run.tokens_per_second:.1f} tok/s, max queue wait {results[name]['queue_wait']['max']:.2f}s")
     churn, base = results["churn"], results["baseline_8_adapters"]
     ratio = churn["tokens_per_second"] / base["tokens_per_second"]
@@ -101,7 +102,7 @@ def run_churn(assets: BenchAssets, cfg: ChurnConfig, log: Callable[[str], None] 
     }
 
 
-def _summarise_run(run: OfflineRun, register_seconds: float, cfg: ChurnConfig) -> dict:
+def _summarise_run(run: OfflineRun, run_workload: Workload, register_seconds: float, cfg: ChurnConfig) -> dict:
     waits, finished = [], 0
     for out in run.outputs:
         m = out.metrics
@@ -109,6 +110,7 @@ def _summarise_run(run: OfflineRun, register_seconds: float, cfg: ChurnConfig) -
         if m is not None and m.first_scheduled_time is not None:
             waits.append(m.first_scheduled_time - m.arrival_time)
     return {
+        "steps_lower_bound": slot_steps_bound(run_workload, cfg.max_loras),
         "register_all_seconds": register_seconds,
         "seconds": run.seconds,
         "cpu_seconds": run.cpu_seconds,
@@ -195,10 +197,12 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             register_all_seconds=register_seconds,
             capacity_tokens_per_second=capacity_tps,
             distinct_adapters=len(set(adapters)),
+            steps_lower_bound=slot_steps_bound(workload, cfg.max_loras),
         )
         results[name] = result
         log(
             f"  {name}: {result['seconds']:.1f}s, {result['tokens_per_second']:.1f} tok/s, {result['distinct_adapters']} adapters, "
+            f"{result['engine']['steps']:.0f} steps (at least {result['steps_lower_bound']}), "
             f"TTFT p99 {result['ttft']['p99']:.2f}s, max queue wait {result['queue_wait']['max']:.2f}s, "
             f"{result['requests_completed']}/{result['requests']} done"
         )
@@ -212,3 +216,16 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             "churn serving throughput / 8-adapter serving": {"value": ratio, "target": 0.7, "op": ">=", "met": ratio >= 0.7},
         },
     }
+
+
+def slot_steps_bound(workload: Workload, max_loras: int) -> int:
+    """Fewest steps any schedule needs when at most `max_loras` adapters run per step (each request at least
+    as many steps as its own length, prefill included): each adapter must hold a slot for as long as its
+    longest request, so steps >= sum over adapters of (longest max_tokens + 1) / max_loras. The batch
+    size bound (all requests in one batch: longest request + 1) is the other floor; the larger one counts."""
+    longest: dict[int, int] = {}
+    for adapter, tokens in zip(workload.adapter_of, workload.max_tokens):
+        if adapter is not None:
+            longest[adapter] = max(longest.get(adapter, 0), tokens)
+    slot_steps = sum(n + 1 for n in longest.values())
+    return max(-(-slot_steps // max_loras), max(workload.max_tokens) + 1)

@@ -126,8 +126,8 @@ def format_report(report: dict) -> str:
         s = report["serving"]
         lines += [
             "",
-            f"Serving: {s['workload']['requests']} requests at {s['config']['rate_used']:.2f} req/s, "
-            f"{s['workload']['useful_tokens']} tokens",
+            (f"Serving: {s['workload']['requests']} requests at {s['config']['rate_used']:.2f} req/s, "
+            f"{s['workload']['useful_tokens']} tokens"),
             f"  {'system':<22} {'seconds':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}",
         ]
         for name, key in (("loraledger (stream)", "loraledger"), ("HF static batch 32", "hf_static")):
@@ -140,23 +140,29 @@ def format_report(report: dict) -> str:
         c = report["churn-serving"]
         lines += [
             "",
-            f"Adapter churn, serving traffic: {c['workload']['requests']} requests at {c['config']['rate_used']:.2f} req/s, "
-            f"{c['workload']['useful_tokens']} tokens",
-            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'max wait':>9} {'done':>9}",
+            (f"Adapter churn, serving traffic: {c['workload']['requests']} requests at {c['config']['rate_used']:.2f} req/s, "
+            f"{c['workload']['useful_tokens']} tokens"),
+            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'steps':>7} {'>= bound':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'max wait':>9} {'done':>9}",
         ]
         for key in ("baseline_8_adapters", "churn"):
             r = c[key]
             lines.append(
-                f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} {r['ttft']['p50']:9.3f} "
+                f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} {r['engine']['steps']:7.0f} "
+                f"{r['steps_lower_bound']:9d} {r['ttft']['p50']:9.3f} "
                 f"{r['ttft']['p99']:9.3f} {r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
             )
     if "churn" in report:
         c = report["churn"]
-        lines += ["", "Adapter churn, offline batch (all requests at once)", f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'max wait':>9} {'done':>9}"]
+        lines += [
+            "",
+            "Adapter churn, offline batch (all requests at once)",
+            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'steps':>7} {'>= bound':>9} {'max wait':>9} {'done':>9}",
+        ]
         for key in ("baseline_8_adapters", "churn"):
             r = c[key]
             lines.append(
                 f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} "
+                f"{r['engine_stats']['steps']:7.0f} {r['steps_lower_bound']:9d} "
                 f"{r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
             )
     ratios = {k: v for part in PARTS if part in report for k, v in report[part].get("ratios", {}).items()}
