@@ -26,9 +26,9 @@ import numpy as np
 
 from bench.assets import CHURN_RANK, BenchAssets, churn_adapters
 from bench.offline_engine import OfflineEngine, OfflineRun
-from bench.serving import arrival_rate, measure_capacity, stream_workload
+from bench.serving import arrival_rate, measure_capacity, serving_traffic, stream_workload
 from bench.stats import percentiles
-from bench.workload import Workload, random_prompts, serving_workload, zipf_choices
+from bench.workload import Workload, random_prompts, zipf_choices
 
 
 @dataclass(frozen=True)
@@ -177,18 +177,7 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             if rate is None:
                 rate = arrival_rate(cfg, capacity_tps)  # the baseline runs first: its capacity sets the rate
             if traffic is None:
-                traffic = serving_workload(
-                    cfg.seed,
-                    num_requests=cfg.num_requests,
-                    rate=rate,
-                    prompt_len=cfg.prompt_len,
-                    min_tokens=cfg.min_tokens,
-                    max_tokens=cfg.max_tokens,
-                    vocab_size=assets.vocab_size,
-                    num_adapters=1,
-                    zipf_exponent=cfg.zipf_exponent,
-                    base_share=0.0,
-                )
+                traffic = serving_traffic(cfg, assets.vocab_size, rate, num_adapters=1, base_share=0.0)
             # same arrivals, prompts and lengths; only the adapters differ between the two runs
             adapters = zipf_choices(np.random.default_rng(cfg.seed + 1), cfg.num_requests, count, cfg.zipf_exponent, base_share=0.0)
             workload = replace(traffic, adapter_of=adapters)

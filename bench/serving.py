@@ -84,7 +84,9 @@ def run_serving(assets: BenchAssets, cfg: ServingConfig, log: Callable[[str], No
     return out
 
 
-def _make_workload(assets: BenchAssets, cfg: ServingConfig, rate: float) -> Workload:
+def serving_traffic(cfg, vocab_size: int, rate: float, *, num_adapters: int, base_share: float) -> Workload:
+    """The scenario's requests from a config with its fields (seed, num_requests, prompt_len, min_tokens,
+    max_tokens, zipf_exponent): Poisson arrivals at `rate`, lengths, prompts and Zipf adapter bindings."""
     return serving_workload(
         cfg.seed,
         num_requests=cfg.num_requests,
@@ -92,10 +94,10 @@ def _make_workload(assets: BenchAssets, cfg: ServingConfig, rate: float) -> Work
         prompt_len=cfg.prompt_len,
         min_tokens=cfg.min_tokens,
         max_tokens=cfg.max_tokens,
-        vocab_size=assets.vocab_size,
-        num_adapters=len(assets.adapters),
+        vocab_size=vocab_size,
+        num_adapters=num_adapters,
         zipf_exponent=cfg.zipf_exponent,
-        base_share=cfg.base_share,
+        base_share=base_share,
     )
 
 
@@ -110,7 +112,7 @@ async def _serve_loraledger(assets: BenchAssets, cfg: ServingConfig, log) -> tup
         # warm-up, doubling as the capacity measurement the default arrival rate is derived from
         calibration = await measure_capacity(engine, loras, cfg.prompt_len, assets.vocab_size)
         rate = cfg.rate if cfg.rate is not None else arrival_rate(cfg, calibration)
-        workload = _make_workload(assets, cfg, rate)
+        workload = serving_traffic(cfg, assets.vocab_size, rate, num_adapters=len(assets.adapters), base_share=cfg.base_share)
         log(f"  loraledger capacity at batch 32: {calibration:.1f} tok/s -> arrival rate {rate:.2f} req/s over {workload.arrivals[-1]:.1f}s")
         result = await stream_workload(engine, loras, workload)
     log(f"  loraledger: {result['seconds']:.1f}s, {result['tokens_per_second']:.1f} tok/s, "
