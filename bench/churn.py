@@ -208,13 +208,15 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
 
 
 def slot_steps_bound(workload: Workload, max_loras: int) -> int:
-    """Fewest steps any schedule needs when at most `max_loras` adapters run per step (each request at least
-    as many steps as its own length, prefill included): each adapter must hold a slot for as long as its
-    longest request, so steps >= sum over adapters of (longest max_tokens + 1) / max_loras. The batch
-    size bound (all requests in one batch: longest request + 1) is the other floor; the larger one counts."""
+    """Fewest steps any schedule needs when at most `max_loras` adapters run per step.
+
+    A step gives a sequence at most one new token, so a request of N tokens needs N steps with its
+    adapter in a slot (prefill included: it samples the first token). Each adapter therefore holds a
+    slot for at least its longest request's N steps: steps >= ceil(sum over adapters of that N /
+    max_loras), and never fewer than the longest request's N.
+    """
     longest: dict[int, int] = {}
     for adapter, tokens in zip(workload.adapter_of, workload.max_tokens):
         if adapter is not None:
             longest[adapter] = max(longest.get(adapter, 0), tokens)
-    slot_steps = sum(n + 1 for n in longest.values())
-    return max(-(-slot_steps // max_loras), max(workload.max_tokens) + 1)
+    return max(-(-sum(longest.values()) // max_loras), max(workload.max_tokens))
