@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import anyio
 import numpy as np
 
 from bench.assets import CHURN_RANK, BenchAssets, churn_adapters
 from bench.offline_engine import OfflineEngine, OfflineRun
-from bench.serving import arrival_rate, measure_capacity, serving_traffic, stream_workload
+from bench.serving import ServingConfig, arrival_rate, measure_capacity, serving_traffic, stream_workload
 from bench.stats import percentiles
 from bench.workload import Workload, random_prompts, zipf_choices
 
@@ -120,26 +120,19 @@ def _summarise_run(run: OfflineRun, run_workload: Workload, register_seconds: fl
         "requests": len(run.outputs),
         "distinct_adapters": len({o.lora_request.lora_int_id for o in run.outputs if o.lora_request is not None}),
         "queue_wait": {**percentiles(waits), "max": max(waits) if waits else float("nan")},
-        "engine_stats": run.engine,
+        "engine": run.engine,
     }
 
 
 @dataclass(frozen=True)
 class ChurnServingConfig:
+    # the serving scenario's traffic (arrivals, prompts, lengths, rate, threads), without base-model requests
+    traffic: ServingConfig = field(default_factory=lambda: ServingConfig(base_share=0.0))
     num_adapters: int = 1000
-    num_requests: int = 256
-    rate: float | None = None  # requests/s; None: `saturation` x the 8-adapter engine's measured batch-32 capacity
-    saturation: float = 1.25
-    prompt_len: int = 64
-    min_tokens: int = 8
-    max_tokens: int = 128
-    zipf_exponent: float = 1.0
     max_cpu_loras: int = 64
     max_loras: int = 8
     max_lora_rank: int = CHURN_RANK
     baseline_adapters: int = 8
-    seed: int = 7  # the serving scenario's: the same arrivals, prompts and lengths
-    num_threads: int = 2
 
 
 def run_churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log: Callable[[str], None] = print) -> dict:
@@ -152,7 +145,8 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
 
     paths = churn_adapters(cfg.num_adapters)
     results: dict = {}
-    rate = cfg.rate
+    traffic_cfg = cfg.traffic
+    rate = traffic_cfg.rate
     traffic = None
     for name, count, capacity in (
         ("baseline_8_adapters", cfg.baseline_adapters, max(cfg.baseline_adapters, cfg.max_loras)),
@@ -165,7 +159,7 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             max_lora_rank=cfg.max_lora_rank,
             max_cpu_loras=capacity,
             audit_url=None,
-            num_threads=cfg.num_threads,
+            num_threads=traffic_cfg.num_threads,
         )
         loras = [LoRARequest(f"churn-{i}", i + 1, str(p)) for i, p in enumerate(paths[:count])]
         async with AsyncEngine.from_engine_args(args) as engine:
@@ -173,13 +167,15 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             for lora in loras:
                 await engine.add_lora(lora)
             register_seconds = time.perf_counter() - started
-            capacity_tps = await measure_capacity(engine, loras, cfg.prompt_len, assets.vocab_size)
+            capacity_tps = await measure_capacity(engine, loras, traffic_cfg.prompt_len, assets.vocab_size)
             if rate is None:
-                rate = arrival_rate(cfg, capacity_tps)  # the baseline runs first: its capacity sets the rate
+                rate = arrival_rate(traffic_cfg, capacity_tps)  # the baseline runs first: its capacity sets the rate
             if traffic is None:
-                traffic = serving_traffic(cfg, assets.vocab_size, rate, num_adapters=1, base_share=0.0)
+                traffic = serving_traffic(traffic_cfg, assets.vocab_size, rate, num_adapters=1, base_share=traffic_cfg.base_share)
             # same arrivals, prompts and lengths; only the adapters differ between the two runs
-            adapters = zipf_choices(np.random.default_rng(cfg.seed + 1), cfg.num_requests, count, cfg.zipf_exponent, base_share=0.0)
+            adapters = zipf_choices(
+                np.random.default_rng(traffic_cfg.seed + 1), len(traffic), count, traffic_cfg.zipf_exponent, traffic_cfg.base_share
+            )
             workload = replace(traffic, adapter_of=adapters)
             result = await stream_workload(engine, loras, workload)
         result.update(
@@ -198,7 +194,7 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
     churn, base = results["churn"], results["baseline_8_adapters"]
     ratio = churn["tokens_per_second"] / base["tokens_per_second"]
     return {
-        "config": {**cfg.__dict__, "rate_used": rate},
+        "config": {**cfg.__dict__, "traffic": traffic_cfg.__dict__, "rate_used": rate},
         "workload": {"requests": len(traffic), "useful_tokens": traffic.generated_tokens, "arrival_span_seconds": traffic.arrivals[-1]},
         **results,
         "ratios": {

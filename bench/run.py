@@ -50,12 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     throughput_cfg = ThroughputConfig(num_threads=args.threads, with_audit=not args.no_audit)
     serving_cfg = ServingConfig(num_threads=args.threads, rate=args.serving_rate)
     churn_cfg = ChurnConfig(num_threads=args.threads)
-    churn_serving_cfg = ChurnServingConfig(num_threads=args.threads, rate=args.serving_rate)
     if args.quick:
         throughput_cfg = replace(throughput_cfg, repeats=1, new_tokens=8)
         serving_cfg = replace(serving_cfg, num_requests=48, max_tokens=24)
         churn_cfg = replace(churn_cfg, num_adapters=80, num_requests=48, new_tokens=8, max_cpu_loras=16)
-        churn_serving_cfg = replace(churn_serving_cfg, num_adapters=80, num_requests=48, max_tokens=24, max_cpu_loras=16)
+    # churn-serving runs the serving scenario's traffic (so --quick and --serving-rate apply to both), without base requests
+    churn_serving_cfg = ChurnServingConfig(traffic=replace(serving_cfg, base_share=0.0))
+    if args.quick:
+        churn_serving_cfg = replace(churn_serving_cfg, num_adapters=80, max_cpu_loras=16)
     if args.churn_max_loras is not None:
         churn_cfg = replace(churn_cfg, max_loras=args.churn_max_loras)
         churn_serving_cfg = replace(churn_serving_cfg, max_loras=args.churn_max_loras)
@@ -138,33 +140,13 @@ def format_report(report: dict) -> str:
             )
     if "churn-serving" in report:
         c = report["churn-serving"]
-        lines += [
-            "",
-            (f"Adapter churn, serving traffic: {c['workload']['requests']} requests at {c['config']['rate_used']:.2f} req/s, "
-            f"{c['workload']['useful_tokens']} tokens"),
-            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'steps':>7} {'>= bound':>9} {'TTFT p50':>9} {'TTFT p99':>9} {'max wait':>9} {'done':>9}",
-        ]
-        for key in ("baseline_8_adapters", "churn"):
-            r = c[key]
-            lines.append(
-                f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} {r['engine']['steps']:7.0f} "
-                f"{r['steps_lower_bound']:9d} {r['ttft']['p50']:9.3f} "
-                f"{r['ttft']['p99']:9.3f} {r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
-            )
+        title = (
+            f"Adapter churn, serving traffic: {c['workload']['requests']} requests at {c['config']['rate_used']:.2f} req/s, "
+            f"{c['workload']['useful_tokens']} tokens"
+        )
+        lines += _churn_table(title, c, latencies=True)
     if "churn" in report:
-        c = report["churn"]
-        lines += [
-            "",
-            "Adapter churn, offline batch (all requests at once)",
-            f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'steps':>7} {'>= bound':>9} {'max wait':>9} {'done':>9}",
-        ]
-        for key in ("baseline_8_adapters", "churn"):
-            r = c[key]
-            lines.append(
-                f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} "
-                f"{r['engine_stats']['steps']:7.0f} {r['steps_lower_bound']:9d} "
-                f"{r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
-            )
+        lines += _churn_table("Adapter churn, offline batch (all requests at once)", report["churn"], latencies=False)
     ratios = {k: v for part in PARTS if part in report for k, v in report[part].get("ratios", {}).items()}
     if ratios:
         lines += [
@@ -179,6 +161,24 @@ def format_report(report: dict) -> str:
             extra = " ".join(f"{r[k]:7.3f}" if r.get(k) is not None else " " * 7 for k in ("best_value", "cpu_time_value"))
             lines.append(f"  {name:<48} {value:8.3f} {target:>10} {met:>5} {extra}" if math.isfinite(value) else f"  {name:<48} {'n/a':>8}")
     return "\n".join(lines)
+
+
+def _churn_table(title: str, c: dict, *, latencies: bool) -> list[str]:
+    """The baseline and churn rows of one churn form: throughput, steps against their bound, waits."""
+    ttft_head = f" {'TTFT p50':>9} {'TTFT p99':>9}" if latencies else ""
+    lines = [
+        "",
+        title,
+        f"  {'run':<22} {'seconds':>8} {'tok/s':>8} {'adapters':>9} {'steps':>7} {'>= bound':>9}{ttft_head} {'max wait':>9} {'done':>9}",
+    ]
+    for key in ("baseline_8_adapters", "churn"):
+        r = c[key]
+        ttft = f" {r['ttft']['p50']:9.3f} {r['ttft']['p99']:9.3f}" if latencies else ""
+        lines.append(
+            f"  {key:<22} {r['seconds']:8.1f} {r['tokens_per_second']:8.1f} {r['distinct_adapters']:9d} {r['engine']['steps']:7.0f} "
+            f"{r['steps_lower_bound']:9d}{ttft} {r['queue_wait']['max']:9.2f} {r['requests_completed']:>4}/{r['requests']}"
+        )
+    return lines
 
 
 if __name__ == "__main__":
