@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 
 from bench.assets import model_assets
 from bench.offline_engine import OfflineEngine
+from bench.patching import wrap
 from bench.throughput import WARMUP_SEED, ThroughputConfig, mixed_workload
 from bench.workload import base_only
 
@@ -53,19 +53,16 @@ _LABELLED = (
 
 
 def _label(module_name: str, path: str, label: str) -> None:
-    import importlib
+    """Run `path` of `module_name` inside a torch profiler record_function named `label`."""
 
-    module = importlib.import_module(module_name)
-    owner_name, _, attr = path.rpartition(".")
-    owner = getattr(module, owner_name) if owner_name else module
-    original = getattr(owner, attr)
+    def labelled(original):
+        def call(*args, **kwargs):
+            with torch.profiler.record_function(label):
+                return original(*args, **kwargs)
 
-    @functools.wraps(original)
-    def labelled(*args, **kwargs):
-        with torch.profiler.record_function(label):
-            return original(*args, **kwargs)
+        return call
 
-    setattr(owner, attr, labelled)
+    wrap(module_name, path, labelled)
 
 
 class StepProfiler:

@@ -20,6 +20,7 @@ import torch
 from bench.assets import churn_adapters, model_assets
 from bench.churn import ChurnConfig, churn_workload
 from bench.offline_engine import OfflineEngine
+from bench.patching import wrap
 from bench.throughput import ThroughputConfig, mixed_workload
 from bench.workload import base_only
 
@@ -48,16 +49,10 @@ class Timers:
         self.calls: collections.Counter[str] = collections.Counter()
 
     def install(self) -> None:
-        import importlib
-
         for module_name, path, label in _PARTS:
-            module = importlib.import_module(module_name)
-            owner_name, _, attr = path.rpartition(".")
-            owner = getattr(module, owner_name) if owner_name else module
-            setattr(owner, attr, self._timed(getattr(owner, attr), label))
+            wrap(module_name, path, functools.partial(self._timed, label=label))
 
     def _timed(self, fn, label: str):
-        @functools.wraps(fn)
         def timed(*args, **kwargs):
             started = time.perf_counter()
             try:
