@@ -9,8 +9,10 @@ import shutil
 import struct
 from pathlib import Path
 
+import peft
 import pytest
 import torch
+import transformers
 
 from loraledger.errors import (
     AdapterFormatError,
@@ -23,8 +25,6 @@ from loraledger.errors import (
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import fingerprint_adapter, load_lora_checkpoint
 
-peft = pytest.importorskip("peft")
-transformers = pytest.importorskip("transformers")
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=64)
