@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-
 from loraledger.store import commands
 from loraledger.store.db import make_engine
 from loraledger.store.migrate import head_revision, upgrade
