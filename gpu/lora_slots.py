@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,13 @@ FUSED_MODULES: dict[str, tuple[str, ...]] = {
     "down": ("down_proj",),
 }
 MODULE_GROUP = {module: group for group, modules in FUSED_MODULES.items() for module in modules}
+
+
+def fused_layout(config: ModelConfig, group: str) -> tuple[int, tuple[int, ...]]:
+    """(in_features, column offset of each member's output slice plus the total) of one fused module."""
+    shapes = config.module_shapes()
+    modules = FUSED_MODULES[group]
+    return shapes[modules[0]][0], tuple(itertools.accumulate((shapes[m][1] for m in modules), initial=0))
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,7 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
     for group, modules in FUSED_MODULES.items():
         if not any(module in ckpt.target_modules for module in modules):
             continue
-        in_features = shapes[modules[0]][0]
-        offsets = (0, *torch.tensor([shapes[m][1] for m in modules]).cumsum(0).tolist())
+        in_features, offsets = fused_layout(config, group)
         a_host = torch.zeros((layers, len(modules) * r, in_features), dtype=torch.float32)
         b_host = torch.zeros((layers, offsets[-1], r), dtype=torch.float32)
         for m, module in enumerate(modules):
@@ -105,17 +112,14 @@ class LoraSlots:
         self.max_lora_rank = max_lora_rank
         self.dtype = dtype
         self.device = torch.device(device)
-        shapes = config.module_shapes()
         layers, r = config.num_hidden_layers, max_lora_rank
         self.stacks: dict[str, LoraStack] = {}
         for group, modules in FUSED_MODULES.items():
-            in_features = shapes[modules[0]][0]
-            outs = [shapes[m][1] for m in modules]
-            offsets = (0, *torch.tensor(outs).cumsum(0).tolist())
+            in_features, offsets = fused_layout(config, group)
             self.stacks[group] = LoraStack(
                 a=torch.zeros((layers, max_loras, len(modules) * r, in_features), dtype=dtype, device=self.device),
                 b=torch.zeros((layers, max_loras, offsets[-1], r), dtype=dtype, device=self.device),
-                slice_offsets=tuple(int(o) for o in offsets),
+                slice_offsets=offsets,
             )
         self._targets: list[frozenset[str]] = [frozenset()] * max_loras
         self.fingerprints: list[str | None] = [None] * max_loras
