@@ -147,7 +147,7 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
     results: dict = {}
     traffic_cfg = cfg.traffic
     rate = traffic_cfg.rate
-    traffic = None
+    workload = None
     for name, count, capacity in (
         ("baseline_8_adapters", cfg.baseline_adapters, max(cfg.baseline_adapters, cfg.max_loras)),
         ("churn", cfg.num_adapters, max(cfg.max_cpu_loras, cfg.max_loras)),
@@ -170,18 +170,12 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
             capacity_tps = await measure_capacity(engine, loras, traffic_cfg.prompt_len, assets.vocab_size)
             if rate is None:
                 rate = arrival_rate(traffic_cfg, capacity_tps)  # the baseline runs first: its capacity sets the rate
-            if traffic is None:
-                traffic = serving_traffic(traffic_cfg, assets.vocab_size, rate, num_adapters=1, base_share=traffic_cfg.base_share)
-            # same arrivals, prompts and lengths; only the adapters differ between the two runs
-            adapters = zipf_choices(
-                np.random.default_rng(traffic_cfg.seed + 1), len(traffic), count, traffic_cfg.zipf_exponent, traffic_cfg.base_share
-            )
-            workload = replace(traffic, adapter_of=adapters)
+            workload = churn_serving_traffic(traffic_cfg, assets.vocab_size, rate, count)
             result = await stream_workload(engine, loras, workload)
         result.update(
             register_all_seconds=register_seconds,
             capacity_tokens_per_second=capacity_tps,
-            distinct_adapters=len(set(adapters)),
+            distinct_adapters=len(set(workload.adapter_of)),
             steps_lower_bound=slot_steps_bound(workload, cfg.max_loras),
         )
         results[name] = result
@@ -195,12 +189,22 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
     ratio = churn["tokens_per_second"] / base["tokens_per_second"]
     return {
         "config": {**cfg.__dict__, "traffic": traffic_cfg.__dict__, "rate_used": rate},
-        "workload": {"requests": len(traffic), "useful_tokens": traffic.generated_tokens, "arrival_span_seconds": traffic.arrivals[-1]},
+        "workload": {"requests": len(workload), "useful_tokens": workload.generated_tokens, "arrival_span_seconds": workload.arrivals[-1]},
         **results,
         "ratios": {
             "churn serving throughput / 8-adapter serving": {"value": ratio, "target": 0.7, "op": ">=", "met": ratio >= 0.7},
         },
     }
+
+
+def churn_serving_traffic(traffic_cfg: ServingConfig, vocab_size: int, rate: float, num_adapters: int) -> Workload:
+    """The serving traffic at `rate` with its adapters drawn Zipf-like over `num_adapters`: the same
+    arrivals, prompts and lengths for every `num_adapters`, so that only the adapters differ between runs."""
+    traffic = serving_traffic(traffic_cfg, vocab_size, rate, num_adapters=1, base_share=traffic_cfg.base_share)
+    adapters = zipf_choices(
+        np.random.default_rng(traffic_cfg.seed + 1), len(traffic), num_adapters, traffic_cfg.zipf_exponent, traffic_cfg.base_share
+    )
+    return replace(traffic, adapter_of=adapters)
 
 
 def slot_steps_bound(workload: Workload, max_loras: int) -> int:

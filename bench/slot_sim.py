@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 
-from bench.churn import slot_steps_bound
-from bench.serving import ServingConfig, serving_traffic
-from bench.workload import Workload, zipf_choices
+from bench.churn import churn_serving_traffic, slot_steps_bound
+from bench.serving import ServingConfig
+from bench.workload import Workload
 from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler
 from loraledger.gpu.step import SampledToken, StepOutput, StepPlan
@@ -42,9 +42,14 @@ class StepCost:
     per_prompt_token: float = 0.00055
 
     def seconds(self, plan: StepPlan) -> float:
-        decode = sum(1 for w in plan.seqs if len(w.token_ids) == 1)
-        prompt_tokens = sum(len(w.token_ids) for w in plan.seqs if len(w.token_ids) > 1)
+        decode, prompt_tokens = plan_work(plan)
         return self.fixed + self.per_seq * decode + self.per_prompt_token * prompt_tokens
+
+
+def plan_work(plan: StepPlan) -> tuple[int, int]:
+    """(decoding sequences, prompt or recompute tokens) of a step: what StepCost charges for."""
+    decode = sum(1 for w in plan.seqs if len(w.token_ids) == 1)
+    return decode, sum(len(w.token_ids) for w in plan.seqs) - decode
 
 
 @dataclass(frozen=True)
@@ -170,15 +175,10 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
 
 
 def churn_pair(rate: float, *, num_adapters: int = 1000, baseline_adapters: int = 8, vocab_size: int = 32000) -> tuple[Workload, Workload]:
-    """The churn-serving traffic at `rate` requests/s (bench.churn.run_churn_serving's): the same arrivals,
-    prompts and lengths with adapters drawn over `baseline_adapters`, then over `num_adapters`."""
+    """The churn-serving traffic at `rate` requests/s (bench.churn.run_churn_serving's): over
+    `baseline_adapters`, then over `num_adapters`."""
     cfg = ServingConfig(base_share=0.0)
-    traffic = serving_traffic(cfg, vocab_size, rate, num_adapters=1, base_share=0.0)
-    pair = []
-    for count in (baseline_adapters, num_adapters):
-        adapters = zipf_choices(np.random.default_rng(cfg.seed + 1), len(traffic), count, cfg.zipf_exponent, 0.0)
-        pair.append(Workload(traffic.prompts, adapters, traffic.max_tokens, traffic.arrivals))
-    return pair[0], pair[1]
+    return churn_serving_traffic(cfg, vocab_size, rate, baseline_adapters), churn_serving_traffic(cfg, vocab_size, rate, num_adapters)
 
 
 def main(argv: list[str] | None = None) -> int:

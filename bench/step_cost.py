@@ -15,18 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import anyio
 import numpy as np
 import torch
 
-from bench.assets import churn_adapters, model_assets
+from bench.assets import model_assets
+from bench.churn import ChurnServingConfig, run_churn_serving
 from bench.patching import wrap
-from bench.serving import ServingConfig, arrival_rate, measure_capacity, serving_traffic, stream_workload
-from bench.slot_sim import StepCost
-from bench.workload import zipf_choices
+from bench.serving import ServingConfig
+from bench.slot_sim import StepCost, plan_work
 
 
 def _timed_steps(log: list[tuple[float, int, int]]):
@@ -36,41 +35,37 @@ def _timed_steps(log: list[tuple[float, int, int]]):
             try:
                 return execute(runner, plan)
             finally:
-                decode = sum(1 for w in plan.seqs if len(w.token_ids) == 1)
-                prompt = sum(len(w.token_ids) for w in plan.seqs if len(w.token_ids) > 1)
-                log.append((time.perf_counter() - started, decode, prompt))
+                log.append((time.perf_counter() - started, *plan_work(plan)))
 
         return timed
 
     return make
 
 
-async def _runs(rate: float | None, threads: int) -> tuple[float, dict[str, tuple[dict, list[tuple[float, int, int]]]]]:
-    from loraledger import AsyncEngine, EngineArgs, LoRARequest
+def _per_run(steps: list[tuple[float, int, int]], runs: list[list[tuple[float, int, int]]]):
+    """Wrap bench.churn's stream_workload: each measured run's steps (not the warm-up's) go to `runs`."""
 
-    assets = model_assets()
-    paths = churn_adapters(1000)
-    cfg = ServingConfig(base_share=0.0, num_threads=threads)
-    steps: list[tuple[float, int, int]] = []
-    wrap("loraledger.gpu.model_runner", "ModelRunner.execute", _timed_steps(steps))
-    runs = {}
-    for name, count, host_cache in (("8 adapters", 8, 8), ("churn", len(paths), 64)):
-        args = EngineArgs(
-            model=str(assets.model_dir), enable_lora=True, max_loras=8, max_lora_rank=8, max_cpu_loras=host_cache, audit_url=None, num_threads=threads
-        )
-        loras = [LoRARequest(f"churn-{i}", i + 1, str(p)) for i, p in enumerate(paths[:count])]
-        async with AsyncEngine.from_engine_args(args) as engine:
-            for lora in loras:
-                await engine.add_lora(lora)
-            capacity = await measure_capacity(engine, loras[:8], cfg.prompt_len, assets.vocab_size)
-            if rate is None:
-                rate = arrival_rate(cfg, capacity)  # as bench.run: 1.25 x the 8-adapter engine's batch-32 capacity
-            traffic = serving_traffic(cfg, assets.vocab_size, rate, num_adapters=1, base_share=0.0)
-            adapters = zipf_choices(np.random.default_rng(cfg.seed + 1), len(traffic), count, cfg.zipf_exponent, 0.0)
+    def make(stream):
+        async def recorded(engine, loras, workload):
             steps.clear()
-            result = await stream_workload(engine, loras, replace(traffic, adapter_of=adapters))
-        runs[name] = (result, list(steps))
-    return rate, runs
+            result = await stream(engine, loras, workload)
+            runs.append(list(steps))
+            return result
+
+        return recorded
+
+    return make
+
+
+def _measure(rate: float | None, threads: int) -> tuple[dict, dict[str, list[tuple[float, int, int]]]]:
+    """bench.churn.run_churn_serving with a timer around every step; its report and each run's steps."""
+    steps: list[tuple[float, int, int]] = []
+    runs: list[list[tuple[float, int, int]]] = []
+    wrap("loraledger.gpu.model_runner", "ModelRunner.execute", _timed_steps(steps))
+    wrap("bench.churn", "stream_workload", _per_run(steps, runs))
+    cfg = ChurnServingConfig(traffic=ServingConfig(base_share=0.0, num_threads=threads, rate=rate))
+    report = run_churn_serving(model_assets(), cfg)
+    return report, dict(zip(("baseline_8_adapters", "churn"), runs))
 
 
 def fit_step_cost(steps: list[tuple[float, int, int]]) -> tuple[StepCost, float]:
@@ -90,18 +85,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rate, runs = anyio.run(_runs, args.rate, args.threads)
+    report, runs = _measure(args.rate, args.threads)
+    rate = report["config"]["rate_used"]
     figures: dict = {"rate": rate}
     print(f"serving traffic, no base requests, {rate:.2f} req/s")
-    for name, (result, steps) in runs.items():
+    for name, steps in runs.items():
         cost, r2 = fit_step_cost(steps)
         seqs = float(np.mean([d for _, d, _ in steps]))
-        figures[name] = {"seconds": result["seconds"], "steps": len(steps), "mean_decoding_seqs": seqs, "cost": asdict(cost), "r2": r2}
+        seconds = report[name]["seconds"]
+        figures[name] = {"seconds": seconds, "steps": len(steps), "mean_decoding_seqs": seqs, "cost": asdict(cost), "r2": r2}
         print(
-            f"  {name:<10} {result['seconds']:6.1f}s {len(steps):5d} steps ({seqs:4.1f} decoding seqs/step): step ~ {cost.fixed * 1e3:5.1f} ms"
+            f"  {name:<19} {seconds:6.1f}s {len(steps):5d} steps ({seqs:4.1f} decoding seqs/step): step ~ {cost.fixed * 1e3:5.1f} ms"
             f" + {cost.per_seq * 1e3:.2f} ms/seq + {cost.per_prompt_token * 1e3:.3f} ms/prompt token  (R^2 {r2:.2f})"
         )
-    base, churn = figures["8 adapters"], figures["churn"]
+    base, churn = figures["baseline_8_adapters"], figures["churn"]
     ratio = base["seconds"] / churn["seconds"]
     needed = churn["cost"]["fixed"] - (churn["seconds"] - base["seconds"] / 0.7) / churn["steps"]
     figures.update(ratio=ratio, churn_fixed_for_0_7=needed)
