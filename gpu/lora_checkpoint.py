@@ -426,7 +426,14 @@ def _to_fp32(t: _RawTensor, err: _Errors) -> torch.Tensor:
         return torch.zeros(t.shape, dtype=torch.float32)
     # bytearray copy: an aligned, writable buffer, so frombuffer is safe; the .to() makes the fp32 tensor own its memory
     flat = torch.frombuffer(bytearray(t.data), dtype=dtype)
-    return flat.to(torch.float32, copy=True).reshape(t.shape).contiguous()
+    out = flat.to(torch.float32, copy=True).reshape(t.shape).contiguous()
+    # a NaN or infinite weight would write garbage for this adapter's requests, and on the CPU path,
+    # which multiplies every slot's weights by a zero mask, for other adapters' requests too (0 * inf)
+    if not bool(torch.isfinite(out).all()):
+        bad = int((~torch.isfinite(out)).sum())
+        raise err(AdapterFormatError, f"tensor {t.name!r} holds {bad} NaN or infinite value(s) (as fp32); "
+                                      "the adapter is broken (diverged training or a bad conversion), re-train or re-export it")
+    return out
 
 
 def _build_weights(

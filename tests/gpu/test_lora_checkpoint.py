@@ -258,6 +258,20 @@ def test_corrupt_files(adapter, model_config, tmp_path):
     _raises(AdapterFormatError, bad_json, model_config, "not valid JSON")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(model_config, tmp_path, value):
+    folder = tmp_path / "broken"
+    shutil.copytree(_save_adapter(tmp_path / "src")[0], folder)
+    path = folder / "adapter_model.safetensors"
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = sorted(tensors)[1]
+    tensors[name][0, 0] = value
+    save_file(tensors, str(path))
+    _raises(AdapterFormatError, folder, model_config, repr(name), "NaN or infinite", "re-train or re-export")
+
+
 def test_wrong_shapes_for_another_base_model(model_config, tmp_path):
     folder, _ = _save_adapter(tmp_path / "wide", model_overrides={"hidden_size": 48})
     _raises(AdapterShapeError, folder, model_config, "different base model")
