@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -172,39 +173,42 @@ class TorchOps(Ops):
         active_slots [G], groups G and width M; `padded` says whether any group is narrower than M,
         `span` gives (first, end) when src is the contiguous run first..end-1 (decode tokens sorted by
         slot), so that the deltas are added to a row slice of y instead of scattered.
+
+        The plan is built with numpy on the host (a few dozen tiny ops: numpy's per-call cost is a
+        fraction of torch's), then copied to the device once per tensor.
         """
-        slots = token_slots.to(torch.int64)
+        dev = token_slots.device
+        slots = token_slots.to(device="cpu", dtype=torch.int64).numpy()
         adapter = slots >= 0
-        if not bool(adapter.any()):
+        if not adapter.any():
             return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
         total = slots.shape[0]
-        dev = slots.device
-        change = torch.ones(total, dtype=torch.bool, device=dev)
+        change = np.ones(total, dtype=bool)
         change[1:] = slots[1:] != slots[:-1]
-        starts = torch.nonzero(change).flatten()
-        ends = torch.cat((starts[1:], torch.tensor([total], device=dev)))
+        starts = np.flatnonzero(change)
+        ends = np.append(starts[1:], total)
         run_slot = slots[starts]
         long = (ends - starts >= _SEGMENT_MIN) & (run_slot >= 0)
         segments = list(zip(starts[long].tolist(), ends[long].tolist(), run_slot[long].tolist()))
-        short = adapter & ~torch.repeat_interleave(long, ends - starts, output_size=total)
-        src = torch.nonzero(short).flatten()
+        short = adapter & ~np.repeat(long, ends - starts)
+        src = np.flatnonzero(short)
         grouped = None
-        if src.numel():
-            src = src[torch.argsort(slots[src], stable=True)]
-            active_slots, counts = torch.unique_consecutive(slots[src], return_counts=True)
+        if src.size:
+            src = src[np.argsort(slots[src], kind="stable")]
+            # slots[src] is sorted: first occurrences are the group starts
+            active_slots, group_start, counts = np.unique(slots[src], return_index=True, return_counts=True)
             groups, width = active_slots.shape[0], int(counts.max())
-            group_start = torch.cumsum(counts, 0) - counts
-            group_of = torch.repeat_interleave(torch.arange(groups, device=dev), counts, output_size=src.shape[0])
-            dest = group_of * width + (torch.arange(src.shape[0], device=dev) - group_start[group_of])
-            gather = src[group_start].repeat_interleave(width)
+            group_of = np.repeat(np.arange(groups), counts)
+            dest = group_of * width + (np.arange(src.shape[0]) - group_start[group_of])
+            gather = np.repeat(src[group_start], width)
             gather[dest] = src
             first = int(src[0])
-            in_order = bool(torch.equal(src, torch.arange(first, first + src.shape[0], device=dev)))
+            in_order = bool(np.array_equal(src, np.arange(first, first + src.shape[0])))
             grouped = {
-                "src": src,
-                "dest": dest,
-                "gather": gather,
-                "active_slots": active_slots,
+                "src": _on(src, dev),
+                "dest": _on(dest, dev),
+                "gather": _on(gather, dev),
+                "active_slots": _on(active_slots, dev),
                 "groups": groups,
                 "width": width,
                 # every group exactly `width` wide: the padded rows are the real rows, no gather/compaction
@@ -331,6 +335,11 @@ class TorchOps(Ops):
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
             _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host numpy array as a tensor on `device` (shares memory on the CPU)."""
+    return torch.from_numpy(a).to(device)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
