@@ -28,6 +28,14 @@ class Executor:
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         runner = await anyio.to_thread.run_sync(self._make_runner, limiter=self._limiter)
+        try:
+            await self._serve(runner, task_status)
+        finally:
+            # no step runs now (a step's worker call is not abandoned on cancel): free the tensors here,
+            # on the loop, rather than wherever the runner's last reference happens to go (ModelRunner.close)
+            runner.close()
+
+    async def _serve(self, runner, task_status: TaskStatus) -> None:
         async with self._inbox, self._scheduler:
             task_status.started(runner)
             async for msg in self._inbox:

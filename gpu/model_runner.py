@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loraledger.errors import ConfigError, LoRADisabledError
+from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, order_for_batch
 from loraledger.gpu.kv_cache import KVCache
@@ -62,13 +62,34 @@ class ModelRunner:
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self._seqs: dict[int, SeqState] = {}
+        self._closed = False
 
     @property
     def num_live_seqs(self) -> int:
         return len(self._seqs)
 
+    def close(self) -> None:
+        """Drop every tensor (weights, KV cache, adapter slots, sampler state); execute() fails afterwards.
+
+        The Executor calls this on the event loop when it stops. Otherwise the last reference to the
+        runner can be the bound `execute` an anyio worker thread (a daemon) still holds after its last
+        step; if that thread lets go while the interpreter is finalizing, torch's tensor deallocation
+        releases and retakes the GIL, Python ends the thread with a forced unwind through C++ frames,
+        and the process aborts ("terminate called without an active exception", exit code 134) after
+        all its work is done. Closing here leaves such a reference holding an empty object.
+        """
+        self.model = None
+        self.ops = None  # TorchOps keeps a KV workspace tensor between steps
+        self.kv_cache = None
+        self.lora_slots = None
+        self.sampler = None
+        self._seqs.clear()
+        self._closed = True
+
     def execute(self, plan: StepPlan) -> StepOutput:
         """Apply the plan's slot and sequence changes, run one forward over its sequences, sample."""
+        if self._closed:
+            raise EngineDeadError("the model runner was closed (the engine shut down); start a new engine")
         with torch.inference_mode():
             t0 = time.perf_counter()
             self._apply_slot_changes(plan)

@@ -36,8 +36,9 @@ class LLMEngine:
         self._loras: dict[str, LoRARequest | None] = {}
         self._lock = threading.Lock()
         self._closed = False
-        # the portal's event-loop thread is not a daemon, and Python joins such threads before atexit
-        # handlers run: close there, or a script that never calls close() would never exit
+        # threading's atexit hooks run before Python joins non-daemon threads and finalizes: a script that
+        # never calls close() is closed there, while the interpreter is whole (whether the portal's
+        # event-loop thread is a daemon has changed between anyio versions; it is one in anyio 4.16.0)
         threading._register_atexit(_close_at_exit, weakref.ref(self))
 
     @classmethod

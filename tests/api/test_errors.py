@@ -144,3 +144,14 @@ def test_engine_args_errors(tiny_llama, tmp_path):
         LLM(model=str(tmp_path / "nope"), audit_url=None)
     with pytest.raises(E.DeviceError, match="cpu"):
         LLM(model=str(tiny_llama.model_dir), device="cuda", audit_url=None)
+
+
+def test_close_frees_the_model_before_returning(tiny_llama):
+    """LLM.close() frees the weights on the engine's loop, not whenever a worker thread lets go of the runner
+    (which, at interpreter exit, aborted the process: ModelRunner.close)."""
+    llm = LLM(model=str(tiny_llama.model_dir), enable_lora=True, block_size=4, audit_url=None, seed=0)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=2))
+    runner = llm.llm_engine.engine._core.runner
+    assert runner.model is not None
+    llm.close()
+    assert runner.model is None and runner.kv_cache is None and runner.lora_slots is None

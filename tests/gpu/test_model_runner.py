@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import types
+
 import pytest
 import torch
 
-from loraledger.errors import ConfigError, LoRADisabledError
+from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
 from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 from loraledger.gpu.model_runner import ModelRunner
 from loraledger.gpu.ops_torch import TorchOps
@@ -168,6 +171,34 @@ def test_plan_errors_are_typed(tiny_llama):
     runner.execute(StepPlan(4, seqs=[], new_seqs=[NewSeq(6, SamplingSpec(), [1] * 9)]))
     with pytest.raises(ConfigError, match="block table has 2 blocks, 3 are needed"):
         runner.execute(StepPlan(5, seqs=[SeqWork(6, [1] * 9, 0, [0, 1], -1, True)]))
+
+
+def _tensors_reachable(root: object) -> int:
+    """How many tensors can be reached from `root` through attributes, slots and containers."""
+    skip = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, str, bytes, int, float)
+    seen, todo, found = set(), [root], 0
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, skip):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found += 1
+            continue
+        todo.extend(gc.get_referents(obj))
+    return found
+
+
+def test_close_drops_every_tensor_and_refuses_later_steps(tiny_llama):
+    runner = _runner(tiny_llama)
+    driver = Driver(runner)
+    driver.generate([[5, 6, 7]], [0], [SamplingSpec()], 2, first_plan_extra={"slot_loads": _loads(tiny_llama, ["all_r8"])})
+    execute = runner.execute  # what an anyio worker thread may still hold after the last step
+    assert _tensors_reachable(execute) > 20  # weights, KV cache, adapter slots
+    runner.close()
+    assert _tensors_reachable(execute) == 0  # nothing left to free off the event loop, at interpreter exit
+    with pytest.raises(EngineDeadError, match="closed"):
+        runner.execute(StepPlan(99, seqs=[]))
 
 
 def test_bfloat16_mixed_batch_stays_close_to_fp32_hf(tiny_llama):
