@@ -1,10 +1,12 @@
-"""Wall seconds per part of the step, unprofiled: `python -m bench.step_timers --scenario mixed|base|churn|churn-baseline`.
+"""Wall seconds per part of the step, unprofiled: `python -m bench.step_timers --scenario mixed|base|churn|churn-baseline|churn-serving`.
 
 Wraps the engine's step functions (the forward, the base projections, the LoRA delta, attention,
 the small device ops, sampling, batch building, adapter slot loads) with perf_counter timers in
 this process and runs one measured generate() after a warm-up. Unlike bench.profile_step it adds
 only a perf_counter pair per wrapped call, so the parts' seconds are comparable across scenarios: `mixed` and `base` are throughput scenarios 1 and 3 (three interleaved pairs, best of
-each), `churn` and `churn-baseline` the adapter-churn runs of bench.churn.
+each), `churn` and `churn-baseline` the offline adapter-churn runs of bench.churn, and
+`churn-serving` both runs of `python -m bench.run --only churn-serving` (8 adapters, then 1,000),
+reported per step as well, since the two runs take very different numbers of steps.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import replace
 import torch
 
 from bench.assets import churn_adapters, model_assets
-from bench.churn import ChurnConfig, churn_workload
+from bench.churn import ChurnConfig, ChurnServingConfig, churn_workload, run_churn_serving
 from bench.offline_engine import OfflineEngine
 from bench.patching import wrap
 from bench.throughput import ThroughputConfig, mixed_workload
@@ -73,13 +75,16 @@ class Timers:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.step_timers", description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=("mixed", "base", "churn", "churn-baseline"), default="mixed")
+    parser.add_argument("--scenario", choices=("mixed", "base", "churn", "churn-baseline", "churn-serving"), default="mixed")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=None, help="churn-serving: requests/s (default: calibrated)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     timers = Timers()
     timers.install()
     assets = model_assets()
+    if args.scenario == "churn-serving":
+        return _churn_serving(assets, timers, args.threads, args.rate)
     if args.scenario in ("mixed", "base"):
         cfg = ThroughputConfig(num_threads=args.threads)
         engine = OfflineEngine(assets.model_dir, assets.adapters, num_threads=args.threads)
@@ -118,6 +123,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scenario {args.scenario}: generate() {seconds:.2f}s, {int(steps)} steps")
     for label, (spent, calls) in parts.items():
         print(f"  {label:<28} {spent:8.3f}s  calls {calls}")
+    return 0
+
+
+def _churn_serving(assets, timers: Timers, threads: int, rate: float | None) -> int:
+    """Both churn-serving runs, each measured run's parts kept apart (the capacity probes are not counted)."""
+    snapshots: list[dict[str, tuple[float, int]]] = []
+
+    def per_run(stream):
+        async def recorded(engine, loras, workload):
+            timers.reset()
+            result = await stream(engine, loras, workload)
+            snapshots.append(timers.snapshot())
+            return result
+
+        return recorded
+
+    wrap("bench.churn", "stream_workload", per_run)
+    default = ChurnServingConfig()
+    cfg = replace(default, traffic=replace(default.traffic, rate=rate, num_threads=threads))  # no base-model requests
+    results = run_churn_serving(assets, cfg, log=lambda line: None)
+    for name, parts in zip(("baseline_8_adapters", "churn"), snapshots):
+        run = results[name]
+        steps = parts["step (runner.execute)"][1]
+        print(f"{name}: {run['seconds']:.2f}s, {steps} steps, {run['tokens_per_second']:.1f} tok/s")
+        for label, (spent, calls) in parts.items():
+            print(f"  {label:<28} {spent:8.3f}s  {spent / max(steps, 1) * 1e3:7.2f} ms/step  calls {calls}")
+    for label, ratio in results["ratios"].items():
+        print(f"{label}: {ratio['value']:.3f}")
     return 0
 
 
