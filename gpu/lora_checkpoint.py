@@ -178,6 +178,7 @@ def load_lora_checkpoint(
         nbytes=sum(a.nbytes + b.nbytes for a, b in weights.values()),
     )
     stacks = stack_for_slots(model_config, max_lora_rank, ckpt)
+    _check_finite(pairs, weights, stacks, err)
     stacked_bytes = sum(a.nbytes + b.nbytes for a, b in stacks.groups.values())
     return dataclasses.replace(ckpt, slot_stacks=stacks, nbytes=ckpt.nbytes + stacked_bytes)
 
@@ -426,14 +427,30 @@ def _to_fp32(t: _RawTensor, err: _Errors) -> torch.Tensor:
         return torch.zeros(t.shape, dtype=torch.float32)
     # bytearray copy: an aligned, writable buffer, so frombuffer is safe; the .to() makes the fp32 tensor own its memory
     flat = torch.frombuffer(bytearray(t.data), dtype=dtype)
-    out = flat.to(torch.float32, copy=True).reshape(t.shape).contiguous()
-    # a NaN or infinite weight would write garbage for this adapter's requests, and on the CPU path,
-    # which multiplies every slot's weights by a zero mask, for other adapters' requests too (0 * inf)
-    if not bool(torch.isfinite(out).all()):
-        bad = int((~torch.isfinite(out)).sum())
-        raise err(AdapterFormatError, f"tensor {t.name!r} holds {bad} NaN or infinite value(s) (as fp32); "
-                                      "the adapter is broken (diverged training or a bad conversion), re-train or re-export it")
-    return out
+    return flat.to(torch.float32, copy=True).reshape(t.shape).contiguous()
+
+
+def _check_finite(
+    pairs: dict[tuple[int, str], dict[str, _RawTensor]],
+    weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]],
+    stacks: SlotStacks,
+    err: _Errors,
+) -> None:
+    """Refuse NaN or infinite weights: they would write garbage for every request on the adapter.
+
+    Checked on the few slot-ready stacks (one op each, instead of two per tensor: a load is on the
+    critical path of adapter churn); only when one fails are the tensors searched for the culprit.
+    """
+    if all(bool(torch.isfinite(t).all()) for pair in stacks.groups.values() for t in pair):
+        return
+    for key, (a, b) in weights.items():
+        for raw, tensor in ((pairs[key]["lora_A"], a), (pairs[key]["lora_B"], b)):
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise err(AdapterFormatError, f"tensor {raw.name!r} holds {bad} NaN or infinite value(s) (as fp32); the adapter "
+                                              "is broken (diverged training or a bad conversion), re-train or re-export it")
+    raise err(AdapterFormatError, "lora_B times the adapter's scale (lora_alpha / r) overflows fp32; "
+                                  "the adapter is broken, re-train or re-export it")
 
 
 def _build_weights(

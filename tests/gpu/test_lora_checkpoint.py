@@ -272,6 +272,19 @@ def test_non_finite_weights_are_refused(model_config, tmp_path, value):
     _raises(AdapterFormatError, folder, model_config, repr(name), "NaN or infinite", "re-train or re-export")
 
 
+def test_scaled_b_overflowing_fp32_is_refused(model_config, tmp_path):
+    folder = tmp_path / "huge"
+    shutil.copytree(_save_adapter(tmp_path / "src")[0], folder)  # lora_alpha 8 / r 4: B is doubled in the slots
+    path = folder / "adapter_model.safetensors"
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = next(n for n in sorted(tensors) if "lora_B" in n)
+    tensors[name][0, 0] = 3e38  # finite in fp32, 6e38 once scaled
+    save_file(tensors, str(path))
+    _raises(AdapterFormatError, folder, model_config, "overflows fp32")
+
+
 def test_wrong_shapes_for_another_base_model(model_config, tmp_path):
     folder, _ = _save_adapter(tmp_path / "wide", model_overrides={"hidden_size": 48})
     _raises(AdapterShapeError, folder, model_config, "different base model")
