@@ -18,6 +18,24 @@ class TorchOps(Ops):
 
     def __init__(self) -> None:
         self._kv_workspace: torch.Tensor | None = None
+        # per-step index tensors every layer would otherwise rebuild (see _per_step)
+        self._step_memo: dict[str, tuple[tuple, object]] = {}
+
+    def _per_step(self, name: str, key: tuple, build):
+        """build(), reused while `key` holds the same objects: a step passes the same ForwardBatch
+        tensors to every layer, so what is derived from them alone is built once per step, not per layer.
+
+        Tensors in `key` are compared by identity and kept referenced until the next step replaces
+        them, so a new step's tensor can never be mistaken for an old one at a reused address. The
+        contract this relies on: callers build a step's index tensors fresh and never write to them
+        in place between calls (ForwardBatch's tensors are made anew for every step).
+        """
+        held = self._step_memo.get(name)
+        if held is not None and len(held[0]) == len(key) and all(map(_same, held[0], key)):
+            return held[1]
+        value = build()
+        self._step_memo[name] = (key, value)
+        return value
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -31,8 +49,12 @@ class TorchOps(Ops):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> None:
         half = cos_sin_cache.shape[-1] // 2
-        cs = cos_sin_cache.index_select(0, positions)
-        cos, sin = cs[:, None, :half], cs[:, None, half:]
+
+        def gather():
+            cs = cos_sin_cache.index_select(0, positions)
+            return cs[:, None, :half], cs[:, None, half:]
+
+        cos, sin = self._per_step("rotary", (positions, cos_sin_cache), gather)
         qk = _adjacent_heads(q, k)
         for x in (q, k) if qk is None else (qk,):
             x1 = x[..., :half].float()
@@ -69,16 +91,24 @@ class TorchOps(Ops):
         scale: float,
         sliding_window: int | None = None,
     ) -> torch.Tensor:
-        keys, values, key_pos = self._gather_context(k_cache, v_cache, block_tables, seq_lens)
-        lens = seq_lens.to(torch.int64)[:, None]
-        allowed = key_pos[None, :] < lens
-        if sliding_window is not None:
-            allowed &= key_pos[None, :] >= lens - sliding_window
+        block_size = k_cache.shape[1]
+        flat, used = self._context_blocks(block_tables, seq_lens, block_size, "decode")
+
+        def mask():
+            key_pos = torch.arange(used * block_size, device=q.device)
+            lens = seq_lens.to(torch.int64)[:, None]
+            allowed = key_pos[None, :] < lens
+            if sliding_window is not None:
+                allowed &= key_pos[None, :] >= lens - sliding_window
+            return allowed[:, None, None, :]
+
+        allowed = self._per_step("decode_mask", (seq_lens, block_size, sliding_window), mask)
+        keys, values = self._gather_blocks(k_cache, v_cache, flat, used, seq_lens.shape[0])
         # one query token per sequence: the query heads sharing a KV head are that head's "query rows"
         # ([B, Hk, Hq/Hk, D]), so K and V are read as they are instead of being expanded per query head
         batch, heads, dim = q.shape
         q_grouped = q.reshape(batch, keys.shape[1], heads // keys.shape[1], dim)
-        out = _sdpa(q_grouped, keys, values, allowed[:, None, None, :], scale)
+        out = _sdpa(q_grouped, keys, values, allowed, scale)
         return out.reshape(batch, heads, dim).to(q.dtype)
 
     def prefill_attention(
@@ -93,31 +123,21 @@ class TorchOps(Ops):
         sliding_window: int | None = None,
     ) -> torch.Tensor:
         num_seqs = seq_lens.shape[0]
-        starts = query_start_loc.to(torch.int64)
-        q_lens = starts[1:] - starts[:-1]
-        lens = seq_lens.to(torch.int64)
-        if num_seqs == 1:
+        block_size = k_cache.shape[1]
+        flat, used = self._context_blocks(block_tables, seq_lens, block_size, "prefill")
+        max_q, padded_at, allowed = self._per_step(
+            "prefill_plan",
+            (query_start_loc, seq_lens, q.shape[0], used, block_size, sliding_window),
+            lambda: _prefill_plan(query_start_loc, seq_lens, q.shape[0], used * block_size, sliding_window),
+        )
+        if padded_at is None:
             q_pad = q[None]  # one sequence: no padding needed
-            max_q = q.shape[0]
-            padded_at = None
         else:
-            max_q = int(q_lens.max())
-            total = q.shape[0]
-            row_of = torch.repeat_interleave(torch.arange(num_seqs, device=q.device), q_lens, output_size=total)
-            padded_at = row_of * max_q + torch.arange(total, device=q.device) - starts[:-1][row_of]
             q_pad = q.new_zeros((num_seqs * max_q,) + tuple(q.shape[1:]))
             q_pad.index_copy_(0, padded_at, q)
             q_pad = q_pad.view((num_seqs, max_q) + tuple(q.shape[1:]))
-        keys, values, key_pos = self._gather_context(k_cache, v_cache, block_tables, seq_lens)
-        # query i of sequence p sits at absolute position seq_len - q_len + i
-        q_pos = (lens - q_lens)[:, None] + torch.arange(max_q, device=q.device)[None, :]
-        allowed = key_pos[None, None, :] <= q_pos[:, :, None]
-        if sliding_window is not None:
-            allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
-        # padded query rows would see no key at all (NaN softmax): let them see key 0, then drop them
-        padded = torch.arange(max_q, device=q.device)[None, :] >= q_lens[:, None]
-        allowed[:, :, 0] |= padded
-        out = _sdpa(q_pad.transpose(1, 2), keys, values, allowed[:, None, :, :], scale).transpose(1, 2)
+        keys, values = self._gather_blocks(k_cache, v_cache, flat, used, num_seqs)
+        out = _sdpa(q_pad.transpose(1, 2), keys, values, allowed, scale).transpose(1, 2)
         if padded_at is None:
             return out[0].to(q.dtype)
         return out.reshape((-1,) + tuple(out.shape[2:])).index_select(0, padded_at).to(q.dtype)
@@ -125,24 +145,43 @@ class TorchOps(Ops):
     def _gather_context(
         self, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each sequence's cached K and V laid out contiguously: [B, Hk, L, D] (L = blocks used * block_size).
+        """Each sequence's cached K and V laid out contiguously: [B, Hk, L, D] (L = blocks used * block_size),
+        and the key positions [L]."""
+        block_size = k_cache.shape[1]
+        flat, used = self._context_blocks(block_tables, seq_lens, block_size, "context")
+        keys, values = self._gather_blocks(k_cache, v_cache, flat, used, block_tables.shape[0])
+        return keys, values, torch.arange(used * block_size, device=k_cache.device)
+
+    def _context_blocks(
+        self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, kind: str
+    ) -> tuple[torch.Tensor, int]:
+        """The cache blocks to gather, row-major over [B, used] (int64), and `used` (blocks per sequence).
+
+        `kind` keeps the decode and prefill sequences of one step apart in the per-step memo."""
+
+        def build():
+            used = -(-int(seq_lens.max()) // block_size)
+            # index_select of whole blocks is a row copy, far faster than k_cache[table]
+            return block_tables[:, :used].to(torch.int64).clamp(min=0).flatten(), used
+
+        return self._per_step(f"{kind}_blocks", (block_tables, seq_lens, block_size), build)
+
+    def _gather_blocks(
+        self, k_cache: torch.Tensor, v_cache: torch.Tensor, flat: torch.Tensor, used: int, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the `flat` blocks as [B, Hk, used * block_size, D] views.
 
         The copies land in a workspace kept across calls: fresh multi-megabyte tensors at every layer
         cost more in page faults than the copy itself. The views are only valid until the next call.
         """
         block_size, hk, d = k_cache.shape[1:]
-        used = -(-int(seq_lens.max()) // block_size)
-        table = block_tables[:, :used].to(torch.int64).clamp(min=0)
-        batch = table.shape[0]
-        flat = table.flatten()  # index_select of whole blocks is a row copy, far faster than k_cache[table]
         n = flat.shape[0]
         ws = self._workspace(2 * n, k_cache)
         keys = torch.index_select(k_cache, 0, flat, out=ws[:n])
         values = torch.index_select(v_cache, 0, flat, out=ws[n : 2 * n])
         keys = keys.view(batch, used * block_size, hk, d).transpose(1, 2)
         values = values.view(batch, used * block_size, hk, d).transpose(1, 2)
-        key_pos = torch.arange(used * block_size, device=k_cache.device)
-        return keys, values, key_pos
+        return keys, values
 
     def _workspace(self, blocks: int, like: torch.Tensor) -> torch.Tensor:
         """A [>= blocks, block_size, Hk, D] scratch tensor, grown geometrically, matching `like`."""
@@ -335,6 +374,40 @@ class TorchOps(Ops):
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
             _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _same(a: object, b: object) -> bool:
+    """Tensors: the same object; anything else (ints, None): equal."""
+    return a is b or (not isinstance(a, torch.Tensor) and a == b)
+
+
+def _prefill_plan(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, total: int, keys: int, sliding_window: int | None
+) -> tuple[int, torch.Tensor | None, torch.Tensor]:
+    """What prefill attention needs of the step's chunks, the same at every layer: the padded query
+    width, where each real query row goes in the padded [P * max_q] layout (None for one sequence),
+    and the mask [P, 1, max_q, keys] (True = attend)."""
+    dev = query_start_loc.device
+    num_seqs = seq_lens.shape[0]
+    starts = query_start_loc.to(torch.int64)
+    q_lens = starts[1:] - starts[:-1]
+    lens = seq_lens.to(torch.int64)
+    if num_seqs == 1:
+        max_q, padded_at = total, None
+    else:
+        max_q = int(q_lens.max())
+        row_of = torch.repeat_interleave(torch.arange(num_seqs, device=dev), q_lens, output_size=total)
+        padded_at = row_of * max_q + torch.arange(total, device=dev) - starts[:-1][row_of]
+    key_pos = torch.arange(keys, device=dev)
+    # query i of sequence p sits at absolute position seq_len - q_len + i
+    q_pos = (lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]
+    allowed = key_pos[None, None, :] <= q_pos[:, :, None]
+    if sliding_window is not None:
+        allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
+    # padded query rows would see no key at all (NaN softmax): let them see key 0, then drop them
+    padded = torch.arange(max_q, device=dev)[None, :] >= q_lens[:, None]
+    allowed[:, :, 0] |= padded
+    return max_q, padded_at, allowed[:, None, :, :]
 
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -128,6 +128,33 @@ def test_paged_attention_decode_matches_naive(hq, window):
         torch.testing.assert_close(out[b].double(), expect, rtol=1e-5, atol=1e-5)
 
 
+def test_per_step_plans_are_reused_per_layer_and_rebuilt_for_a_new_step():
+    """One TorchOps serves every layer of every step: what it derives once per step from the step's
+    index tensors (context blocks, masks, rotary rows) must follow new tensors, equal-valued or not."""
+    g = _gen(12)
+    k_cache, v_cache = _random_cache(g)
+    ops = TorchOps()
+    steps = []
+    for seq_lens in ([1, 9, 4, 13], [1, 9, 4, 13], [20, 2, 7, 5], [3]):  # the second: new tensors, same values
+        tables = _random_tables(g, seq_lens, 4, 24, width=6)
+        steps.append((torch.randn(len(seq_lens), 8, 8, generator=g), tables, torch.tensor(seq_lens, dtype=torch.int32)))
+    for q, tables, lens in steps:
+        for window in (None, None, 2):  # two "layers", then a sliding-window model's layer
+            got = ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
+            torch.testing.assert_close(got, TorchOps().paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window))
+            for b, n in enumerate(lens.tolist()):
+                expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, window)
+                torch.testing.assert_close(got[b].double(), expect, rtol=1e-5, atol=1e-5)
+    cache = torch.randn(64, 8, generator=g)
+    for positions in (torch.tensor([3, 9]), torch.tensor([3, 9]), torch.tensor([40, 1, 5])):
+        for _ in range(2):
+            q, k = torch.randn(positions.shape[0], 4, 8, generator=g), torch.randn(positions.shape[0], 2, 8, generator=g)
+            q_ref, k_ref = q.clone(), k.clone()
+            ops.rotary_embedding(positions, q, k, cache)
+            TorchOps().rotary_embedding(positions, q_ref, k_ref, cache)
+            assert torch.equal(q, q_ref) and torch.equal(k, k_ref)
+
+
 @pytest.mark.parametrize("window", [None, 3])
 def test_prefill_attention_with_cached_prefix_matches_naive(window):
     g = _gen(6)
