@@ -118,7 +118,7 @@ class AdapterLoader:
         log = self._log.bind(adapter=lora.lora_name, lora_int_id=lora.lora_int_id)
         started = time.perf_counter()
         try:
-            ckpt = await anyio.to_thread.run_sync(
+            ckpt = await _in_worker(
                 lambda: load_lora_checkpoint(
                     lora.lora_path,
                     lora_name=lora.lora_name,
@@ -203,3 +203,29 @@ class AdapterLoader:
             return
         self._pinned.add(int_id)
         await answer(reply, self._registry[int_id])
+
+
+async def _in_worker(load):
+    """load() in an anyio worker thread, its result handed back through a list the loop empties.
+
+    A worker keeps a job's return value (or exception) referenced for a moment after the loop has
+    it; if the engine shuts down meanwhile and the interpreter exits, the checkpoint's tensors would
+    be freed in that daemon thread during finalization, which aborts the process (ModelRunner.close
+    tells the story). Through the list, the worker returns None and the loop holds the only reference.
+    """
+    box: list = []
+    try:
+        await anyio.to_thread.run_sync(_run_into, box, load)
+        outcome = box.pop()
+    finally:
+        box.clear()  # cancelled mid-load: free it here, on the loop
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _run_into(box: list, load) -> None:
+    try:
+        box.append(load())
+    except Exception as exc:  # raised again on the loop by _in_worker
+        box.append(exc)
