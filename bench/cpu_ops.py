@@ -23,7 +23,10 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 2, 64, 16
 
 
 def _decode_expanded(ops: TorchOps, q, k_cache, v_cache, tables, lens, scale):
-    keys, values, key_pos = ops._gather_context(k_cache, v_cache, tables, lens)
+    block_size = k_cache.shape[1]
+    flat, used = ops._context_blocks(tables, lens, block_size, "expanded")
+    keys, values = ops._gather_blocks(k_cache, v_cache, flat, used, tables.shape[0])
+    key_pos = torch.arange(used * block_size)
     allowed = key_pos[None, :] < lens.to(torch.int64)[:, None]
     out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=allowed[:, None, None, :], scale=scale, enable_gqa=True)
     return out[:, :, 0, :]

@@ -142,16 +142,6 @@ class TorchOps(Ops):
             return out[0].to(q.dtype)
         return out.reshape((-1,) + tuple(out.shape[2:])).index_select(0, padded_at).to(q.dtype)
 
-    def _gather_context(
-        self, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Each sequence's cached K and V laid out contiguously: [B, Hk, L, D] (L = blocks used * block_size),
-        and the key positions [L]."""
-        block_size = k_cache.shape[1]
-        flat, used = self._context_blocks(block_tables, seq_lens, block_size, "context")
-        keys, values = self._gather_blocks(k_cache, v_cache, flat, used, block_tables.shape[0])
-        return keys, values, torch.arange(used * block_size, device=k_cache.device)
-
     def _context_blocks(
         self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, kind: str
     ) -> tuple[torch.Tensor, int]:
