@@ -26,6 +26,7 @@ import numpy as np
 
 from bench.assets import CHURN_RANK, BenchAssets, churn_adapters
 from bench.offline_engine import OfflineEngine, OfflineRun
+from bench.patching import wrap
 from bench.serving import ServingConfig, arrival_rate, measure_capacity, serving_traffic, stream_workload
 from bench.stats import percentiles
 from bench.workload import Workload, random_prompts, zipf_choices
@@ -133,6 +134,28 @@ class ChurnServingConfig:
     max_loras: int = 8
     max_lora_rank: int = CHURN_RANK
     baseline_adapters: int = 8
+
+
+def churn_serving_config(rate: float | None, threads: int) -> ChurnServingConfig:
+    """The issue's churn-serving scenario (no base-model requests) at `rate` (None: calibrated) on `threads`."""
+    default = ChurnServingConfig()
+    return replace(default, traffic=replace(default.traffic, rate=rate, num_threads=threads))
+
+
+def around_each_run(start: Callable[[], None], end: Callable[[], None]) -> None:
+    """Call start() before and end() after each measured run of run_churn_serving in this process
+    (the capacity probes before them are not included): how the bench tools attribute timings to a run."""
+
+    def make(stream):
+        async def measured(engine, loras, workload):
+            start()
+            result = await stream(engine, loras, workload)
+            end()
+            return result
+
+        return measured
+
+    wrap("bench.churn", "stream_workload", make)
 
 
 def run_churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log: Callable[[str], None] = print) -> dict:

@@ -22,9 +22,8 @@ import numpy as np
 import torch
 
 from bench.assets import model_assets
-from bench.churn import ChurnServingConfig, run_churn_serving
+from bench.churn import around_each_run, churn_serving_config, run_churn_serving
 from bench.patching import wrap
-from bench.serving import ServingConfig
 from bench.slot_sim import StepCost, plan_work
 
 
@@ -42,29 +41,13 @@ def _timed_steps(log: list[tuple[float, int, int]]):
     return make
 
 
-def _per_run(steps: list[tuple[float, int, int]], runs: list[list[tuple[float, int, int]]]):
-    """Wrap bench.churn's stream_workload: each measured run's steps (not the warm-up's) go to `runs`."""
-
-    def make(stream):
-        async def recorded(engine, loras, workload):
-            steps.clear()
-            result = await stream(engine, loras, workload)
-            runs.append(list(steps))
-            return result
-
-        return recorded
-
-    return make
-
-
 def _measure(rate: float | None, threads: int) -> tuple[dict, dict[str, list[tuple[float, int, int]]]]:
     """bench.churn.run_churn_serving with a timer around every step; its report and each run's steps."""
     steps: list[tuple[float, int, int]] = []
     runs: list[list[tuple[float, int, int]]] = []
     wrap("loraledger.gpu.model_runner", "ModelRunner.execute", _timed_steps(steps))
-    wrap("bench.churn", "stream_workload", _per_run(steps, runs))
-    cfg = ChurnServingConfig(traffic=ServingConfig(base_share=0.0, num_threads=threads, rate=rate))
-    report = run_churn_serving(model_assets(), cfg)
+    around_each_run(steps.clear, lambda: runs.append(list(steps)))
+    report = run_churn_serving(model_assets(), churn_serving_config(rate, threads))
     return report, dict(zip(("baseline_8_adapters", "churn"), runs))
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 
 from bench.assets import churn_adapters, model_assets
-from bench.churn import ChurnConfig, ChurnServingConfig, churn_workload, run_churn_serving
+from bench.churn import ChurnConfig, around_each_run, churn_serving_config, churn_workload, run_churn_serving
 from bench.offline_engine import OfflineEngine
 from bench.patching import wrap
 from bench.throughput import ThroughputConfig, mixed_workload
@@ -129,20 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 def _churn_serving(assets, timers: Timers, threads: int, rate: float | None) -> int:
     """Both churn-serving runs, each measured run's parts kept apart (the capacity probes are not counted)."""
     snapshots: list[dict[str, tuple[float, int]]] = []
-
-    def per_run(stream):
-        async def recorded(engine, loras, workload):
-            timers.reset()
-            result = await stream(engine, loras, workload)
-            snapshots.append(timers.snapshot())
-            return result
-
-        return recorded
-
-    wrap("bench.churn", "stream_workload", per_run)
-    default = ChurnServingConfig()
-    cfg = replace(default, traffic=replace(default.traffic, rate=rate, num_threads=threads))  # no base-model requests
-    results = run_churn_serving(assets, cfg, log=lambda line: None)
+    around_each_run(timers.reset, lambda: snapshots.append(timers.snapshot()))
+    results = run_churn_serving(assets, churn_serving_config(rate, threads), log=lambda line: None)
     for name, parts in zip(("baseline_8_adapters", "churn"), snapshots):
         run = results[name]
         steps = parts["step (runner.execute)"][1]
