@@ -31,7 +31,7 @@ class TorchOps(Ops):
         in place between calls (ForwardBatch's tensors are made anew for every step).
         """
         held = self._step_memo.get(name)
-        if held is not None and len(held[0]) == len(key) and all(map(_same, held[0], key)):
+        if held is not None and all(map(_same, held[0], key)):
             return held[1]
         value = build()
         self._step_memo[name] = (key, value)
@@ -126,8 +126,8 @@ class TorchOps(Ops):
         block_size = k_cache.shape[1]
         flat, used = self._context_blocks(block_tables, seq_lens, block_size, "prefill")
         max_q, padded_at, allowed = self._per_step(
-            "prefill_plan",
-            (query_start_loc, seq_lens, q.shape[0], used, block_size, sliding_window),
+            "prefill_plan",  # q's row count and `used` follow from query_start_loc, seq_lens and block_size
+            (query_start_loc, seq_lens, block_size, sliding_window),
             lambda: _prefill_plan(query_start_loc, seq_lens, q.shape[0], used * block_size, sliding_window),
         )
         if padded_at is None:
