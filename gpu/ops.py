@@ -12,7 +12,18 @@ from __future__ import annotations
 import abc
 from typing import Any
 
+import numpy as np
 import torch
+
+
+def slot_runs(slots: np.ndarray) -> np.ndarray:
+    """Where each run of consecutive tokens with the same adapter slot starts (indices into `slots`).
+
+    Both backends plan their LoRA work over these runs (TorchOps' segments, CudaOps' SGMV segments).
+    """
+    change = np.ones(slots.shape[0], dtype=bool)
+    change[1:] = slots[1:] != slots[:-1]
+    return np.flatnonzero(change)
 
 
 class LoraMeta:

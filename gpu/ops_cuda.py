@@ -23,7 +23,7 @@ from loraledger.gpu import kernel_checks as checks
 from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
 from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
-from loraledger.gpu.ops import LoraMeta, Ops
+from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
 
 _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
@@ -57,9 +57,7 @@ def lora_segments(token_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     tokens = token_slots.shape[0]
     if tokens == 0:
         return torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
-    change = torch.ones(tokens, dtype=torch.bool)
-    change[1:] = token_slots[1:] != token_slots[:-1]
-    starts = torch.nonzero(change).flatten()
+    starts = torch.from_numpy(slot_runs(token_slots.numpy()))
     return torch.cat((starts, torch.tensor([tokens]))), token_slots[starts].to(torch.int64)
 
 

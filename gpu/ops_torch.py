@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu.ops import LoraMeta, Ops
+from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
 
 _REDUCED = (torch.bfloat16, torch.float16)
 # a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
@@ -212,9 +212,7 @@ class TorchOps(Ops):
         if not adapter.any():
             return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
         total = slots.shape[0]
-        change = np.ones(total, dtype=bool)
-        change[1:] = slots[1:] != slots[:-1]
-        starts = np.flatnonzero(change)
+        starts = slot_runs(slots)
         ends = np.append(starts[1:], total)
         run_slot = slots[starts]
         long = (ends - starts >= _SEGMENT_MIN) & (run_slot >= 0)
