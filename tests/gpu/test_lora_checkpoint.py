@@ -258,30 +258,28 @@ def test_corrupt_files(adapter, model_config, tmp_path):
     _raises(AdapterFormatError, bad_json, model_config, "not valid JSON")
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_non_finite_weights_are_refused(model_config, tmp_path, value):
-    folder = tmp_path / "broken"
-    shutil.copytree(_save_adapter(tmp_path / "src")[0], folder)
-    path = folder / "adapter_model.safetensors"
+def _with_one_value(tmp_path: Path, pick, value: float) -> tuple[Path, str]:
+    """A fresh adapter whose tensor `pick(sorted names)` has `value` at [0, 0]; its folder and that name."""
+    folder = _save_adapter(tmp_path / "edited")[0]
     from safetensors.torch import load_file, save_file
 
+    path = folder / "adapter_model.safetensors"
     tensors = load_file(str(path))
-    name = sorted(tensors)[1]
+    name = pick(sorted(tensors))
     tensors[name][0, 0] = value
     save_file(tensors, str(path))
+    return folder, name
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused(model_config, tmp_path, value):
+    folder, name = _with_one_value(tmp_path, lambda names: names[1], value)
     _raises(AdapterFormatError, folder, model_config, repr(name), "NaN or infinite", "re-train or re-export")
 
 
 def test_scaled_b_overflowing_fp32_is_refused(model_config, tmp_path):
-    folder = tmp_path / "huge"
-    shutil.copytree(_save_adapter(tmp_path / "src")[0], folder)  # lora_alpha 8 / r 4: B is doubled in the slots
-    path = folder / "adapter_model.safetensors"
-    from safetensors.torch import load_file, save_file
-
-    tensors = load_file(str(path))
-    name = next(n for n in sorted(tensors) if "lora_B" in n)
-    tensors[name][0, 0] = 3e38  # finite in fp32, 6e38 once scaled
-    save_file(tensors, str(path))
+    # lora_alpha 8 / r 4: B is doubled in the slots, so 3e38 (finite in fp32) becomes 6e38
+    folder, _ = _with_one_value(tmp_path, lambda names: next(n for n in names if "lora_B" in n), 3e38)
     _raises(AdapterFormatError, folder, model_config, "overflows fp32")
 
 
