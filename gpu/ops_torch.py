@@ -176,17 +176,17 @@ class TorchOps(Ops):
     def _workspace(self, blocks: int, like: torch.Tensor) -> torch.Tensor:
         """A [>= blocks, block_size, Hk, D] scratch tensor, grown geometrically, matching `like`."""
         ws = self._kv_workspace
-        fits = (
+        same_kind = (
             ws is not None
-            and ws.shape[0] >= blocks
             and ws.shape[1:] == like.shape[1:]
             and ws.dtype == like.dtype
             and ws.device == like.device
             # an inference-mode tensor cannot be written outside inference mode, and vice versa
             and ws.is_inference() == torch.is_inference_mode_enabled()
         )
-        if not fits:
-            grown = max(blocks, 2 * ws.shape[0]) if ws is not None else blocks
+        if not (same_kind and ws.shape[0] >= blocks):
+            # grow geometrically for a longer context; start afresh for another cache shape or dtype
+            grown = max(blocks, 2 * ws.shape[0]) if same_kind else blocks
             ws = torch.empty((grown,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
             self._kv_workspace = ws
         return ws

@@ -128,6 +128,23 @@ def test_paged_attention_decode_matches_naive(hq, window):
         torch.testing.assert_close(out[b].double(), expect, rtol=1e-5, atol=1e-5)
 
 
+def test_one_torchops_serves_caches_of_many_shapes():
+    """The context workspace grows for longer contexts but starts afresh for another cache shape: the
+    GPU sweep's oracle alternates block sizes, and growing on every change once asked for petabytes."""
+    g = _gen(13)
+    ops = TorchOps()
+    for i in range(48):
+        block_size = (4, 8)[i % 2]
+        k_cache, v_cache = _random_cache(g, num_blocks=6, block_size=block_size)
+        seq_lens = [block_size + 1, 2]
+        tables = _random_tables(g, seq_lens, block_size, 6, width=3)
+        q = torch.randn(2, 2, 8, generator=g)
+        got = ops.paged_attention_decode(q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), 0.3)
+        for b, n in enumerate(seq_lens):
+            expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, None)
+            torch.testing.assert_close(got[b].double(), expect, rtol=1e-5, atol=1e-5)
+
+
 def test_per_step_plans_are_reused_per_layer_and_rebuilt_for_a_new_step():
     """One TorchOps serves every layer of every step: what it derives once per step from the step's
     index tensors (context blocks, masks, rotary rows) must follow new tensors, equal-valued or not."""
