@@ -85,8 +85,11 @@ def sdpa_prefill_attention(
 ) -> torch.Tensor:
     """Ops.prefill_attention by gathering each sequence's context and calling torch SDPA in q's dtype.
 
-    GQA heads are expanded by repeat_interleave so that the fused memory-efficient kernel (softmax
-    in fp32 inside) applies with a boolean mask. Costs one host sync for the padded sizes.
+    GQA heads are expanded by repeat_interleave so that the fused memory-efficient kernel applies
+    with a boolean mask. bf16/fp16 inputs are attended in fp32, like the TorchOps twin: a half-
+    precision SDPA rounds the softmax weights to bf16 before P @ V, which doubled the engine's bf16
+    logprob error on the test fixture (measured 5.0e-2 against 2.7e-2 for the fp32 twin). Costs
+    one host sync for the padded sizes.
     """
     seqs = seq_lens.shape[0]
     tq, hq, d = q.shape
@@ -116,10 +119,11 @@ def sdpa_prefill_attention(
         allowed &= key_pos[None, None, :] > q_pos[:, :, None] - sliding_window
     # padded query rows would see no key (NaN softmax): let them see key 0; they are dropped below
     allowed[:, :, 0] |= torch.arange(max_q, device=q.device)[None, :] >= q_lens[:, None]
-    out = F.scaled_dot_product_attention(
-        q_pad.transpose(1, 2), keys, values, attn_mask=allowed[:, None, :, :], scale=scale
-    )
-    return out.transpose(1, 2)[seq_of, col]
+    q_t = q_pad.transpose(1, 2)
+    if q.dtype != torch.float32:
+        q_t, keys, values = q_t.float(), keys.float(), values.float()
+    out = F.scaled_dot_product_attention(q_t, keys, values, attn_mask=allowed[:, None, :, :], scale=scale)
+    return out.transpose(1, 2)[seq_of, col].to(q.dtype)
 
 
 class CudaOps(Ops):
@@ -338,8 +342,26 @@ class CudaOps(Ops):
             any_adapter=bool((host >= 0).any()),
         )
 
+    def lora_decode_meta(self, token_slots: torch.Tensor, num_slots: int) -> LoraMeta:
+        """A BGMV-only meta for one token per sequence, built without reading the slots (no host sync).
+
+        For CUDA-graph capture (gpu/cuda_graphs.py): the kernels are launched whatever the slots hold
+        (any_adapter is True), so one captured graph serves every later mix of adapters and base rows;
+        token_slots must be a device int32 [T] tensor whose values the caller keeps in [-1, num_slots).
+        """
+        checks.check_lora_prepare(token_slots, num_slots)
+        self._on_device("lora_decode_meta", "token_slots", token_slots)
+        if token_slots.dtype != torch.int32 or not token_slots.is_contiguous():
+            checks.fail("lora_decode_meta", "token_slots must be a contiguous int32 tensor")
+        tokens = token_slots.shape[0]
+        return LoraMeta(
+            token_slots, num_slots, seg_indptr=None, seg_slots=None, tile_starts=None, num_tiles=tokens, any_adapter=True
+        )
+
     def _use_sgmv(self, meta: LoraMeta, sgmv_blocks: int) -> bool:
         """SGMV reuses each weight row across a tile: worth it when tiles are mostly full and still fill the GPU."""
+        if meta.extra["tile_starts"] is None:
+            return False  # a decode meta (lora_decode_meta) has no tile table: BGMV only
         if self._lora_kernel != "auto":
             return self._lora_kernel == "sgmv"
         tokens, tiles = meta.token_slots.shape[0], meta.extra["num_tiles"]
