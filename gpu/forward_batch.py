@@ -152,3 +152,14 @@ def build_forward_batch(
         sample_row=sample_row,
     )
     return batch, layout
+
+
+def decode_layout(seqs: Sequence[SeqWork]) -> BatchLayout:
+    """The layout of a step of one-token sequences that each sample: token, logits row and sample row i for sequence i."""
+    n = len(seqs)
+    rows = np.arange(n, dtype=np.int64)
+    ones = np.ones(n, dtype=np.int64)
+    start_pos = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=n)
+    return BatchLayout(
+        q_lens=ones, token_start=rows, start_pos=start_pos, logits_start=rows, logits_count=ones, sample_row=rows
+    )

@@ -14,7 +14,8 @@ import torch
 
 from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
 from loraledger.gpu.config import ModelConfig
-from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, order_for_batch
+from loraledger.gpu.cuda_graphs import DecodeGraphs
+from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
@@ -47,7 +48,11 @@ class ModelRunner:
         max_lora_rank: int,
         enable_lora: bool,
         max_num_batched_tokens: int,
+        max_model_len: int | None = None,
+        cuda_graph_max_batch: int = 0,
     ) -> None:
+        """cuda_graph_max_batch > 0 (CUDA only): decode steps of up to that many sequences replay
+        CUDA graphs (gpu/cuda_graphs.py) instead of launching each kernel from Python."""
         self.config = ModelConfig.from_pretrained(model_dir)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -61,6 +66,19 @@ class ModelRunner:
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         self.sampler = Sampler(self.config.vocab_size, self.device)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graph_max_batch > 0:
+            if self.device.type != "cuda":
+                raise ConfigError(f"CUDA graphs need a CUDA device, not {self.device}; use cuda_graph_max_batch=0")
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                self.lora_slots,
+                max_batch=cuda_graph_max_batch,
+                max_model_len=max_model_len or self.config.max_position_embeddings,
+                block_size=block_size,
+                device=self.device,
+            )
         self._seqs: dict[int, SeqState] = {}
         self._closed = False
 
@@ -78,6 +96,9 @@ class ModelRunner:
         and the process aborts ("terminate called without an active exception", exit code 134) after
         all its work is done. Closing here leaves such a reference holding an empty object.
         """
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
         self.model = None
         self.ops = None  # TorchOps keeps a KV workspace tensor between steps
         self.kv_cache = None
@@ -101,16 +122,21 @@ class ModelRunner:
                 return StepOutput(step_id=plan.step_id, sampled=[], prepare_seconds=time.perf_counter() - t0)
             seqs, num_decode = order_for_batch(plan.seqs)
             states = self._check(seqs)
-            batch, layout = build_forward_batch(
-                seqs,
-                num_decode,
-                block_size=self.block_size,
-                device=self.device,
-                ops=self.ops,
-                lora_slots=self.lora_slots,
-            )
-            t1 = time.perf_counter()
-            logits = self.model.forward(batch, self.kv_cache)
+            if self.graphs is not None and num_decode == len(seqs) and self.graphs.accepts(seqs):
+                layout = decode_layout(seqs)
+                t1 = time.perf_counter()
+                logits = self.graphs.run(seqs)
+            else:
+                batch, layout = build_forward_batch(
+                    seqs,
+                    num_decode,
+                    block_size=self.block_size,
+                    device=self.device,
+                    ops=self.ops,
+                    lora_slots=self.lora_slots,
+                )
+                t1 = time.perf_counter()
+                logits = self.model.forward(batch, self.kv_cache)
             sampled = self._sample(seqs, states, layout, logits)
             prompt_lps = self._prompt_logprobs(seqs, states, layout, logits)
             t2 = time.perf_counter()

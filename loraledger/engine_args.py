@@ -34,6 +34,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     audit_on_failure: str = "reject"  # "reject": refuse new requests while the store is down; "block": wait for it
     resume_interrupted: bool = False
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
+    enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
 
     def __post_init__(self) -> None:
         def need(cond: bool, message: str) -> None:

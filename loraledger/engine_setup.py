@@ -82,6 +82,8 @@ def prepare(args: EngineArgs) -> EngineSetup:
         max_lora_rank=args.max_lora_rank,
         enable_lora=args.enable_lora,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        cuda_graph_max_batch=0 if args.enforce_eager or device.type != "cuda" else min(args.max_num_seqs, 256),
     )
     log.info(
         "engine prepared",
