@@ -1,4 +1,7 @@
-"""The reference system: Hugging Face transformers (and PEFT for adapters), fp32, greedy, one static batch per call."""
+"""The reference system: Hugging Face transformers (and PEFT for adapters), greedy, one static batch per call.
+
+fp32 on the CPU for issue 6's benchmark; bench.gpu_decode builds it in bf16 on a GPU.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +35,14 @@ class TokenClock:
 class HFModel:
     """One model instance: plain (base only) or a PeftModel holding every adapter under its index as name."""
 
-    def __init__(self, model_dir: Path, adapters: Sequence[Path] = ()) -> None:
+    def __init__(
+        self, model_dir: Path, adapters: Sequence[Path] = (), *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
         model.eval()
+        self.device = torch.device(device)
         self.with_adapters = bool(adapters)
         if adapters:
             from peft import PeftModel
@@ -64,8 +70,8 @@ class HFModel:
             raise ValueError("this HFModel has no adapters; build it with the adapter folders to serve adapter requests")
         with torch.inference_mode():
             out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,
                 do_sample=False,
@@ -73,4 +79,4 @@ class HFModel:
                 streamer=clock,
                 **kwargs,
             )
-        return out[:, longest:]
+        return out[:, longest:].cpu()

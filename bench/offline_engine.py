@@ -33,12 +33,15 @@ class OfflineEngine:
         model_dir: Path,
         adapters: Sequence[Path],
         *,
-        num_threads: int,
+        num_threads: int | None,
         audit_url: str | None = None,
         max_loras: int = 8,
         max_lora_rank: int = 16,
         max_cpu_loras: int | None = None,
         name_prefix: str = "bench-",
+        device: str = "cpu",
+        dtype: str = "auto",
+        enforce_eager: bool = False,
     ) -> None:
         from loraledger import LLM, LoRARequest
 
@@ -51,6 +54,9 @@ class OfflineEngine:
             audit_url=audit_url,
             num_threads=num_threads,
             block_size=16,
+            device=device,
+            dtype=dtype,
+            enforce_eager=enforce_eager,
         )
         self.loras = [LoRARequest(f"{name_prefix}{i}", i + 1, str(path)) for i, path in enumerate(adapters)]
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Every GPU check of issue 5 in one go, on a machine with an NVIDIA GPU, CuPy and the project installed:
+#   bash bench/gpu_check.sh [OUTDIR] [STEP ...]      (steps: env sweep engine kernels step decode; default all)
+# Each step writes its log (and JSON where it has figures) under OUTDIR and runs under its own time
+# limit, so one failing or hanging step does not hide the others. Exit status: the number of failed steps.
+set -u
+out=${1:-gpu-check}
+shift || true
+steps=${*:-env sweep engine kernels step decode}
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+failed=0
+
+step() {  # step NAME SECONDS CMD...: run CMD with a time limit, log to OUTDIR/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout --signal=INT --kill-after=15 "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc $rc in $((SECONDS - t0)) s" | tee -a "$out/summary.txt"
+    tail -n 25 "$out/$name.log"
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+}
+
+for s in $steps; do
+    case $s in
+    env) step env 60 bash -c "nvidia-smi; $py -c 'import torch, cupy, transformers, peft; print(torch.__version__, torch.version.cuda, cupy.__version__, transformers.__version__, peft.__version__); print(torch.cuda.get_device_name())'" ;;
+    sweep) step sweep "${SWEEP_LIMIT:-300}" "$py" -m pytest tests/gpu/test_ops_cuda.py -m gpu -q -rs -p no:cacheprovider --timeout 120 --maxfail 40 ${SWEEP_ARGS:-} ;;
+    engine) step engine "${ENGINE_LIMIT:-200}" "$py" -m pytest tests/gpu/test_cuda_engine.py -m gpu -q -rs -p no:cacheprovider --timeout 150 ;;
+    kernels) step kernels 120 "$py" bench/kernels.py --json "$out/kernels.json" ;;
+    step) step step 180 "$py" -m bench.gpu_step --json "$out/gpu_step.json" ;;
+    decode) step decode "${DECODE_LIMIT:-300}" "$py" -m bench.gpu_decode --json "$out/gpu_decode.json" ${DECODE_ARGS:-} ;;
+    *) echo "unknown step $s (env sweep engine kernels step decode)"; failed=$((failed + 1)) ;;
+    esac
+done
+exit $failed

@@ -1,0 +1,222 @@
+"""Issue 5's end-to-end GPU figures: batch-32 decode with 32 distinct adapters, against the same engine without adapters and HF + PEFT.
+
+Run by hand on a GPU:  python -m bench.gpu_decode [--new-tokens 64] [--repeats 3] [--json out.json]
+
+Model: Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 query / 8 KV heads of 64, intermediate
+8192, vocab 128,256, tied embeddings) with random bf16 weights, and 32 rank-16 adapters on all
+seven projections, built on the machine under bench/.cache/gpu/ on first use. Every system gets
+the same 32 prompts of 128 random token ids and generates `--new-tokens` greedy tokens for each
+(ignore_eos / min_new_tokens), prompt j bound to adapter j:
+  A  loraledger, 32 distinct adapters (max_loras=32, bf16, CUDA graphs for decode)
+  B  loraledger, the same engine, the same prompts without adapters
+  A' A's engine on C's shorter workload (`--hf-new-tokens`, default 16: HF + PEFT's mixed batch
+     is too slow for the long one within a device lease)
+  C  HF transformers + PEFT, one mixed-adapter generate(..., adapter_names=[...]) call (bf16)
+  D  HF transformers, base model
+  with --eager, A and B again with enforce_eager=True (every kernel launched from Python)
+Throughput = generated tokens / wall seconds of the generate call (model loads and warm-up
+excluded); A and B alternate over fresh prompts for `--repeats` rounds and report medians.
+Targets: A/B >= 0.9, A'/C >= 5, and A's engine time outside the forward pass (the engine's own
+per-step timing) under 10 % of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.assets import CACHE, _build_once, write_tokenizer
+from bench.stats import environment, median
+from bench.workload import Workload, base_only, batch_workload
+from loraledger.assets import build_random_adapter, build_random_checkpoint
+from loraledger.errors import DeviceError
+from loraledger.gpu.backend import require_cuda
+from loraledger.gpu.config import LORA_TARGETS
+
+SHAPE = dict(
+    arch="llama",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_layers=16,
+    num_heads=32,
+    num_kv_heads=8,
+    vocab_size=128_256,
+    max_position_embeddings=2048,
+    seed=7,
+    dtype=torch.bfloat16,
+    tie_word_embeddings=True,
+)
+NUM_ADAPTERS = 32
+RANK = 16
+PROMPT_LEN = 128
+
+
+@dataclass(frozen=True)
+class GpuAssets:
+    model_dir: Path
+    adapters: list[Path]
+
+
+def gpu_assets(cache: Path = CACHE / "gpu") -> GpuAssets:
+    def write_model(out: Path) -> None:
+        build_random_checkpoint(out, **SHAPE)
+        write_tokenizer(out, int(SHAPE["vocab_size"]))
+
+    model_dir = _build_once(cache / "llama-1b-shape", write_model)
+    adapters = [
+        _build_once(
+            cache / "adapters" / f"r{RANK}-{i:02d}",
+            lambda out, i=i: build_random_adapter(
+                out, model_dir, rank=RANK, alpha=2 * RANK, target_modules=LORA_TARGETS, seed=9000 + i
+            ),
+        )
+        for i in range(NUM_ADAPTERS)
+    ]
+    return GpuAssets(model_dir, adapters)
+
+
+def workload(seed: int, new_tokens: int) -> Workload:
+    """32 prompts bound to adapters 0..31 (round_robin over 32 adapters gives each prompt its own)."""
+    return batch_workload(
+        seed, num_prompts=NUM_ADAPTERS, prompt_len=PROMPT_LEN, max_tokens=new_tokens,
+        vocab_size=int(SHAPE["vocab_size"]), num_adapters=NUM_ADAPTERS,
+    )
+
+
+def _hf_run(model, w: Workload) -> dict:
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    out = model.generate(w.prompts, w.adapter_of, max(w.max_tokens))
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "tokens": int(out.numel()), "token_ids": out.tolist()}
+
+
+def _engine_runs(engine, new_tokens: int, repeats: int, log) -> dict[str, list]:
+    engine.register_all()
+    for seed in (900, 901):  # warm-up: kernels compiled, graphs captured, every adapter in a slot
+        engine.generate(workload(seed, 8))
+        engine.generate(base_only(workload(seed, 8)))
+    runs: dict[str, list] = {"A": [], "B": []}
+    for r in range(repeats):
+        w = workload(r, new_tokens)
+        runs["A"].append(engine.generate(w))
+        runs["B"].append(engine.generate(base_only(w)))
+        log(f"round {r}: A {runs['A'][-1].tokens_per_second:.0f} tok/s, B {runs['B'][-1].tokens_per_second:.0f} tok/s")
+    return runs
+
+
+def _summary(label: str, rs: list) -> dict:
+    steps = sum(r.engine["steps"] for r in rs)
+    wall = sum(r.engine["wall_seconds"] for r in rs)
+    forward = sum(r.engine["forward_seconds"] for r in rs)
+    return {
+        "label": label,
+        "seconds": median([r.seconds for r in rs]),
+        "tokens_per_second": median([r.tokens_per_second for r in rs]),
+        "step_ms": 1e3 * wall / steps,
+        "forward_ms": 1e3 * forward / steps,
+        "overhead_fraction": 1.0 - forward / wall,
+    }
+
+
+def run(new_tokens: int, repeats: int, hf_new_tokens: int, eager: bool, log=print) -> dict:
+    from bench.hf_baseline import HFModel
+    from bench.offline_engine import OfflineEngine
+
+    started = time.perf_counter()
+    assets = gpu_assets()
+    log(f"assets ready in {time.perf_counter() - started:.1f} s: {assets.model_dir}")
+    results: dict[str, dict] = {}
+    kwargs = dict(num_threads=None, max_loras=NUM_ADAPTERS, max_lora_rank=RANK, device="cuda", dtype="bfloat16")
+    short = workload(0, hf_new_tokens)
+    engine = OfflineEngine(assets.model_dir, assets.adapters, **kwargs)
+    try:
+        runs = _engine_runs(engine, new_tokens, repeats, log)
+        results["A"] = _summary("loraledger, 32 distinct adapters", runs["A"])
+        results["B"] = _summary("loraledger, no adapters", runs["B"])
+        a_short = engine.generate(short)
+        results["A'"] = _summary(f"loraledger, 32 adapters, {hf_new_tokens} tokens", [a_short])
+    finally:
+        engine.close()
+    if eager:
+        engine = OfflineEngine(assets.model_dir, assets.adapters, enforce_eager=True, **kwargs)
+        try:
+            runs = _engine_runs(engine, new_tokens, 1, log)
+            results["A_eager"] = _summary("loraledger eager, 32 adapters", runs["A"])
+            results["B_eager"] = _summary("loraledger eager, no adapters", runs["B"])
+        finally:
+            engine.close()
+    torch.cuda.empty_cache()
+
+    hf_peft = HFModel(assets.model_dir, assets.adapters, dtype=torch.bfloat16, device="cuda")
+    _hf_run(hf_peft, workload(900, 2))
+    c = _hf_run(hf_peft, short)
+    results["C"] = {"label": f"HF + PEFT, mixed, {hf_new_tokens} tokens", **c, "tokens_per_second": c["tokens"] / c["seconds"]}
+    del hf_peft
+    torch.cuda.empty_cache()
+    hf_base = HFModel(assets.model_dir, dtype=torch.bfloat16, device="cuda")
+    _hf_run(hf_base, base_only(workload(900, 2)))
+    d = _hf_run(hf_base, base_only(short))
+    results["D"] = {"label": f"HF, base model, {hf_new_tokens} tokens", **d, "tokens_per_second": d["tokens"] / d["seconds"]}
+    del hf_base
+
+    a_ids, c_ids = a_short.token_ids, results["C"].pop("token_ids")
+    results["D"].pop("token_ids")
+    same = sum(x == y for a, c in zip(a_ids, c_ids) for x, y in zip(a, c))
+    tps = {k: v["tokens_per_second"] for k, v in results.items()}
+    return {
+        "device": torch.cuda.get_device_name(),
+        "new_tokens": new_tokens,
+        "hf_new_tokens": hf_new_tokens,
+        "repeats": repeats,
+        "systems": results,
+        "ratios": {"A/B": tps["A"] / tps["B"], "A'/C": tps["A'"] / tps["C"]},
+        "targets": {"A/B": 0.9, "A'/C": 5.0, "overhead_fraction": 0.10},
+        "a_vs_c_same_token_share": same / max(1, sum(len(a) for a in a_ids)),
+        "environment": environment(),
+    }
+
+
+def _table(report: dict) -> str:
+    lines = [f"device: {report['device']}, batch 32, prompt {PROMPT_LEN}, {report['new_tokens']} new tokens, bf16"]
+    lines.append(f"{'system':<36} {'seconds':>8} {'tok/s':>8} {'step ms':>8} {'fwd ms':>7} {'overhead':>9}")
+    for key, r in report["systems"].items():
+        extra = ""
+        if "step_ms" in r:
+            extra = f" {r['step_ms']:>8.2f} {r['forward_ms']:>7.2f} {100 * r['overhead_fraction']:>8.1f}%"
+        lines.append(f"{key} {r['label']:<34} {r['seconds']:>8.2f} {r['tokens_per_second']:>8.0f}{extra}")
+    ratios = ", ".join(f"{k} {v:.2f}" for k, v in report["ratios"].items())
+    lines.append(f"ratios: {ratios} (targets: A/B >= 0.9, A'/C >= 5; overhead < 10%)")
+    lines.append(f"A' and C agree on {100 * report['a_vs_c_same_token_share']:.1f}% of greedy tokens (bf16 both)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hf-new-tokens", type=int, default=16, help="new tokens in the HF runs (C, D) and in A' (default 16)")
+    parser.add_argument("--eager", action="store_true", help="also run A and B with enforce_eager=True (no CUDA graphs)")
+    parser.add_argument("--json", type=Path, help="also write the report to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        require_cuda()
+    except DeviceError as exc:
+        print(f"bench.gpu_decode needs a GPU: {exc}", file=sys.stderr)
+        return 2
+    report = run(args.new_tokens, args.repeats, args.hf_new_tokens, args.eager)
+    print(_table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
