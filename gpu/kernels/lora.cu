@@ -29,9 +29,10 @@ __device__ __forceinline__ void shrink_accumulate(
     float (&acc)[TOKS][ROWS], const T* __restrict__ x, long long x_stride, const T* const (&a_rows)[ROWS],
     const bool (&row_live)[ROWS], int t0, int count, int K) {
     const int num_vecs = K / VEC;
-    // BGMV has few loads per iteration, so it unrolls for more bytes in flight; SGMV already
+    // BGMV has few loads per iteration, so it unrolls 4x for more bytes in flight (2x measured 48 %
+    // of copy bandwidth on an H100 for 64 tokens x 64 adapters at K = 4096); SGMV already
     // issues TOKS + ROWS loads per iteration and needs its registers for the accumulators.
-#pragma unroll(TOKS == 1 ? 2 : 1)
+#pragma unroll(TOKS == 1 ? 4 : 1)
     for (int v = threadIdx.x; v < num_vecs; v += kShrinkThreads) {
         const int k = v * VEC;
         float xv[TOKS][VEC];
