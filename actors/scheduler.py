@@ -87,6 +87,7 @@ class Scheduler:
         self._step_id = 0
         self._freed: list[int] = []
         self._pending_preempted: list[Seq] = []
+        self._undelivered: StepTokens | None = None  # the last step's tokens, sent once the next step is on its way
 
         # adapter slots: slot -> fingerprint (or None), fingerprint -> slot, last step a slot was used
         self._slot_fp: list[str | None] = [None] * max_loras
@@ -106,11 +107,13 @@ class Scheduler:
                 await self._loop()
             finally:
                 with anyio.move_on_after(5, shield=True):
+                    await self._flush_tokens()
                     await self._fail_everything(EngineDeadError("the engine stopped before this request finished"))
 
     async def _loop(self) -> None:
         while True:
             if not self._waiting and not self._running:
+                await self._flush_tokens()
                 try:
                     msg = await self._inbox.receive()
                 except anyio.EndOfStream:
@@ -130,6 +133,7 @@ class Scheduler:
             started = time.perf_counter()
             plan = self._schedule()
             if plan is None:
+                await self._flush_tokens()
                 try:
                     msg = await self._inbox.receive()
                 except anyio.EndOfStream:
@@ -139,6 +143,7 @@ class Scheduler:
                 continue
             schedule_seconds = time.perf_counter() - started
             await self._executor.send(ExecuteStep(plan=plan))
+            await self._flush_tokens()  # the last step's tokens: assembled while this step runs
             while True:
                 try:
                     msg = await self._inbox.receive()
@@ -253,7 +258,7 @@ class Scheduler:
                 self._finish_seq(seq)
                 updates.append(SeqUpdate(request_id=rid, seq_index=seq.index, token_ids=[], logprobs=[], finish_reason="abort"))
         if updates:
-            await self._assembler.send(StepTokens(updates=updates, time=time.time()))
+            await self._to_assembler(StepTokens(updates=updates, time=time.time()))
 
     async def _stop_from_string(self, request_id: str, index: int) -> None:
         req = self._requests.get(request_id)
@@ -267,7 +272,7 @@ class Scheduler:
     async def _fail_everything(self, error: Exception) -> None:
         for rid in list(self._requests):
             try:
-                await self._assembler.send(RequestFailed(request_id=rid, error=error))
+                await self._to_assembler(RequestFailed(request_id=rid, error=error))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 return
         self._requests.clear()
@@ -509,7 +514,20 @@ class Scheduler:
                 self._finish_seq(seq)
         self._pending_preempted = []
         if updates or timings:
-            await self._assembler.send(StepTokens(updates=updates, timings=list(timings.values()), time=now))
+            # held until the next step is on its way (or there is none): output assembly and
+            # detokenization then overlap the next forward pass instead of delaying it
+            await self._flush_tokens()
+            self._undelivered = StepTokens(updates=updates, timings=list(timings.values()), time=now)
+
+    async def _flush_tokens(self) -> None:
+        """Hand the held StepTokens to the OutputAssembler; every other message to it goes after them."""
+        if self._undelivered is not None:
+            held, self._undelivered = self._undelivered, None
+            await self._assembler.send(held)
+
+    async def _to_assembler(self, msg: object) -> None:
+        await self._flush_tokens()
+        await self._assembler.send(msg)
 
     def _check_stop(self, seq: Seq, token: int) -> tuple[str | None, int | None]:
         req = seq.request
@@ -539,7 +557,7 @@ class Scheduler:
                     self._remove_from_queues(seq)
                     self._finish_seq(seq)
             self._requests.pop(rid, None)
-            await self._assembler.send(RequestFailed(request_id=rid, error=RequestFailedError(f"request {rid} failed in the model step: {error!r}")))
+            await self._to_assembler(RequestFailed(request_id=rid, error=RequestFailedError(f"request {rid} failed in the model step: {error!r}")))
 
 
 def _mix_seed(seed: int, index: int) -> int:

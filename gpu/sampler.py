@@ -58,7 +58,12 @@ class Sampler:
             idx = torch.tensor(random_rows, dtype=torch.int64, device=logits.device)
             tokens[idx] = self._sample_random(processed.index_select(0, idx), [rows[i] for i in random_rows])
         lse = torch.logsumexp(logits, dim=-1)
-        chosen = (logits.gather(1, tokens[:, None])[:, 0] - lse).tolist()
+        chosen_t = logits.gather(1, tokens[:, None])[:, 0] - lse
+        if logits.is_cuda:
+            # wait for the step's GPU work with the GIL released (tolist() would hold it while it
+            # waits), so that the engine's actors run on the event loop meanwhile
+            torch.cuda.current_stream(logits.device).synchronize()
+        chosen = chosen_t.tolist()
         top: list[list[tuple[int, float]] | None] = [None] * n
         k_max = max(s.logprobs for s in specs)
         if k_max > 0:
