@@ -98,17 +98,26 @@ def _hf_run(model, w: Workload) -> dict:
     return {"seconds": seconds, "tokens": int(out.numel()), "token_ids": out.tolist()}
 
 
-def _engine_runs(engine, new_tokens: int, repeats: int, log) -> dict[str, list]:
+def _engine_runs(engine, new_tokens: int, repeats: int, log, switch_intervals: tuple[float, ...] = ()) -> dict[str, list]:
+    """A and B alternating over fresh prompts; with switch_intervals, each round runs A and B once per
+    interval (sys.setswitchinterval: how long a thread holding the GIL keeps it from a waiting one)."""
     engine.register_all()
     for seed in (900, 901):  # warm-up: kernels compiled, graphs captured, every adapter in a slot
         engine.generate(workload(seed, 8))
         engine.generate(base_only(workload(seed, 8)))
-    runs: dict[str, list] = {"A": [], "B": []}
-    for r in range(repeats):
-        w = workload(r, new_tokens)
-        runs["A"].append(engine.generate(w))
-        runs["B"].append(engine.generate(base_only(w)))
-        log(f"round {r}: A {runs['A'][-1].tokens_per_second:.0f} tok/s, B {runs['B'][-1].tokens_per_second:.0f} tok/s")
+    default = sys.getswitchinterval()
+    runs: dict[str, list] = {}
+    try:
+        for r in range(repeats):
+            w = workload(r, new_tokens)
+            for interval in (None, *switch_intervals):
+                sys.setswitchinterval(default if interval is None else interval)
+                suffix = "" if interval is None else f"@{interval * 1e3:g}ms"
+                for key, load in (("A", w), ("B", base_only(w))):
+                    runs.setdefault(key + suffix, []).append(engine.generate(load))
+                log(f"round {r}{suffix}: A {runs['A' + suffix][-1].tokens_per_second:.0f} tok/s, B {runs['B' + suffix][-1].tokens_per_second:.0f} tok/s")
+    finally:
+        sys.setswitchinterval(default)
     return runs
 
 
@@ -126,7 +135,9 @@ def _summary(label: str, rs: list) -> dict:
     }
 
 
-def run(new_tokens: int, repeats: int, hf_new_tokens: int, eager: bool, log=print) -> dict:
+def run(
+    new_tokens: int, repeats: int, hf_new_tokens: int, eager: bool, switch_intervals: tuple[float, ...] = (), log=print
+) -> dict:
     from bench.hf_baseline import HFModel
     from bench.offline_engine import OfflineEngine
 
@@ -138,9 +149,12 @@ def run(new_tokens: int, repeats: int, hf_new_tokens: int, eager: bool, log=prin
     short = workload(0, hf_new_tokens)
     engine = OfflineEngine(assets.model_dir, assets.adapters, **kwargs)
     try:
-        runs = _engine_runs(engine, new_tokens, repeats, log)
+        runs = _engine_runs(engine, new_tokens, repeats, log, switch_intervals)
         results["A"] = _summary("loraledger, 32 distinct adapters", runs["A"])
         results["B"] = _summary("loraledger, no adapters", runs["B"])
+        for key in sorted(k for k in runs if "@" in k):
+            label = "32 adapters" if key.startswith("A") else "no adapters"
+            results[key] = _summary(f"loraledger, {label}, GIL switch {key.split('@')[1]}", runs[key])
         a_short = engine.generate(short)
         results["A'"] = _summary(f"loraledger, 32 adapters, {hf_new_tokens} tokens", [a_short])
     finally:
@@ -186,12 +200,12 @@ def run(new_tokens: int, repeats: int, hf_new_tokens: int, eager: bool, log=prin
 
 def _table(report: dict) -> str:
     lines = [f"device: {report['device']}, batch 32, prompt {PROMPT_LEN}, {report['new_tokens']} new tokens, bf16"]
-    lines.append(f"{'system':<36} {'seconds':>8} {'tok/s':>8} {'step ms':>8} {'fwd ms':>7} {'overhead':>9}")
+    lines.append(f"{'system':<53} {'seconds':>8} {'tok/s':>8} {'step ms':>8} {'fwd ms':>7} {'overhead':>9}")
     for key, r in report["systems"].items():
         extra = ""
         if "step_ms" in r:
             extra = f" {r['step_ms']:>8.2f} {r['forward_ms']:>7.2f} {100 * r['overhead_fraction']:>8.1f}%"
-        lines.append(f"{key} {r['label']:<34} {r['seconds']:>8.2f} {r['tokens_per_second']:>8.0f}{extra}")
+        lines.append(f"{key:<8} {r['label']:<44} {r['seconds']:>8.2f} {r['tokens_per_second']:>8.0f}{extra}")
     ratios = ", ".join(f"{k} {v:.2f}" for k, v in report["ratios"].items())
     lines.append(f"ratios: {ratios} (targets: A/B >= 0.9, A'/C >= 5; overhead < 10%)")
     lines.append(f"A' and C agree on {100 * report['a_vs_c_same_token_share']:.1f}% of greedy tokens (bf16 both)")
@@ -204,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hf-new-tokens", type=int, default=16, help="new tokens in the HF runs (C, D) and in A' (default 16)")
     parser.add_argument("--eager", action="store_true", help="also run A and B with enforce_eager=True (no CUDA graphs)")
+    parser.add_argument(
+        "--switch-interval", type=float, action="append", default=[],
+        help="also run A and B with sys.setswitchinterval(SECONDS) (repeatable)",
+    )
     parser.add_argument("--json", type=Path, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
     try:
@@ -211,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     except DeviceError as exc:
         print(f"bench.gpu_decode needs a GPU: {exc}", file=sys.stderr)
         return 2
-    report = run(args.new_tokens, args.repeats, args.hf_new_tokens, args.eager)
-    print(_table(report))
+    report = run(args.new_tokens, args.repeats, args.hf_new_tokens, args.eager, tuple(args.switch_interval))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    print(_table(report))
     return 0
 
 
