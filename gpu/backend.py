@@ -12,7 +12,10 @@ NO_GPU_MESSAGE = (
     "no CUDA GPU is visible to torch; use device='cpu' or run on a machine with an NVIDIA GPU "
     "and a CUDA build of torch"
 )
-NO_CUPY_MESSAGE = "CuPy is not installed, and the CUDA kernels need it: pip install 'loraledger[cuda]'"
+NO_CUPY_MESSAGE = (
+    "CuPy is not installed, and the CUDA kernels need it: pip install 'loraledger[cuda]' (CUDA 12) "
+    "or 'loraledger[cuda13]' (CUDA 13)"
+)
 
 
 def cuda_problem() -> str | None:
