@@ -48,34 +48,34 @@ class BenchAssets:
 
 def model_assets(cache: Path = CACHE) -> BenchAssets:
     """The model folder (weights + 32k tokenizer) and the 8 rank-16 adapters, built on first use."""
-    model_dir = _build_once(cache / "llama-h512-l8", _write_model)
-    adapters = [
-        _build_once(
-            cache / "adapters" / f"r{ADAPTER_RANK}-{i}",
-            lambda out, i=i: build_random_adapter(
-                out, model_dir, rank=ADAPTER_RANK, alpha=2 * ADAPTER_RANK, target_modules=LORA_TARGETS, seed=1000 + i
-            ),
-        )
-        for i in range(NUM_ADAPTERS)
-    ]
+    model_dir = build_once(cache / "llama-h512-l8", _write_model)
+    names = [f"r{ADAPTER_RANK}-{i}" for i in range(NUM_ADAPTERS)]
+    adapters = random_adapters(model_dir, cache / "adapters", names, rank=ADAPTER_RANK, first_seed=1000)
     return BenchAssets(model_dir=model_dir, adapters=adapters)
 
 
 def churn_adapters(count: int, cache: Path = CACHE) -> list[Path]:
     """`count` rank-8 adapters on all seven projections (about 2.3 MB each), built on first use."""
     model_dir = model_assets(cache).model_dir
+    names = [f"r{CHURN_RANK}-{i:04d}" for i in range(count)]
+    return random_adapters(model_dir, cache / "churn", names, rank=CHURN_RANK, first_seed=50_000)
+
+
+def random_adapters(model_dir: Path, folder: Path, names: list[str], *, rank: int, first_seed: int) -> list[Path]:
+    """Rank-`rank` adapters (alpha 2 * rank) on all seven projections, folder / name each, built on
+    first use; the i-th gets seed first_seed + i."""
     return [
-        _build_once(
-            cache / "churn" / f"r{CHURN_RANK}-{i:04d}",
+        build_once(
+            folder / name,
             lambda out, i=i: build_random_adapter(
-                out, model_dir, rank=CHURN_RANK, alpha=2 * CHURN_RANK, target_modules=LORA_TARGETS, seed=50_000 + i
+                out, model_dir, rank=rank, alpha=2 * rank, target_modules=LORA_TARGETS, seed=first_seed + i
             ),
         )
-        for i in range(count)
+        for i, name in enumerate(names)
     ]
 
 
-def _build_once(final: Path, write) -> Path:
+def build_once(final: Path, write) -> Path:
     if final.is_dir():
         return final
     partial = final.with_name(final.name + ".partial")

@@ -31,13 +31,12 @@ from pathlib import Path
 
 import torch
 
-from bench.assets import CACHE, _build_once, write_tokenizer
+from bench.assets import CACHE, build_once, random_adapters, write_tokenizer
 from bench.stats import environment, median
 from bench.workload import Workload, base_only, batch_workload
-from loraledger.assets import build_random_adapter, build_random_checkpoint
+from loraledger.assets import build_random_checkpoint
 from loraledger.errors import DeviceError
 from loraledger.gpu.backend import require_cuda
-from loraledger.gpu.config import LORA_TARGETS
 
 SHAPE = dict(
     arch="llama",
@@ -68,16 +67,9 @@ def gpu_assets(cache: Path = CACHE / "gpu") -> GpuAssets:
         build_random_checkpoint(out, **SHAPE)
         write_tokenizer(out, int(SHAPE["vocab_size"]))
 
-    model_dir = _build_once(cache / "llama-1b-shape", write_model)
-    adapters = [
-        _build_once(
-            cache / "adapters" / f"r{RANK}-{i:02d}",
-            lambda out, i=i: build_random_adapter(
-                out, model_dir, rank=RANK, alpha=2 * RANK, target_modules=LORA_TARGETS, seed=9000 + i
-            ),
-        )
-        for i in range(NUM_ADAPTERS)
-    ]
+    model_dir = build_once(cache / "llama-1b-shape", write_model)
+    names = [f"r{RANK}-{i:02d}" for i in range(NUM_ADAPTERS)]
+    adapters = random_adapters(model_dir, cache / "adapters", names, rank=RANK, first_seed=9000)
     return GpuAssets(model_dir, adapters)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
+from loraledger.gpu.backend import cuda_problem
 from tests.api.conftest import loras_for, random_prompts
 from tests.model_fixtures import hf_reference_generate
 
@@ -16,14 +17,29 @@ def _greedy(max_tokens: int = MAX_NEW, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
+_NO_GPU = cuda_problem()
+DEVICES = [
+    "cpu",
+    # the same check on a GPU (fp32, decode steps replayed from CUDA graphs); see tests/gpu/test_cuda_engine.py
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_GPU is not None, reason=f"needs a CUDA GPU and CuPy: {_NO_GPU}")],
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_llm_mixed_batch_equals_hf_peft(arch, request):
+def test_llm_mixed_batch_equals_hf_peft(arch, device, request):
     tiny = request.getfixturevalue(f"tiny_{arch}")
     loras = loras_for(tiny)
     names = [None, *sorted(loras)] * 2
     prompts = random_prompts(len(names), seed=1)
     ref = hf_reference_generate(tiny.model_dir, tiny.adapters, prompts, names, MAX_NEW, mixed=True)
-    with LLM(model=str(tiny.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny.model_dir), device=device, dtype="float32", enable_lora=True, max_loras=3, max_lora_rank=16,
+        block_size=4, audit_url=None,
+    ) as llm:
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), lora_request=[loras[n] if n else None for n in names])
         assert [o.outputs[0].token_ids for o in outs] == ref.token_ids
         for o, n in zip(outs, names):
