@@ -10,6 +10,7 @@ KV caches are [num_blocks, block_size, num_kv_heads, head_dim] per layer (one fo
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,34 @@ def slot_runs(slots: np.ndarray) -> np.ndarray:
     change = np.ones(slots.shape[0], dtype=bool)
     change[1:] = slots[1:] != slots[:-1]
     return np.flatnonzero(change)
+
+
+class StepMemo:
+    """Values derived from a step's index tensors alone, built at the first layer and reused by the others.
+
+    A step passes the same ForwardBatch tensors to every layer. Tensors in a key are compared by
+    identity and kept referenced until the next step replaces them, so a new step's tensor can never
+    be mistaken for an old one at a reused address. The contract this relies on: callers build a
+    step's index tensors fresh and never write to them in place between calls (ForwardBatch's
+    tensors are made anew for every eager step; CUDA-graph steps write static buffers in place, so
+    nothing a graph step reaches may be memoised).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[tuple, object]] = {}
+
+    def get(self, name: str, key: tuple, build: Callable[[], Any]) -> Any:
+        held = self._held.get(name)
+        if held is not None and len(held[0]) == len(key) and all(map(_same, held[0], key)):
+            return held[1]
+        value = build()
+        self._held[name] = (key, value)
+        return value
+
+
+def _same(a: object, b: object) -> bool:
+    """Tensors: the same object; anything else (ints, None): equal."""
+    return a is b or (not isinstance(a, torch.Tensor) and a == b)
 
 
 class LoraMeta:

@@ -23,7 +23,7 @@ from loraledger.gpu import kernel_checks as checks
 from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
 from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
-from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
+from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
 
 _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
@@ -73,6 +73,13 @@ def lora_tiles(seg_indptr: torch.Tensor, tile: int) -> torch.Tensor:
     return torch.cat((starts, seg_indptr[-1:]))
 
 
+def prefill_sizes(query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> tuple[int, int]:
+    """(longest query chunk, longest context) of a prefill batch: one small read-back from the device."""
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    max_q, max_len = torch.stack((q_lens.max(), seq_lens.max())).to(torch.int64).tolist()
+    return int(max_q), int(max_len)
+
+
 def sdpa_prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -82,14 +89,17 @@ def sdpa_prefill_attention(
     block_tables: torch.Tensor,
     scale: float,
     sliding_window: int | None,
+    sizes: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Ops.prefill_attention by gathering each sequence's context and calling torch SDPA in q's dtype.
+    """Ops.prefill_attention by gathering each sequence's context and calling torch SDPA.
 
     GQA heads are expanded by repeat_interleave so that the fused memory-efficient kernel applies
     with a boolean mask. bf16/fp16 inputs are attended in fp32, like the TorchOps twin: on an H100
     the engine's bf16 prompt logprobs on the test fixture were 5.0e-2 off the fp32 reference with
-    half-precision SDPA and 3.6e-2 with this (transformers' own bf16 forward: 4.6e-2). Costs one
-    host sync for the padded sizes.
+    half-precision SDPA and 3.6e-2 with this (transformers' own bf16 forward: 4.6e-2).
+
+    sizes: (longest query chunk, longest context) when the caller knows them; otherwise they are
+    read back from the device (a host sync).
     """
     seqs = seq_lens.shape[0]
     tq, hq, d = q.shape
@@ -99,7 +109,7 @@ def sdpa_prefill_attention(
     starts = query_start_loc.to(torch.int64)
     q_lens = starts[1:] - starts[:-1]
     lens = seq_lens.to(torch.int64)
-    max_q, max_len = (int(v) for v in torch.stack((q_lens.max(), lens.max())).tolist())
+    max_q, max_len = prefill_sizes(query_start_loc, seq_lens) if sizes is None else sizes
     used = _cdiv(max(max_len, 1), block_size)
     table = block_tables[:, :used].to(torch.int64).clamp(min=0)
     keys = k_cache[table].view(seqs, used * block_size, hk, d).transpose(1, 2)
@@ -151,6 +161,7 @@ class CudaOps(Ops):
         self._lora_kernel = lora_kernel
         self._launcher = launcher
         self._slice_offsets: dict[tuple[int, ...], torch.Tensor] = {}
+        self._step_memo = StepMemo()  # eager steps only: graph steps never reach prefill_attention
 
     def _on_device(self, op: str, name: str, t: torch.Tensor) -> None:
         checks.require_device(op, name, t, self.device)
@@ -311,8 +322,12 @@ class CudaOps(Ops):
     ) -> torch.Tensor:
         checks.check_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window)
         self._on_device("prefill_attention", "k_cache", k_cache)
+        # read back once per step, not at every layer: each read-back drains the GPU's queue of launches
+        sizes = self._step_memo.get(
+            "prefill_sizes", (query_start_loc, seq_lens), lambda: prefill_sizes(query_start_loc, seq_lens)
+        )
         return sdpa_prefill_attention(
-            q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window
+            q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, sizes
         )
 
     # ---- LoRA ----

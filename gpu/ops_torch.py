@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
+from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
 
 _REDUCED = (torch.bfloat16, torch.float16)
 # a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
@@ -18,24 +18,12 @@ class TorchOps(Ops):
 
     def __init__(self) -> None:
         self._kv_workspace: torch.Tensor | None = None
-        # per-step index tensors every layer would otherwise rebuild (see _per_step)
-        self._step_memo: dict[str, tuple[tuple, object]] = {}
+        # what every layer would otherwise rebuild from the step's index tensors (see StepMemo)
+        self._step_memo = StepMemo()
 
     def _per_step(self, name: str, key: tuple, build):
-        """build(), reused while `key` holds the same objects: a step passes the same ForwardBatch
-        tensors to every layer, so what is derived from them alone is built once per step, not per layer.
-
-        Tensors in `key` are compared by identity and kept referenced until the next step replaces
-        them, so a new step's tensor can never be mistaken for an old one at a reused address. The
-        contract this relies on: callers build a step's index tensors fresh and never write to them
-        in place between calls (ForwardBatch's tensors are made anew for every step).
-        """
-        held = self._step_memo.get(name)
-        if held is not None and all(map(_same, held[0], key)):
-            return held[1]
-        value = build()
-        self._step_memo[name] = (key, value)
-        return value
+        """build(), reused while `key` holds the same objects (StepMemo): once per step, not per layer."""
+        return self._step_memo.get(name, key, build)
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
@@ -362,11 +350,6 @@ class TorchOps(Ops):
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
             _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
-
-
-def _same(a: object, b: object) -> bool:
-    """Tensors: the same object; anything else (ints, None): equal."""
-    return a is b or (not isinstance(a, torch.Tensor) and a == b)
 
 
 def _prefill_plan(

@@ -397,6 +397,25 @@ def test_sdpa_prefill_attention_matches_torchops(window):
     assert_matches("prefill", got, ref, F32)
 
 
+def test_prefill_attention_reads_the_sizes_back_once_per_step():
+    """Each read-back drains the GPU's launch queue: the layers of one step share one."""
+    import loraledger.gpu.ops_cuda as ops_cuda
+
+    g = _gen("prefill-once")
+    ops = CudaOps("cpu", launcher=_NoLaunch())
+    k_cache, v_cache, table, _ = _paged_context(g, 2, 2, 16, 4, 9, F32, "cpu")
+    q = torch.randn(7, 4, 16, generator=g)
+    with mock.patch.object(ops_cuda, "prefill_sizes", wraps=ops_cuda.prefill_sizes) as sizes:
+        for step in range(2):  # each step builds its index tensors afresh, as build_forward_batch does
+            starts = torch.tensor([0, 3, 7], dtype=torch.int32)
+            lens = torch.tensor([9, 4], dtype=torch.int32)
+            outs = [ops.prefill_attention(q, k_cache, v_cache, starts, lens, table, 0.25) for _layer in range(3)]
+            assert sizes.call_count == step + 1
+            ref = ORACLE.prefill_attention(q, k_cache, v_cache, starts, lens, table, 0.25)
+            for out in outs:
+                assert_matches("prefill", out, ref, F32)
+
+
 # ---- on a GPU: the full sweep ----
 
 LORA_GPU_CASES = [
