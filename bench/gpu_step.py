@@ -71,8 +71,7 @@ def run(steps: int) -> dict:
             host.append(time.perf_counter() - t0)
             step_id += 1
             last = {s.seq_id: s.token_id for s in out.sampled}
-        graph, _ = runner.graphs._graphs[(BATCH, with_lora)]
-        gpu = median_ms(graph.replay, 5, 100)
+        gpu = median_ms(runner.graphs.graph(BATCH, with_lora).replay, 5, 100)
         runner.execute(StepPlan(step_id, seqs=[], freed_seq_ids=ids))
         step_id += 1
         report[label] = {"gpu_ms": gpu, "execute_ms": 1e3 * statistics.median(host[steps // 4 :])}

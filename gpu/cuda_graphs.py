@@ -77,6 +77,10 @@ class DecodeGraphs:
     def captured(self) -> list[tuple[int, bool]]:
         return sorted(self._graphs)
 
+    def graph(self, size: int, with_lora: bool) -> torch.cuda.CUDAGraph:
+        """The captured graph of a (padded size, LoRA or not) step, for timing its replay alone (bench.gpu_step)."""
+        return self._graphs[(size, with_lora)][0]
+
     def accepts(self, seqs: Sequence[SeqWork]) -> bool:
         """Whether a step of these (ordered) sequences can replay a graph: all one-token, sampling, no prompt logprobs."""
         return 0 < len(seqs) <= self.max_batch and all(
