@@ -12,6 +12,7 @@ at the head of the queue for `max_head_skips` steps nothing else is admitted ahe
 from __future__ import annotations
 
 import bisect
+import contextlib
 import random
 import time
 from collections import deque
@@ -107,7 +108,8 @@ class Scheduler:
                 await self._loop()
             finally:
                 with anyio.move_on_after(5, shield=True):
-                    await self._flush_tokens()
+                    with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        await self._flush_tokens()  # the assembler may have stopped first
                     await self._fail_everything(EngineDeadError("the engine stopped before this request finished"))
 
     async def _loop(self) -> None:

@@ -12,7 +12,9 @@ serves every later mix of adapters. Rows past the step's sequences are padding: 
 (never written), context length 1 over block 0.
 
 Graphs are captured lazily, the first time a (size, LoRA or not) step comes; a capture costs a few
-forward passes. Only steps whose every sequence brings one token and wants only its sampled token's
+forward passes, and one that fails (out of memory, say) is logged and leaves those steps eager.
+Each graph keeps its own fp32 logits output ([size, vocab]): with a 128k vocabulary and every size
+up to 256 captured, with and without LoRA, that is about 1.6 GB. Only steps whose every sequence brings one token and wants only its sampled token's
 logits take this path; prefill and prompt-logprob steps run eagerly.
 """
 
@@ -24,11 +26,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from loraledger.errors import ConfigError
+from loraledger.errors import ConfigError, KernelInputError
 from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.step import SeqWork
+from loraledger.logging import get_logger
+
+log = get_logger("cuda_graphs")
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -71,6 +76,7 @@ class DecodeGraphs:
         self._lens, self._slots = h32[:m], h32[m : 2 * m]
         self._tables = h32[2 * m :].reshape(m, self.width)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._failed: set[tuple[int, bool]] = set()  # captures that raised: those steps run eagerly
         self._pool = torch.cuda.graph_pool_handle()
 
     @property
@@ -88,37 +94,50 @@ class DecodeGraphs:
             for s in seqs
         )
 
-    def run(self, seqs: Sequence[SeqWork]) -> torch.Tensor:
-        """Logits [len(seqs), V] (fp32) of one decode step; a view of the graph's output, valid until the next run."""
+    def run(self, seqs: Sequence[SeqWork]) -> torch.Tensor | None:
+        """Logits [len(seqs), V] (fp32) of one decode step, a view of the graph's output valid until the
+        next run; None when this step's graph could not be captured (the caller runs the step eagerly)."""
         n = len(seqs)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         with_lora = self.lora_slots is not None and any(s.lora_slot >= 0 for s in seqs)
-        entry = self._graphs.get((size, with_lora))
-        if entry is None:
-            entry = self._capture(size, with_lora)
-        self._fill(seqs)
-        graph, logits = entry
-        graph.replay()
+        key = (size, with_lora)
+        if key in self._failed:
+            return None
+        # the graph's capture stream and the kernels' current stream belong to the current device
+        with torch.cuda.device(self.device):
+            entry = self._graphs.get(key)
+            if entry is None:
+                try:
+                    entry = self._capture(size, with_lora)
+                except (RuntimeError, KernelInputError) as exc:  # out of memory, a launch refused in capture
+                    self._failed.add(key)
+                    log.warning("CUDA graph capture failed; these steps run eagerly", size=size, lora=with_lora, error=repr(exc))
+                    return None
+            self._fill(seqs, size)
+            graph, logits = entry
+            graph.replay()
         return logits[:n]
 
     # ---- inputs ----
 
-    def _pad(self) -> None:
-        """Every row padding: no adapter, nothing written to the KV cache, one position of context in block 0."""
-        self._ids[:] = 0
-        self._pos[:] = 0
-        self._kv_slots[:] = -1
-        self._lens[:] = 1
-        self._slots[:] = -1
-        self._tables[:] = 0
+    def _pad(self, start: int, stop: int) -> None:
+        """Rows [start, stop) padding: no adapter, nothing written to the KV cache, one position of context in block 0."""
+        self._ids[start:stop] = 0
+        self._pos[start:stop] = 0
+        self._kv_slots[start:stop] = -1
+        self._lens[start:stop] = 1
+        self._slots[start:stop] = -1
+        self._tables[start:stop, 0] = 0  # a row's table is read only as far as its context: one block here
 
-    def _upload(self) -> None:
+    def _upload(self, size: int) -> None:
+        """Copy what a graph of `size` rows reads: all of the int64 buffer, the int32 one up to row `size` of the tables."""
         self._dev64.copy_(self._host64, non_blocking=True)
-        self._dev32.copy_(self._host32, non_blocking=True)
+        used = 2 * self.max_batch + size * self.width
+        self._dev32[:used].copy_(self._host32[:used], non_blocking=True)
 
-    def _fill(self, seqs: Sequence[SeqWork]) -> None:
+    def _fill(self, seqs: Sequence[SeqWork], size: int) -> None:
         n, bs = len(seqs), self.block_size
-        self._pad()
+        self._pad(n, size)
         pos = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=n)
         self._ids[:n] = np.fromiter((s.token_ids[0] for s in seqs), dtype=np.int64, count=n)
         self._pos[:n] = pos
@@ -129,6 +148,7 @@ class DecodeGraphs:
         need = pos // bs + 1
         if (bt_lens < need).any():
             raise ConfigError("a decode sequence's block table does not cover its context")
+        # columns past a row's own blocks keep stale values: the kernels read only as far as seq_lens
         rows = np.repeat(np.arange(n), bt_lens)
         cols = np.arange(int(bt_lens.sum())) - np.repeat(np.cumsum(bt_lens) - bt_lens, bt_lens)
         self._tables[rows, cols] = np.fromiter(
@@ -136,7 +156,7 @@ class DecodeGraphs:
         )
         self._kv_slots[:n] = self._tables[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         # the previous step's copies have completed: its sampling read the logits back to the host
-        self._upload()
+        self._upload(size)
 
     # ---- capture ----
 
@@ -164,8 +184,8 @@ class DecodeGraphs:
 
     def _capture(self, size: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         batch = self._static_batch(size, with_lora)
-        self._pad()
-        self._upload()
+        self._pad(0, size)
+        self._upload(size)
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)

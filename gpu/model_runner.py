@@ -68,8 +68,11 @@ class ModelRunner:
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
-            if self.device.type != "cuda":
-                raise ConfigError(f"CUDA graphs need a CUDA device, not {self.device}; use cuda_graph_max_batch=0")
+            if self.device.type != "cuda" or ops.name != "cuda":
+                raise ConfigError(
+                    f"CUDA graphs need a CUDA device and CudaOps, not {self.device} with {ops.name} ops; "
+                    "use cuda_graph_max_batch=0"
+                )
             self.graphs = DecodeGraphs(
                 self.model,
                 self.kv_cache,
@@ -122,11 +125,12 @@ class ModelRunner:
                 return StepOutput(step_id=plan.step_id, sampled=[], prepare_seconds=time.perf_counter() - t0)
             seqs, num_decode = order_for_batch(plan.seqs)
             states = self._check(seqs)
+            logits = None
             if self.graphs is not None and num_decode == len(seqs) and self.graphs.accepts(seqs):
                 layout = decode_layout(seqs)
                 t1 = time.perf_counter()
                 logits = self.graphs.run(seqs)
-            else:
+            if logits is None:
                 batch, layout = build_forward_batch(
                     seqs,
                     num_decode,

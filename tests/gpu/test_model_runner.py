@@ -217,3 +217,12 @@ def test_bfloat16_mixed_batch_stays_close_to_fp32_hf(tiny_llama):
         expect = torch.log_softmax(hf_reference_logits(tiny_llama.model_dir, adapter, prompt), -1)
         scored = expect[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
         torch.testing.assert_close(torch.tensor(p.logprobs), scored, rtol=0.02, atol=0.1)
+
+
+def test_cuda_graphs_need_a_cuda_device_and_cuda_ops(tiny_llama):
+    with pytest.raises(ConfigError, match="CUDA graphs need a CUDA device and CudaOps"):
+        ModelRunner(
+            tiny_llama.model_dir, dtype=torch.float32, device=torch.device("cpu"), ops=TorchOps(), num_kv_blocks=16,
+            block_size=BLOCK_SIZE, max_loras=1, max_lora_rank=8, enable_lora=False, max_num_batched_tokens=64,
+            cuda_graph_max_batch=8,
+        )
