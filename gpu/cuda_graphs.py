@@ -14,8 +14,9 @@ serves every later mix of adapters. Rows past the step's sequences are padding: 
 Graphs are captured lazily, the first time a (size, LoRA or not) step comes; a capture costs a few
 forward passes, and one that fails (out of memory, say) is logged and leaves those steps eager.
 Each graph keeps its own fp32 logits output ([size, vocab]): with a 128k vocabulary and every size
-up to 256 captured, with and without LoRA, that is about 1.6 GB. Only steps whose every sequence brings one token and wants only its sampled token's
-logits take this path; prefill and prompt-logprob steps run eagerly.
+up to 256 captured, with and without LoRA, that is about 1.6 GB. Only steps whose every sequence
+brings one token and wants only its sampled token's logits take this path; prefill and
+prompt-logprob steps run eagerly.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from loraledger.errors import ConfigError, KernelInputError
-from loraledger.gpu.forward_batch import ForwardBatch
+from loraledger.errors import KernelInputError
+from loraledger.gpu.forward_batch import ForwardBatch, check_block_tables, fill_block_tables
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.step import SeqWork
@@ -144,16 +145,9 @@ class DecodeGraphs:
         self._lens[:n] = pos + 1
         self._slots[:n] = np.fromiter((s.lora_slot for s in seqs), dtype=np.int32, count=n)
         bt_lens = np.fromiter((len(s.block_table) for s in seqs), dtype=np.int64, count=n)
-        # build_forward_batch has checked nothing for this step: the same guard, cheaply
-        need = pos // bs + 1
-        if (bt_lens < need).any():
-            raise ConfigError("a decode sequence's block table does not cover its context")
+        check_block_tables(seqs, bt_lens, pos + 1, bs)  # build_forward_batch's guard: it is not called here
         # columns past a row's own blocks keep stale values: the kernels read only as far as seq_lens
-        rows = np.repeat(np.arange(n), bt_lens)
-        cols = np.arange(int(bt_lens.sum())) - np.repeat(np.cumsum(bt_lens) - bt_lens, bt_lens)
-        self._tables[rows, cols] = np.fromiter(
-            (b for s in seqs for b in s.block_table), dtype=np.int32, count=int(bt_lens.sum())
-        )
+        fill_block_tables(self._tables, seqs, bt_lens)
         self._kv_slots[:n] = self._tables[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
         # the previous step's copies have completed: its sampling read the logits back to the host
         self._upload(size)

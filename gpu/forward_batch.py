@@ -60,6 +60,31 @@ def order_for_batch(seqs: Sequence[SeqWork]) -> tuple[list[SeqWork], int]:
     return decode + prefill, len(decode)
 
 
+def check_block_tables(
+    seqs: Sequence[SeqWork], bt_lens: np.ndarray, seq_lens: np.ndarray, block_size: int
+) -> np.ndarray:
+    """Blocks each sequence needs for its context; ConfigError naming the first whose table is shorter."""
+    blocks_needed = -(-seq_lens // block_size)
+    short = np.nonzero(bt_lens < blocks_needed)[0]
+    if short.size:
+        s = seqs[int(short[0])]
+        raise ConfigError(
+            f"sequence {s.seq_id}: block table has {len(s.block_table)} blocks, "
+            f"{int(blocks_needed[short[0]])} are needed for {int(seq_lens[short[0]])} tokens "
+            f"of block_size {block_size}"
+        )
+    return blocks_needed
+
+
+def fill_block_tables(out: np.ndarray, seqs: Sequence[SeqWork], bt_lens: np.ndarray) -> None:
+    """Row i of `out` [>= B, width] gets sequence i's block table; the columns past it are left as they are."""
+    rows = np.repeat(np.arange(len(seqs)), bt_lens)
+    cols = np.arange(int(bt_lens.sum())) - np.repeat(np.cumsum(bt_lens) - bt_lens, bt_lens)
+    out[rows, cols] = np.fromiter(
+        itertools.chain.from_iterable(s.block_table for s in seqs), dtype=out.dtype, count=int(bt_lens.sum())
+    )
+
+
 def build_forward_batch(
     seqs: Sequence[SeqWork],
     num_decode: int,
@@ -81,19 +106,9 @@ def build_forward_batch(
     seq_lens = start_pos + q_lens
 
     bt_lens = np.fromiter((len(s.block_table) for s in seqs), dtype=np.int64, count=num_seqs)
-    blocks_needed = -(-seq_lens // block_size)
-    short = np.nonzero(bt_lens < blocks_needed)[0]
-    if short.size:
-        s = seqs[int(short[0])]
-        raise ConfigError(
-            f"sequence {s.seq_id}: block table has {len(s.block_table)} blocks, "
-            f"{int(blocks_needed[short[0]])} are needed for {int(seq_lens[short[0]])} tokens "
-            f"of block_size {block_size}"
-        )
+    blocks_needed = check_block_tables(seqs, bt_lens, seq_lens, block_size)
     tables = np.zeros((num_seqs, max(int(bt_lens.max()), 1)), dtype=np.int64)
-    bt_row = np.repeat(np.arange(num_seqs), bt_lens)
-    bt_col = np.arange(int(bt_lens.sum())) - np.repeat(np.cumsum(bt_lens) - bt_lens, bt_lens)
-    tables[bt_row, bt_col] = np.fromiter(itertools.chain.from_iterable(s.block_table for s in seqs), dtype=np.int64)
+    fill_block_tables(tables, seqs, bt_lens)
     slot_mapping = tables[seq_of, positions // block_size] * block_size + positions % block_size
 
     sample = np.fromiter((s.sample for s in seqs), dtype=bool, count=num_seqs)
