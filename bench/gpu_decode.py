@@ -32,11 +32,10 @@ from pathlib import Path
 import torch
 
 from bench.assets import CACHE, build_once, random_adapters, write_tokenizer
+from bench.kernels import no_gpu
 from bench.stats import environment, median
 from bench.workload import Workload, base_only, batch_workload
 from loraledger.assets import build_random_checkpoint
-from loraledger.errors import DeviceError
-from loraledger.gpu.backend import require_cuda
 
 SHAPE = dict(
     arch="llama",
@@ -216,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
-    try:
-        require_cuda()
-    except DeviceError as exc:
-        print(f"bench.gpu_decode needs a GPU: {exc}", file=sys.stderr)
+    if no_gpu("bench.gpu_decode"):
         return 2
     report = run(args.new_tokens, args.repeats, args.hf_new_tokens, args.eager, tuple(args.switch_interval))
     if args.json:

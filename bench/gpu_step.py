@@ -20,9 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu_decode import NUM_ADAPTERS, PROMPT_LEN, RANK, gpu_assets
-from bench.kernels import bench_copy, median_ms
-from loraledger.errors import DeviceError
-from loraledger.gpu.backend import require_cuda
+from bench.kernels import bench_copy, median_ms, no_gpu
 
 BATCH = 32
 BLOCK = 16
@@ -102,10 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    try:
-        require_cuda()
-    except DeviceError as exc:
-        print(f"bench.gpu_step needs a GPU: {exc}", file=sys.stderr)
+    if no_gpu("bench.gpu_step"):
         return 2
     report = run(args.steps)
     for label in ("32 adapters", "no adapters"):

@@ -25,8 +25,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from loraledger.errors import DeviceError
-from loraledger.gpu.backend import require_cuda
+from loraledger.gpu.backend import cuda_problem
 
 
 CALLS_PER_GRAPH = 20
@@ -147,16 +146,21 @@ def _table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def no_gpu(prog: str) -> bool:
+    """True, after saying why on stderr, when the CUDA backend cannot run here (every GPU benchmark's guard)."""
+    problem = cuda_problem()
+    if problem is not None:
+        print(f"{prog} needs a GPU: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200)
     args = parser.parse_args(argv)
-    try:
-        require_cuda()
-    except DeviceError as exc:
-        print(f"bench/kernels.py needs a GPU: {exc}", file=sys.stderr)
+    if no_gpu("bench/kernels.py"):
         return 2
     from loraledger.gpu.ops_cuda import CudaOps
 
