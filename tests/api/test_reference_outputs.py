@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
-from loraledger.gpu.backend import cuda_problem
 from tests.api.conftest import loras_for, random_prompts
+from tests.gpu.markers import ON_GPU
 from tests.model_fixtures import hf_reference_generate
 
 MAX_NEW = 8
@@ -17,15 +17,8 @@ def _greedy(max_tokens: int = MAX_NEW, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
-_NO_GPU = cuda_problem()
-DEVICES = [
-    "cpu",
-    # the same check on a GPU (fp32, decode steps replayed from CUDA graphs); see tests/gpu/test_cuda_engine.py
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(_NO_GPU is not None, reason=f"needs a CUDA GPU and CuPy: {_NO_GPU}")],
-    ),
-]
+# the same check on a GPU (fp32, decode steps replayed from CUDA graphs); see tests/gpu/test_cuda_engine.py
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_GPU)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,19 +9,14 @@ Skipped, with the reason printed, without a GPU.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from loraledger import LLM, SamplingParams
-from loraledger.gpu.backend import cuda_problem
 from tests.api.conftest import loras_for, random_prompts
+from tests.gpu.markers import ON_GPU
 from tests.model_fixtures import hf_reference_logits
 
-_GPU_PROBLEM = cuda_problem()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(_GPU_PROBLEM is not None, reason=f"needs a CUDA GPU and CuPy: {_GPU_PROBLEM}"),
-]
+pytestmark = ON_GPU
 
 BF16_LOGPROB_TOL = 2e-2
 

@@ -20,17 +20,14 @@ import pytest
 import torch
 
 from loraledger.errors import KernelInputError
-from loraledger.gpu.backend import cuda_problem
 from loraledger.gpu.ops_cuda import CudaOps, lora_segments, lora_tiles, sdpa_prefill_attention
 from loraledger.gpu.ops_torch import TorchOps
 from tests.gpu.cuda_emulation import EmulatedLauncher, emulation_problem
+from tests.gpu.markers import requires_gpu
 
 ORACLE = TorchOps()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
-
-_GPU_PROBLEM = cuda_problem()
-requires_gpu = pytest.mark.skipif(_GPU_PROBLEM is not None, reason=f"needs a CUDA GPU and CuPy: {_GPU_PROBLEM}")
 
 OpsFactory = Callable[..., CudaOps]
 
