@@ -83,9 +83,11 @@ _TENSOR_NAME = re.compile(
 class LoraCheckpoint:
     """An adapter in host memory: immutable once built, shared by the loader's LRU and the device slots.
 
-    ``weights[(layer, module)] = (A [r, in_features], B [out_features, r])``, fp32, CPU,
-    contiguous and unscaled: the delta is ``scale * (x @ A.T) @ B.T``. A (layer, module)
-    pair that is absent contributes nothing.
+    ``weights[(layer, module)] = (A [r, in_features], B [out_features, r])``, fp32, CPU and
+    unscaled: the delta is ``scale * (x @ A.T) @ B.T``. A (layer, module) pair that is absent
+    contributes nothing. When the checkpoint carries ``slot_stacks`` (every checkpoint
+    load_lora_checkpoint returns does) the weights are views into them, so a cached adapter holds
+    its tensors once; B is then contiguous only when r equals the stacks' max_lora_rank.
     """
 
     name: str
@@ -99,7 +101,7 @@ class LoraCheckpoint:
     target_modules: tuple[str, ...]  # the modules that carry tensors, in LORA_TARGETS order
     config: dict  # adapter_config.json as read
     weights: Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-    nbytes: int  # host memory held by the weights and the slot stacks
+    nbytes: int  # host memory the checkpoint's tensors hold
     # the weights laid out as a device slot holds them, built while loading so a slot load is a copy
     slot_stacks: SlotStacks | None = None
 
@@ -179,8 +181,9 @@ def load_lora_checkpoint(
     )
     stacks = stack_for_slots(model_config, max_lora_rank, ckpt)
     _check_finite(pairs, weights, stacks, err)
-    stacked_bytes = sum(a.nbytes + b.nbytes for a, b in stacks.groups.values())
-    return dataclasses.replace(ckpt, slot_stacks=stacks, nbytes=ckpt.nbytes + stacked_bytes)
+    # the stacks hold every value of the weights: keep those, and the weights as views into them
+    views = types.MappingProxyType(stacks.module_views(model_config, ckpt))
+    return dataclasses.replace(ckpt, weights=views, slot_stacks=stacks, nbytes=stacks.nbytes())
 
 
 # ---- reading and fingerprinting -------------------------------------------------------------
@@ -439,9 +442,11 @@ def _check_finite(
     """Refuse NaN or infinite weights: they would write garbage for every request on the adapter.
 
     Checked on the few slot-ready stacks (one op each, instead of two per tensor: a load is on the
-    critical path of adapter churn); only when one fails are the tensors searched for the culprit.
+    critical path of adapter churn), and B's largest magnitude times the scale in fp32 (what a slot
+    will hold); only when one fails are the tensors searched for the culprit.
     """
-    if all(bool(torch.isfinite(t).all()) for pair in stacks.groups.values() for t in pair):
+    finite = all(bool(torch.isfinite(t).all()) for pair in stacks.groups.values() for t in pair)
+    if finite and all(bool(torch.isfinite(b.abs().amax() * stacks.scale)) for _, b in stacks.groups.values()):
         return
     for key, (a, b) in weights.items():
         for raw, tensor in ((pairs[key]["lora_A"], a), (pairs[key]["lora_B"], b)):

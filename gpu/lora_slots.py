@@ -30,12 +30,32 @@ def fused_layout(config: ModelConfig, group: str) -> tuple[int, tuple[int, ...]]
 
 @dataclass(frozen=True)
 class SlotStacks:
-    """One adapter laid out as a slot holds it: per targeted fused module, A [L, n*R, in] zero-padded to
-    R = max_lora_rank and B [L, out_total, R] with the adapter's scale folded in (fp32, host memory).
-    Fused modules the adapter does not target are absent."""
+    """One adapter laid out as a slot holds it: per targeted fused module, A [L, n*R, in] and B
+    [L, out_total, R], zero-padded to R = max_lora_rank (fp32, host memory). B is stored as the adapter
+    has it; LoraSlots.load multiplies it by `scale` on the way into a slot, so that the same tensors can
+    also serve as the checkpoint's own weights (LoraCheckpoint.weights are views into them). Fused
+    modules the adapter does not target are absent."""
 
     rank: int  # the max_lora_rank R the tensors are padded to
+    scale: float  # the adapter's scale, applied to B in the slot
     groups: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.groups.values())
+
+    def module_views(self, config: ModelConfig, ckpt: object) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+        """Each (layer, module) pair of `ckpt.weights` as views into these stacks: (A [r, in], B [out, r]),
+        equal to the checkpoint's tensors, without a second copy of them."""
+        out = {}
+        r = self.rank
+        for (layer, module), (a, _) in ckpt.weights.items():
+            group = MODULE_GROUP[module]
+            m = FUSED_MODULES[group].index(module)
+            _, offsets = fused_layout(config, group)
+            a_stack, b_stack = self.groups[group]
+            r_mod = a.shape[0]
+            out[layer, module] = (a_stack[layer, m * r : m * r + r_mod], b_stack[layer, offsets[m] : offsets[m + 1], :r_mod])
+        return out
 
 
 def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> SlotStacks:
@@ -87,9 +107,9 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
                         lora_path=path,
                     )
                 a_host[layer, m * r : m * r + r_mod] = a
-                b_host[layer, lo : lo + out_f, :r_mod] = b.float() * scale
+                b_host[layer, lo : lo + out_f, :r_mod] = b
         groups[group] = (a_host, b_host)
-    return SlotStacks(rank=max_lora_rank, groups=groups)
+    return SlotStacks(rank=max_lora_rank, scale=scale, groups=groups)
 
 
 @dataclass
@@ -145,7 +165,8 @@ class LoraSlots:
 
         `ckpt` is a LoraCheckpoint (loraledger.gpu.lora_checkpoint); modules it does not target are zeroed.
         A checkpoint loaded for this max_lora_rank carries its slot-ready stacks (built by the adapter
-        loader's thread, off the step), so this is one copy per fused module; otherwise they are built here.
+        loader's thread, off the step), so this is a copy of A and a scaled copy of B per fused module;
+        otherwise they are built here. B is scaled in fp32 before any cast to the slots' dtype.
         """
         self._check_slot(slot)
         stacked = getattr(ckpt, "slot_stacks", None)
@@ -158,7 +179,7 @@ class LoraSlots:
                 stack.b[:, slot].zero_()
             else:
                 stack.a[:, slot].copy_(pair[0])
-                stack.b[:, slot].copy_(pair[1])
+                _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
         self._targets[slot] = frozenset(stacked.groups)
         self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
 
@@ -174,3 +195,11 @@ class LoraSlots:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
             raise ConfigError(f"adapter slot {slot} is out of range: the engine has max_loras={self.max_loras} slots")
+
+
+def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
+    """dst = src * scale, the product taken in src's fp32 and rounded once into dst's dtype."""
+    if dst.dtype == src.dtype and dst.device == src.device:
+        torch.mul(src, scale, out=dst)
+    else:
+        dst.copy_(src * scale)

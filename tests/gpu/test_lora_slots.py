@@ -44,6 +44,21 @@ def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
         assert stack.a[:, [0, 2]].count_nonzero() == 0 and stack.b[:, [0, 2]].count_nonzero() == 0
 
 
+def test_scale_is_applied_in_fp32_then_rounded_once_to_the_slot_dtype(tiny_llama):
+    from loraledger.gpu.lora_slots import stack_for_slots
+
+    cfg = tiny_llama.config
+    scale = 16 / 8**0.5  # not a power of two: scaling after the cast would round twice
+    ckpt = _ckpt(cfg, 8, ["q_proj"], scale=scale, seed=3)
+    _, qb = ckpt.weights[(0, "q_proj")]
+    for dtype in (torch.bfloat16, torch.float32):
+        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu")
+        for source in (ckpt, SimpleNamespace(**{**vars(ckpt), "slot_stacks": stack_for_slots(cfg, 8, ckpt)})):
+            slots.load(0, source)
+            _, b, offsets = slots.layer(0, "qkv")
+            assert torch.equal(b[0, : offsets[1]], (qb * scale).to(dtype))
+
+
 def test_reload_replaces_and_clear_zeroes(tiny_llama):
     cfg = tiny_llama.config
     slots = LoraSlots(cfg, max_loras=2, max_lora_rank=8, dtype=torch.bfloat16, device="cpu")
