@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 import loraledger.gpu.ops_torch as current_module
-from bench.assets import churn_adapters, model_assets
+from bench.assets import model_assets
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -73,25 +73,12 @@ def _alternate(sides: Sides, rounds: int, measure: Callable[[str], dict[str, flo
 
 
 def _forward(sides: Sides, rounds: int) -> None:
-    from loraledger.gpu.forward_batch import build_forward_batch, order_for_batch
-    from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
-    from loraledger.gpu.model_runner import ModelRunner
-    from loraledger.gpu.step import SeqWork
+    from bench.forward_sizes import churn_slot_runner, decode_batch
 
-    assets = model_assets()
-    ops = current_module.TorchOps()
-    runner = ModelRunner(assets.model_dir, dtype=torch.float32, device=torch.device("cpu"), ops=ops, num_kv_blocks=1024,
-                         block_size=16, max_loras=8, max_lora_rank=8, enable_lora=True, max_num_batched_tokens=2048)
-    for slot, path in enumerate(churn_adapters(1000)[:8]):
-        ckpt = load_lora_checkpoint(str(path), lora_name=f"c{slot}", lora_int_id=slot + 1, model_config=runner.config, max_lora_rank=8)
-        runner.lora_slots.load(slot, ckpt)
+    runner = churn_slot_runner(current_module.TorchOps())
 
     def batch(prefill: bool):
-        seqs = [SeqWork(i, [100 + i], 60 + 10 * i, list(range(i * 16, i * 16 + 16)), i % 8, True) for i in range(12)]
-        if prefill:
-            seqs.append(SeqWork(50, list(range(200, 264)), 0, list(range(800, 816)), 3, True))
-        seqs, num_decode = order_for_batch(seqs)
-        return build_forward_batch(seqs, num_decode, block_size=16, device=torch.device("cpu"), ops=ops, lora_slots=runner.lora_slots)[0]
+        return decode_batch(runner, 12, True, first_context=60, context_step=10, prefill_tokens=64 if prefill else 0)
 
     batches = {"12 decode": batch(False), "12 decode + 64-token prefill": batch(True)}
     logits: dict[tuple[str, str], torch.Tensor] = {}
