@@ -198,8 +198,12 @@ class LoraSlots:
 
 
 def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
-    """dst = src * scale, the product taken in src's fp32 and rounded once into dst's dtype."""
-    if dst.dtype == src.dtype and dst.device == src.device:
+    """dst = src * scale, the product taken in src's fp32 and rounded once into dst's dtype.
+
+    On one device the product is written straight into dst (torch computes in fp32 and casts on the
+    store); across devices it is formed on src's side, as the scaled host copy was before.
+    """
+    if dst.device == src.device:
         torch.mul(src, scale, out=dst)
     else:
         dst.copy_(src * scale)

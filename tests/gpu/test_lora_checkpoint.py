@@ -121,6 +121,23 @@ def test_weights_equal_peft_state_dict(adapter, model_config):
         ckpt.fingerprint, 4, 8.0, ["q_proj", "v_proj", "down_proj"], 12.5)
 
 
+def test_slots_get_each_b_times_the_scale_rounded_once_from_the_views(model_config, tmp_path):
+    from loraledger.gpu.lora_slots import LoraSlots
+
+    # r=4 below max_lora_rank=8, so the B views are strided; scale 7/4 rounds in bf16
+    folder, state = _save_adapter(tmp_path / "a7", lora_alpha=7)
+    ckpt = _load(folder, model_config, max_lora_rank=8)
+    _, b = ckpt.weights[(1, "v_proj")]
+    assert not b.is_contiguous() and ckpt.scale == 7 / 4
+    torch.testing.assert_close(b, state["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"], rtol=0, atol=0)
+    for dtype in (torch.bfloat16, torch.float32):
+        slots = LoraSlots(model_config, max_loras=2, max_lora_rank=8, dtype=dtype, device="cpu")
+        slots.load(1, ckpt)
+        _, b_slot, offsets = slots.layer(1, "qkv")
+        assert torch.equal(b_slot[1, offsets[2] : offsets[3], :4], (b * ckpt.scale).to(dtype))
+        assert b_slot[1, :, 4:].count_nonzero() == 0
+
+
 def test_scale_plain_and_rslora(adapter, model_config, tmp_path):
     assert _load(adapter[0], model_config).scale == pytest.approx(8 / 4)
     folder, _ = _save_adapter(tmp_path / "rs", r=8, lora_alpha=16, use_rslora=True)
