@@ -182,7 +182,7 @@ def load_lora_checkpoint(
     stacks = stack_for_slots(model_config, max_lora_rank, ckpt)
     _check_finite(pairs, weights, stacks, err)
     # the stacks hold every value of the weights: keep those, and the weights as views into them
-    views = types.MappingProxyType(stacks.module_views(model_config, ckpt))
+    views = types.MappingProxyType({key: stacks.module_views[key] for key in weights})  # in the weights' order
     return dataclasses.replace(ckpt, weights=views, slot_stacks=stacks, nbytes=stacks.nbytes())
 
 

@@ -39,23 +39,12 @@ class SlotStacks:
     rank: int  # the max_lora_rank R the tensors are padded to
     scale: float  # the adapter's scale, applied to B in the slot
     groups: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    # each (layer, module) of the adapter as views into `groups`: (A [r, in], B [out, r]), the
+    # adapter's own tensors without a second copy of them (what LoraCheckpoint.weights become)
+    module_views: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.groups.values())
-
-    def module_views(self, config: ModelConfig, ckpt: object) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-        """Each (layer, module) pair of `ckpt.weights` as views into these stacks: (A [r, in], B [out, r]),
-        equal to the checkpoint's tensors, without a second copy of them."""
-        out = {}
-        r = self.rank
-        for (layer, module), (a, _) in ckpt.weights.items():
-            group = MODULE_GROUP[module]
-            m = FUSED_MODULES[group].index(module)
-            _, offsets = fused_layout(config, group)
-            a_stack, b_stack = self.groups[group]
-            r_mod = a.shape[0]
-            out[layer, module] = (a_stack[layer, m * r : m * r + r_mod], b_stack[layer, offsets[m] : offsets[m + 1], :r_mod])
-        return out
 
 
 def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> SlotStacks:
@@ -82,6 +71,7 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
     shapes = config.module_shapes()
     layers, r, scale = config.num_hidden_layers, max_lora_rank, float(ckpt.scale)
     groups: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    views: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
     for group, modules in FUSED_MODULES.items():
         if not any(module in ckpt.target_modules for module in modules):
             continue
@@ -106,10 +96,12 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
                         lora_name=name,
                         lora_path=path,
                     )
-                a_host[layer, m * r : m * r + r_mod] = a
-                b_host[layer, lo : lo + out_f, :r_mod] = b
+                a_view, b_view = a_host[layer, m * r : m * r + r_mod], b_host[layer, lo : lo + out_f, :r_mod]
+                a_view.copy_(a)
+                b_view.copy_(b)
+                views[layer, module] = (a_view, b_view)
         groups[group] = (a_host, b_host)
-    return SlotStacks(rank=max_lora_rank, scale=scale, groups=groups)
+    return SlotStacks(rank=max_lora_rank, scale=scale, groups=groups, module_views=views)
 
 
 @dataclass
