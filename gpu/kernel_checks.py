@@ -306,6 +306,25 @@ def check_lora_expand(
     num_slots: int,
 ) -> None:
     op = "lora_expand"
+    require_tensor(op, "h", h)
+    require_shape(op, "h", h, "[T, n_slices * R]", (num_tokens, None))
+    require_contiguous(op, "h", h)
+    check_lora_delta_target(op, b_stack, slice_offsets, y, num_tokens, num_slots, h.shape[1], "h.shape[1]")
+    require_same_dtype(op, "h", h, "y", y)
+    require_same_device(op, "h", h, "y", y)
+
+
+def check_lora_delta_target(
+    op: str,
+    b_stack: torch.Tensor,
+    slice_offsets: Sequence[int],
+    y: torch.Tensor,
+    num_tokens: int,
+    num_slots: int,
+    rank_rows: int,
+    rows_name: str,
+) -> None:
+    """The expand half of a LoRA delta: column offsets, y, and B stacks for rank_rows (`rows_name`) = n_slices * R."""
     offsets = tuple(slice_offsets)
     if len(offsets) < 2 or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
         fail(op, f"slice_offsets must be n_slices + 1 >= 2 non-decreasing column offsets from 0, got {offsets}")
@@ -314,14 +333,9 @@ def check_lora_expand(
     require_dtype(op, "y", y, FLOAT_DTYPES)
     require_shape(op, "y", y, "[T, out_total]", (num_tokens, out_total))
     require_rows(op, "y", y)
-    require_tensor(op, "h", h)
-    require_same_dtype(op, "h", h, "y", y)
-    require_shape(op, "h", h, "[T, n_slices * R]", (num_tokens, None))
-    require_contiguous(op, "h", h)
-    require_same_device(op, "h", h, "y", y)
-    if h.shape[1] % n_slices or h.shape[1] == 0:
-        fail(op, f"h.shape[1] ({h.shape[1]}) must be n_slices ({n_slices}) * R with R >= 1")
-    rank = h.shape[1] // n_slices
+    if rank_rows % n_slices or rank_rows == 0:
+        fail(op, f"{rows_name} ({rank_rows}) must be n_slices ({n_slices}) * R with R >= 1")
+    rank = rank_rows // n_slices
     require_tensor(op, "b_stack", b_stack)
     require_same_dtype(op, "b_stack", b_stack, "y", y)
     require_shape(op, "b_stack", b_stack, "[S, out_total, R]", (None, out_total, rank))

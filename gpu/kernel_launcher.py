@@ -18,6 +18,7 @@ class KernelLauncher(Protocol):
     """Runs one kernel instantiation: CuPy on a GPU by default; the tests plug in a CPU emulation."""
 
     sm_count: int
+    compute_capability: tuple[int, int]  # kernels with thread block clusters need (9, 0) or newer
 
     def launch(
         self,
@@ -41,7 +42,9 @@ class CupyLauncher:
         self._device = cupy.cuda.Device(device.index)
         self._functions: dict[str, Any] = {}
         self._streams: dict[int, Any] = {}
-        self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        props = torch.cuda.get_device_properties(device)
+        self.sm_count = props.multi_processor_count
+        self.compute_capability = (props.major, props.minor)
 
     def _function(self, template: ks.KernelTemplate, targs: tuple[object, ...]) -> Any:
         expr = template.expression(*targs)
@@ -79,6 +82,11 @@ class CupyLauncher:
             )
         if grid[0] > _MAX_GRID_X or any(g > _MAX_GRID_YZ for g in grid[1:]):
             raise KernelInputError(f"{template.name}: grid {grid} exceeds CUDA's limits; split the batch")
+        if template.cluster > 1 and (self.compute_capability < (9, 0) or grid[0] % template.cluster):
+            raise KernelInputError(
+                f"{template.name} runs in clusters of {template.cluster} blocks: it needs compute capability 9.0 "
+                f"(this GPU has {self.compute_capability}) and a grid.x that is a multiple of {template.cluster}, got {grid}"
+            )
         fn = self._function(template, targs)
         with self._device, self._stream():
             fn(grid, (block,), args, shared_mem=shared_mem)

@@ -29,6 +29,8 @@ INDEX_TYPES: dict[torch.dtype, str] = {torch.int64: "long long", torch.int32: "i
 # Launch geometry the kernels are written for (mirrored by constexprs in the .cu files; the test checks).
 LORA_SHRINK_THREADS = 128
 LORA_EXPAND_THREADS = 256
+LORA_FUSED_THREADS = 128
+LORA_FUSED_CLUSTER = 8  # blocks per token in the fused decode kernel (the portable cluster maximum)
 ATTENTION_THREADS = 128
 
 # LoRA tiling: BGMV = one token per block; SGMV = tiles of up to SGMV_TILE tokens of one slot.
@@ -36,19 +38,41 @@ BGMV_SHRINK_ROWS = 4
 SGMV_TILE = 8
 SGMV_SHRINK_ROWS = 4
 
-# Paged attention: query heads per pass (HP) and head elements per lane (EPL).
+# Paged attention: query heads per pass (HP), head elements per lane (EPL), tokens per lane per chunk (U).
 ATTENTION_HEADS_PER_PASS = (1, 2, 4, 8)
 ATTENTION_ELEMS_PER_LANE: dict[str, tuple[int, ...]] = {"float": (4, 8), "bf16_t": (8,), "f16_t": (8,)}
 ATTENTION_MAX_HEAD_DIM = 256
+_ELEMENT_BYTES = {"float": 4, "bf16_t": 2, "f16_t": 2}
+
+
+def attention_tokens_per_lane(ctype: str, hp: int, epl: int) -> int:
+    """U: how many tokens' K and V rows each lane has in flight per chunk (twice that with the prefetch).
+
+    Enough 16-byte loads in flight to cover the memory latency, within the registers a 128-thread
+    block can have at 3 blocks per SM: the raw rows in flight take 4 * U * EPL * bytes / 4 registers
+    on top of the HP * EPL of q and of the accumulator each. Four 16-byte rows per lane is the base;
+    one query head per pass has registers to spare for twice that, eight heads only for half.
+    """
+    u = 64 // (epl * _ELEMENT_BYTES[ctype])
+    if hp == 1:
+        u *= 2
+    elif hp >= 8:
+        u //= 2
+    return max(1, u)
 
 
 @dataclass(frozen=True)
 class KernelTemplate:
-    """One `__global__` template in one source file, with every instantiation CudaOps may launch."""
+    """One `__global__` template in one source file, with every instantiation CudaOps may launch.
+
+    cluster > 1: the kernel declares that many blocks per thread block cluster (`__cluster_dims__`,
+    sm_90); a launch's grid.x must be a multiple of it. Only the CPU emulation needs to be told.
+    """
 
     name: str
     source: str
     instantiations: tuple[tuple[str, ...], ...]
+    cluster: int = 1
 
     def expression(self, *args: object) -> str:
         """The C++ name expression of one instantiation (the key NVRTC and CuPy know it by)."""
@@ -86,11 +110,12 @@ LORA_SHRINK = KernelTemplate(
     ),
 )
 LORA_EXPAND = KernelTemplate("lora_expand_kernel", "lora.cu", _grid(_ELEMS, (1, SGMV_TILE)))
+LORA_BGMV_FUSED = KernelTemplate("lora_bgmv_fused_kernel", "lora.cu", _grid(_ELEMS), cluster=LORA_FUSED_CLUSTER)
 PAGED_ATTENTION_DECODE = KernelTemplate(
     "paged_attention_decode_kernel",
     "paged_attention.cu",
     tuple(
-        (t, str(hp), str(epl))
+        (t, str(hp), str(epl), str(attention_tokens_per_lane(t, hp, epl)))
         for t in _ELEMS
         for hp in ATTENTION_HEADS_PER_PASS
         for epl in ATTENTION_ELEMS_PER_LANE[t]
@@ -105,6 +130,7 @@ SILU_AND_MUL = KernelTemplate("silu_and_mul_kernel", "activation.cu", _grid(_ELE
 KERNELS: tuple[KernelTemplate, ...] = (
     LORA_SHRINK,
     LORA_EXPAND,
+    LORA_BGMV_FUSED,
     PAGED_ATTENTION_DECODE,
     PAGED_ATTENTION_REDUCE,
     WRITE_KV,

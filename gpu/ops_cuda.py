@@ -29,7 +29,8 @@ _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
 _SPLIT_MIN = 256  # the shortest context span worth its own paged-attention block
 _MAX_SPLITS = 1024  # the reduce kernel keeps one fp32 weight per split in shared memory
-LORA_KERNELS = ("auto", "bgmv", "sgmv")
+LORA_KERNELS = ("auto", "bgmv", "sgmv", "fused")
+_CLUSTERS = (9, 0)  # compute capability with thread block clusters (the fused decode LoRA kernel)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -142,7 +143,9 @@ class CudaOps(Ops):
     def __init__(
         self, device: torch.device | str = "cuda", *, lora_kernel: str = "auto", launcher: KernelLauncher | None = None
     ) -> None:
-        """lora_kernel: "auto" picks BGMV or SGMV per call; "bgmv" / "sgmv" force one (tests, benchmarks).
+        """lora_kernel: "auto" picks per call: SGMV for long same-adapter runs, else the fused one-launch
+        BGMV on GPUs with thread block clusters (compute capability 9.0), else BGMV shrink then expand;
+        "bgmv" / "sgmv" / "fused" force one (tests, benchmarks).
 
         launcher: None runs the kernels with CuPy on the CUDA device; anything else is used as given
         (the tests pass a CPU emulation of the kernels, with CPU tensors).
@@ -298,7 +301,8 @@ class CudaOps(Ops):
             _i32(split_len), np.float32(scale * _LOG2E),
         )
         grid = (hk * passes, batch, num_splits)
-        self._launcher.launch(ks.PAGED_ATTENTION_DECODE, (ctype, hp, epl), grid, threads, args, shared_mem=smem)
+        targs = (ctype, hp, epl, ks.attention_tokens_per_lane(ctype, hp, epl))
+        self._launcher.launch(ks.PAGED_ATTENTION_DECODE, targs, grid, threads, args, shared_mem=smem)
         if num_splits > 1:
             args = (
                 _ptr(out), _ptr(part_acc), _ptr(part_ml), _ptr(seq_lens), _i32(hq), _i32(d), _i32(window),
@@ -381,6 +385,67 @@ class CudaOps(Ops):
             return self._lora_kernel == "sgmv"
         tokens, tiles = meta.token_slots.shape[0], meta.extra["num_tiles"]
         return tokens >= 4 * tiles and sgmv_blocks >= 2 * self._launcher.sm_count
+
+    def _use_fused(self, meta: LoraMeta, rows: int) -> bool:
+        """The fused kernel serves the BGMV case (one token per cluster) on GPUs with clusters."""
+        if self._lora_kernel in ("bgmv", "sgmv"):
+            return False
+        if self._launcher.compute_capability < _CLUSTERS:
+            if self._lora_kernel == "fused":
+                checks.fail("lora_apply", f"the fused LoRA kernel needs compute capability 9.0, this GPU has {self._launcher.compute_capability}")
+            return False
+        if self._lora_kernel == "fused":
+            return True
+        return not self._use_sgmv(meta, meta.extra["num_tiles"] * _cdiv(rows, ks.SGMV_SHRINK_ROWS))
+
+    def lora_apply(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        """y += LoRA delta: one fused launch where _use_fused says so, else lora_shrink then lora_expand.
+
+        The fused kernel keeps h in fp32 between its halves (the composition rounds it to x's dtype).
+        """
+        tokens = meta.token_slots.shape[0]
+        offsets = tuple(int(o) for o in slice_offsets)
+        op = "lora_apply"
+        checks.check_lora_shrink(x, a_stack, tokens, meta.num_slots)
+        rows = a_stack.shape[1]
+        if not self._use_fused(meta, rows):
+            super().lora_apply(x, a_stack, b_stack, meta, offsets, y)
+            return
+        n_slices = len(offsets) - 1
+        checks.check_lora_delta_target(op, b_stack, offsets, y, tokens, meta.num_slots, rows, "a_stack.shape[1]")
+        self._on_device(op, "x", x)
+        self._on_device(op, "y", y)
+        ranks, rank = self._lora_tables(op, meta, rows)
+        if ranks is None:
+            rank = rows // n_slices
+        elif rank * n_slices != rows:
+            checks.fail(op, f"meta.extra['max_rank'] ({rank}) * n_slices ({n_slices}) != a_stack.shape[1] ({rows})")
+        k, out_total = x.shape[1], offsets[-1]
+        if tokens == 0 or rows == 0 or k == 0 or out_total == 0 or not meta.extra["any_adapter"]:
+            return
+        vec = 16 // x.element_size()
+        cluster = ks.LORA_FUSED_CLUSTER
+        k_slice = _cdiv(_cdiv(k, cluster), vec) * vec
+        packed = int(k % vec == 0 and a_stack.data_ptr() % 16 == 0)  # x is staged through shared memory
+        packed |= 2 * int(rank % vec == 0 and b_stack.data_ptr() % 16 == 0)
+        smem = (k_slice + 2 * rows) * 4
+        args = (
+            _ptr(y), _i64(y.stride(0)), _ptr(x), _i64(x.stride(0)), _ptr(a_stack), _ptr(b_stack),
+            _ptr(meta.token_slots), _ptr(ranks), _ptr(self._device_offsets(offsets)), _i32(k), _i32(rows),
+            _i32(rank), _i32(n_slices), _i32(out_total), _i32(k_slice), _i32(_cdiv(out_total, cluster)), _i32(packed),
+        )
+        self._launcher.launch(
+            ks.LORA_BGMV_FUSED, (ks.ELEMENT_TYPES[x.dtype],), (tokens * cluster,), ks.LORA_FUSED_THREADS, args,
+            shared_mem=smem,
+        )
 
     def _lora_tables(self, op: str, meta: LoraMeta, rows: int) -> tuple[torch.Tensor | None, int]:
         """Checks that meta came from this backend's lora_prepare; returns (slot_ranks or None, padded rank R)."""

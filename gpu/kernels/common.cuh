@@ -156,4 +156,53 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// ---- thread block clusters (sm_90) and a cache hint ----
+// Only kernels that CudaOps launches on compute capability 9.0 or newer use these; compiled for an
+// older target they trap. The CPU emulation (tests/gpu/cuda_emulation.h) defines its own versions,
+// and its loader drops this block (inline PTX has no host meaning).
+#ifndef LORALEDGER_HOST_EMULATION
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define LORALEDGER_CLUSTER(n)
+#else
+#define LORALEDGER_CLUSTER(n) __cluster_dims__(n, 1, 1)
+#endif
+
+// This block's rank in its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+
+// Barrier over every thread of the cluster; shared-memory writes before it are visible to the
+// whole cluster after it.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#else
+    __trap();
+#endif
+}
+
+// The address of the same shared-memory float in block `rank` of this cluster.
+__device__ __forceinline__ const float* cluster_peer(const float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const float* r;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(r) : "l"(p), "r"(rank));
+    return r;
+#else
+    __trap();
+    return p;
+#endif
+}
+
+// Ask for the 128-byte line at p to be brought into L2 (no register waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+#endif  // LORALEDGER_HOST_EMULATION
+
 #endif  // LORALEDGER_COMMON_CUH

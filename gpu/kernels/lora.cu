@@ -191,3 +191,143 @@ __global__ void lora_expand_kernel(
         }
     }
 }
+
+// ---- fused BGMV for decode on sm_90: shrink and expand in one launch, one cluster per token ----
+
+constexpr int kFusedThreads = 128;
+constexpr int kFusedCluster = 8;
+constexpr int kFusedRows = 4;  // rows of A a warp reduces at once: kFusedRows * 2 loads in flight per lane
+
+// partial[n] = sum over this block's K-slice of A[n, k] * xs[k], for every row n < N of the slot's A.
+// a_rows: the slot's A at column k0 (row n at a_rows + n * K); xs: the slice of x, fp32, in shared memory.
+template <typename T, int VEC>
+__device__ __forceinline__ void fused_shrink(
+    float* partial, const float* xs, const T* __restrict__ a_rows, long long K, int N, int R, int rank, int k_len) {
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    constexpr int kWarps = kFusedThreads / 32;
+    const int num_vecs = k_len / VEC;  // k_len is a multiple of VEC on the packed path
+    for (int n0 = warp * kFusedRows; n0 < N; n0 += kWarps * kFusedRows) {
+        float acc[kFusedRows];
+        bool live[kFusedRows];
+        const T* row[kFusedRows];
+#pragma unroll
+        for (int r = 0; r < kFusedRows; ++r) {
+            const int n = n0 + r;
+            acc[r] = 0.0f;
+            live[r] = n < N && n % R < rank;
+            row[r] = a_rows + (live[r] ? n * K : 0);
+        }
+#pragma unroll 2
+        for (int v = lane; v < num_vecs; v += 32) {
+            float xv[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) xv[e] = xs[v * VEC + e];
+#pragma unroll
+            for (int r = 0; r < kFusedRows; ++r) {
+                if (!live[r]) continue;
+                float av[VEC];
+                load_floats<T, VEC>(row[r] + v * VEC, av);
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) acc[r] = fmaf(av[e], xv[e], acc[r]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < kFusedRows; ++r) {
+            const float s = warp_sum(acc[r]);
+            if (lane == 0 && n0 + r < N) partial[n0 + r] = s;
+        }
+    }
+}
+
+// y[c] += sum_{r < rank} h[m * R + r] * B[c, r] for this block's columns c (slice m holds c).
+template <typename T, int VEC>
+__device__ __forceinline__ void fused_expand(
+    T* __restrict__ y_row, const float* h, const T* __restrict__ b_slot, const int* __restrict__ slice_offsets,
+    int n_slices, int R, int rank, int c0, int c_len) {
+#pragma unroll 2
+    for (int j = threadIdx.x; j < c_len; j += kFusedThreads) {
+        const int col = c0 + j;
+        int m = 0;
+        while (m + 1 < n_slices && col >= slice_offsets[m + 1]) ++m;
+        const float* hm = h + m * R;
+        const T* b_row = b_slot + static_cast<long long>(col) * R;
+        float acc = 0.0f;
+        for (int r0 = 0; r0 < rank; r0 += VEC) {
+            float bv[VEC];
+            load_floats<T, VEC>(b_row + r0, bv);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) acc = r0 + e < rank ? fmaf(bv[e], hm[r0 + e], acc) : acc;
+        }
+        y_row[col] = from_float<T>(to_float(y_row[col]) + acc);
+    }
+}
+
+// y[t] += B[slot] @ (A[slot] @ x[t]) for one token per cluster of kFusedCluster blocks: block c
+// shrinks the c-th slice of the K inputs into a partial h, the cluster adds the partials up through
+// distributed shared memory, and block c expands into the c-th slice of the output columns. The
+// token's whole A and B are in flight at once over 8 SMs (its B rows and y are requested into L2
+// before the shrink), where the two-kernel path pays a second launch and a pass through h.
+// h stays fp32 between the two halves.
+// x: [T, K] with row stride x_stride; a: [S, N, K] (N = n_slices * R); b: [S, out_total, R];
+// y: [T, out_total] with row stride y_stride; slice_offsets: [n_slices + 1] int32 on the device;
+// slot_ranks as for lora_shrink_kernel. packed: bit 0, A rows are read in 16-byte packs (K and
+// k_slice multiples of 16 / sizeof(T), a aligned); bit 1, B rows too (R a multiple, b aligned).
+// Grid: (T * kFusedCluster); block: kFusedThreads; dynamic shared memory: (k_slice + 2 * N) floats.
+template <typename T>
+__global__ void LORALEDGER_CLUSTER(kFusedCluster) __launch_bounds__(kFusedThreads) lora_bgmv_fused_kernel(
+    T* __restrict__ y, long long y_stride, const T* __restrict__ x, long long x_stride, const T* __restrict__ a,
+    const T* __restrict__ b, const int* __restrict__ token_slots, const int* __restrict__ slot_ranks,
+    const int* __restrict__ slice_offsets, int K, int N, int R, int n_slices, int out_total, int k_slice,
+    int col_slice, int packed) {
+    extern __shared__ float fused_smem[];
+    float* xs = fused_smem;         // [k_slice]: this block's slice of x
+    float* partial = xs + k_slice;  // [N]: its share of h, read by the whole cluster
+    float* h = partial + N;         // [N]: the token's h
+    constexpr int kVec = 16 / sizeof(T);
+    const int c = static_cast<int>(cluster_rank());
+    const int t = blockIdx.x / kFusedCluster;
+    const int slot = token_slots[t];
+    if (slot < 0) return;  // the cluster serves one token: all of its blocks leave together
+    const int rank = slot_ranks != nullptr ? min(slot_ranks[slot], R) : R;
+    const int k0 = c * k_slice;
+    const int k_len = max(0, min(K, k0 + k_slice) - k0);
+    const int c0 = c * col_slice;
+    const int c_len = max(0, min(out_total, c0 + col_slice) - c0);
+    const T* b_slot = b + static_cast<long long>(slot) * out_total * R;
+    T* y_row = y + static_cast<long long>(t) * y_stride;
+
+    const char* b_bytes = reinterpret_cast<const char*>(b_slot + static_cast<long long>(c0) * R);
+    for (long long off = threadIdx.x * 128LL; off < static_cast<long long>(c_len) * R * sizeof(T);
+         off += kFusedThreads * 128LL) {
+        prefetch_l2(b_bytes + off);
+    }
+    for (int off = threadIdx.x * 128; off < c_len * static_cast<int>(sizeof(T)); off += kFusedThreads * 128) {
+        prefetch_l2(reinterpret_cast<const char*>(y_row + c0) + off);
+    }
+
+    const T* x_row = x + static_cast<long long>(t) * x_stride + k0;
+    for (int i = threadIdx.x; i < k_len; i += kFusedThreads) xs[i] = to_float(x_row[i]);
+    __syncthreads();
+    const T* a_rows = a + static_cast<long long>(slot) * N * K + k0;
+    if (packed & 1) {
+        fused_shrink<T, kVec>(partial, xs, a_rows, K, N, R, rank, k_len);
+    } else {
+        fused_shrink<T, 1>(partial, xs, a_rows, K, N, R, rank, k_len);
+    }
+
+    cluster_sync();
+    for (int n = threadIdx.x; n < N; n += kFusedThreads) {
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kFusedCluster; ++r) s += cluster_peer(partial, r)[n];
+        h[n] = s;
+    }
+    cluster_sync();  // every peer has read this block's partials (it may exit), and h is visible here
+
+    if (packed & 2) {
+        fused_expand<T, kVec>(y_row, h, b_slot, slice_offsets, n_slices, R, rank, c0, c_len);
+    } else {
+        fused_expand<T, 1>(y_row, h, b_slot, slice_offsets, n_slices, R, rank, c0, c_len);
+    }
+}

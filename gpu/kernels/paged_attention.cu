@@ -2,11 +2,15 @@
 //
 // A block serves one (sequence, KV head, pass of HP query heads, split of the context). GQA: the
 // HP query heads of a KV head share every K/V row the block loads. Inside the block, "groups" of
-// G lanes (G * EPL >= head_dim, each lane holding EPL consecutive elements) take tokens in turn;
-// each group keeps its own flash-decoding state (running max m, sum l, unnormalised output acc),
-// so the token loop has no block-wide synchronisation. Groups merge through shuffles, warps
-// through shared memory. Long contexts are cut into splits (grid z); with more than one split the
-// blocks write partial (m, l, acc) and paged_attention_reduce_kernel combines them.
+// G lanes (G * EPL >= head_dim, each lane holding EPL consecutive elements) each take U tokens of
+// a chunk of U * (groups per block) consecutive tokens. Decode attention is bound by reading the
+// cache, so the loop is software-pipelined: the raw K/V rows of chunk c + 1 are requested before
+// chunk c is used, 2 * U 16-byte loads per lane in flight, and the online softmax rescales once
+// per chunk rather than once per token. Each group keeps its own flash-decoding state (running
+// max m, sum l, unnormalised output acc), so the token loop has no block-wide synchronisation.
+// Groups merge through shuffles, warps through shared memory. Long contexts are cut into splits
+// (grid z); with more than one split the blocks write partial (m, l, acc) and
+// paged_attention_reduce_kernel combines them.
 //
 // Scores are kept in the log2 domain (q is pre-multiplied by scale * log2(e)) so that every
 // exponential is one exp2f. Softmax and accumulation are fp32.
@@ -26,13 +30,40 @@ __device__ __forceinline__ void load_head_slice(const T* __restrict__ p, int d0,
     }
 }
 
+// A lane's EPL elements of one K or V row as loaded (not yet converted): whole 16-byte words, so
+// that a row in flight costs sizeof(T) * EPL / 4 registers rather than EPL.
+template <typename T, int EPL>
+struct RowSlice {
+    static constexpr int kWords = sizeof(T) * EPL / 16;
+    static_assert(sizeof(T) * EPL % 16 == 0, "a lane's slice is whole 16-byte words");
+    union {
+        uint4 w[kWords];
+        T v[EPL];
+    } u;
+
+    __device__ __forceinline__ void load(const T* __restrict__ p, int d0, int head_dim, bool vec) {
+        if (vec && d0 < head_dim) {
+#pragma unroll
+            for (int i = 0; i < kWords; ++i) u.w[i] = reinterpret_cast<const uint4*>(p + d0)[i];
+        } else {
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) u.v[e] = d0 + e < head_dim ? p[d0 + e] : from_float<T>(0.0f);
+        }
+    }
+    __device__ __forceinline__ void zero() {
+#pragma unroll
+        for (int i = 0; i < kWords; ++i) u.w[i] = uint4{0u, 0u, 0u, 0u};
+    }
+    __device__ __forceinline__ float at(int e) const { return to_float(u.v[e]); }
+};
+
 // q: [B, Hq, D] with row stride q_stride (heads and elements contiguous); caches: [blocks, BS, Hk, D]
 // contiguous; block_tables: [B, max_blocks] int32 with row stride bt_stride; seq_lens: [B] int32.
 // out: [B, Hq, D] contiguous (written when num_splits == 1); part_acc: [B, Hq, num_splits, D],
 // part_ml: [B, Hq, num_splits, 2] (written when num_splits > 1).
 // Grid: (Hk * passes, B, num_splits); block: kAttnThreads; dynamic shared memory:
 // kAttnWarps * HP * (2 + G * EPL) floats.
-template <typename T, int HP, int EPL>
+template <typename T, int HP, int EPL, int U>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_decode_kernel(
     T* __restrict__ out, float* __restrict__ part_acc, float* __restrict__ part_ml, const T* __restrict__ q,
     long long q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
@@ -68,7 +99,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_decode_kernel(
     const int warp = threadIdx.x >> 5;
     const int d0 = (lane & (G - 1)) * EPL;
     const int num_groups = kAttnThreads >> log2_group;
-    const int groups_per_warp = 32 >> log2_group;
+    const int group = threadIdx.x >> log2_group;
     const bool vec = D % EPL == 0 && q_stride % EPL == 0 && is_aligned(q, 16) && is_aligned(k_cache, 16) &&
                      is_aligned(v_cache, 16);
 
@@ -97,50 +128,75 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_decode_kernel(
     const int* table = block_tables + b * bt_stride;
     const int block_mask = (1 << log2_block_size) - 1;
     const long long row_elems = static_cast<long long>(num_kv_heads) * D;
-    // This lane's slice of token p's K and V rows (zeros when p is past the split).
-    auto load_kv = [&](int p, float* kf, float* vf) {
-        if (p < p_end) {
-            const long long slot =
-                (static_cast<long long>(table[p >> log2_block_size]) << log2_block_size) + (p & block_mask);
-            const long long off = slot * row_elems + static_cast<long long>(kv_head) * D;
-            load_head_slice<T, EPL>(k_cache + off, d0, D, vec, kf);
-            load_head_slice<T, EPL>(v_cache + off, d0, D, vec, vf);
-        } else {
+    const int chunk = U * num_groups;
+    // Token of (this group, u) in the chunk starting at `base`: base + u * num_groups + group.
+    auto load_chunk = [&](int base, RowSlice<T, EPL>(&k)[U], RowSlice<T, EPL>(&v)[U]) {
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) kf[e] = vf[e] = 0.0f;
+        for (int u = 0; u < U; ++u) {
+            const int p = base + u * num_groups + group;
+            if (p < p_end) {
+                const long long slot =
+                    (static_cast<long long>(table[p >> log2_block_size]) << log2_block_size) + (p & block_mask);
+                const long long off = slot * row_elems + static_cast<long long>(kv_head) * D;
+                k[u].load(k_cache + off, d0, D, vec);
+                v[u].load(v_cache + off, d0, D, vec);
+            } else {
+                k[u].zero();
+                v[u].zero();
+            }
         }
     };
 
-    // Warp-uniform trip count (the group shuffles need every lane): a group past the end idles.
-    // The next token's K/V is loaded before this one is used, so two rows per lane are in flight.
-    const int first = p_begin + warp * groups_per_warp + (lane >> log2_group);
-    float kf[EPL], vf[EPL];
-    load_kv(first, kf, vf);
-    for (int base = p_begin + warp * groups_per_warp; base < p_end; base += num_groups) {
-        const int p = base + (lane >> log2_group);
-        const bool live = p < p_end;
-        float kn[EPL], vn[EPL];
-        load_kv(p + num_groups, kn, vn);
+    RowSlice<T, EPL> kc[U], vc[U], kn[U], vn[U];
+    load_chunk(p_begin, kc, vc);
+    // The trip count is block-uniform (the group shuffles need every lane): a group past the end idles.
+    for (int base = p_begin; base < p_end; base += chunk) {
+        if (base + chunk < p_end) load_chunk(base + chunk, kn, vn);
+        float s[HP][U];
 #pragma unroll
-        for (int hh = 0; hh < HP; ++hh) {
-            float s = 0.0f;
+        for (int u = 0; u < U; ++u) {
+            float kf[EPL];
 #pragma unroll
-            for (int e = 0; e < EPL; ++e) s = fmaf(qf[hh][e], kf[e], s);
-            s = group_sum(s, G);
-            if (live) {
-                const float m_new = fmaxf(m[hh], s);
-                const float alpha = exp2f(m[hh] - m_new);  // 0 on the first token (m = -inf)
-                const float pr = exp2f(s - m_new);
-                l[hh] = fmaf(l[hh], alpha, pr);
+            for (int e = 0; e < EPL; ++e) kf[e] = kc[u].at(e);
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) acc[hh][e] = fmaf(pr, vf[e], acc[hh][e] * alpha);
-                m[hh] = m_new;
+            for (int hh = 0; hh < HP; ++hh) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) dot = fmaf(qf[hh][e], kf[e], dot);
+                s[hh][u] = dot;
             }
         }
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-            kf[e] = kn[e];
-            vf[e] = vn[e];
+        for (int hh = 0; hh < HP; ++hh)
+#pragma unroll
+            for (int u = 0; u < U; ++u) s[hh][u] = group_sum(s[hh][u], G);
+        bool live[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) live[u] = base + u * num_groups + group < p_end;
+#pragma unroll
+        for (int hh = 0; hh < HP; ++hh) {
+            float m_new = m[hh];
+#pragma unroll
+            for (int u = 0; u < U; ++u) m_new = live[u] ? fmaxf(m_new, s[hh][u]) : m_new;
+            if (m_new == neg_inf()) continue;  // this group has seen no token yet
+            const float alpha = exp2f(m[hh] - m_new);  // 0 while m is still -inf
+            float lsum = l[hh] * alpha;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[hh][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const float pr = live[u] ? exp2f(s[hh][u] - m_new) : 0.0f;
+                lsum += pr;
+#pragma unroll
+                for (int e = 0; e < EPL; ++e) acc[hh][e] = fmaf(pr, vc[u].at(e), acc[hh][e]);
+            }
+            l[hh] = lsum;
+            m[hh] = m_new;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            kc[u] = kn[u];
+            vc[u] = vn[u];
         }
     }
 

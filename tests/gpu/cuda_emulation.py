@@ -46,8 +46,10 @@ def _host_source(source: str) -> str:
     text = re.sub(r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\((\w+)\) : "h"\(([\w.]+)\)\);', r"\1 = emu_h2f(\2);", text)
     text = re.sub(r'asm\("cvt\.rn\.f16\.f32 %0, %1;" : "=h"\(([\w.]+)\) : "f"\((\w+)\)\);', r"\1 = emu_f2h(\2);", text)
     text = re.sub(
-        r"extern __shared__ float (\w+)\[\];", r"float* \1 = reinterpret_cast<float*>(emu::smem.data());", text
+        r"extern __shared__ float (\w+)\[\];", r"float* \1 = reinterpret_cast<float*>(emu::block_smem());", text
     )
+    # the PTX cluster helpers: cuda_emulation.h has host versions
+    text = re.sub(r"#ifndef LORALEDGER_HOST_EMULATION\n.*?#endif  // LORALEDGER_HOST_EMULATION\n", "", text, flags=re.DOTALL)
     if "asm(" in text:
         raise AssertionError(f"{source} has inline PTX the emulation does not translate")
     return text
@@ -65,8 +67,8 @@ def _build(unit: tuple[str, ...]) -> tuple[Path, list[str]]:
     for i, expr in enumerate(exprs):
         code += (
             f'\nextern "C" void emu_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
-            f"unsigned long long smem, void** args) {{ emu_launch(&{expr}, dim3{{gx, gy, gz}}, "
-            f"dim3{{bx, 1, 1}}, smem, args); }}\n"
+            f"unsigned long long smem, void** args, unsigned cluster) {{ emu_launch(&{expr}, dim3{{gx, gy, gz}}, "
+            f"dim3{{bx, 1, 1}}, smem, args, cluster); }}\n"
         )
     key = hashlib.sha256(code.encode()).hexdigest()[:16]
     _CACHE.mkdir(exist_ok=True)
@@ -86,8 +88,9 @@ def _build(unit: tuple[str, ...]) -> tuple[Path, list[str]]:
 class EmulatedLauncher:
     """A KernelLauncher (gpu/kernel_launcher.py) whose kernels run on the CPU; sm_count shapes the split heuristics."""
 
-    def __init__(self, sm_count: int = 4) -> None:
+    def __init__(self, sm_count: int = 4, compute_capability: tuple[int, int] = (9, 0)) -> None:
         self.sm_count = sm_count
+        self.compute_capability = compute_capability
         with ThreadPoolExecutor(max_workers=len(_UNITS)) as pool:
             built = list(pool.map(_build, _UNITS))
         self._kernels: dict[str, Any] = {}
@@ -109,4 +112,7 @@ class EmulatedLauncher:
         values = [_ARG_TYPES[type(a)](a.item()) for a in args]
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = (*grid, 1, 1)[:3]
-        fn(*(ctypes.c_uint(d) for d in dims), ctypes.c_uint(block), ctypes.c_ulonglong(shared_mem), argv)
+        fn(
+            *(ctypes.c_uint(d) for d in dims), ctypes.c_uint(block), ctypes.c_ulonglong(shared_mem), argv,
+            ctypes.c_uint(template.cluster),
+        )

@@ -90,12 +90,18 @@ def test_sources_are_nvrtc_clean(source):
         assert not re.search(host_only, text), f"{source} uses {host_only!r}, which needs a host header under NVRTC"
     for template in ks.KERNELS:
         if template.source == source:
-            assert re.search(rf"__global__ void (__launch_bounds__\(\w+\) )?{template.name}\(", text), template.name
+            cluster = r"LORALEDGER_CLUSTER\(\w+\) " if template.cluster > 1 else ""
+            assert re.search(rf"__global__ void {cluster}(__launch_bounds__\(\w+\) )?{template.name}\(", text), template.name
 
 
 def test_kernel_launch_geometry_matches_the_python_constants():
     expected = {
-        "lora.cu": {"kShrinkThreads": ks.LORA_SHRINK_THREADS, "kExpandThreads": ks.LORA_EXPAND_THREADS},
+        "lora.cu": {
+            "kShrinkThreads": ks.LORA_SHRINK_THREADS,
+            "kExpandThreads": ks.LORA_EXPAND_THREADS,
+            "kFusedThreads": ks.LORA_FUSED_THREADS,
+            "kFusedCluster": ks.LORA_FUSED_CLUSTER,
+        },
         "paged_attention.cu": {"kAttnThreads": ks.ATTENTION_THREADS},
     }
     for source, constants in expected.items():

@@ -247,6 +247,15 @@ def check_lora(
     base = slots.to(device) < 0
     assert torch.equal(y[base], y_before[base]), "lora_expand changed a base-model token's row"
 
+    # lora_apply: the fused kernel where the mode and the GPU pick it, else shrink then expand
+    y = _rand(g, (tokens, offsets[-1] + 8), dtype, device)[:, : offsets[-1]]  # a row-strided view, as q/k/v's y
+    y_before = y.clone()
+    ref_y = _oracle(y)
+    ORACLE.lora_apply(_oracle(x), _oracle(a), _oracle(b), ref_meta, offsets, ref_y)
+    ops.lora_apply(x, a, b, meta, offsets, y)
+    assert_matches(f"lora_apply {mode}", y, ref_y, dtype)
+    assert torch.equal(y[base], y_before[base]), "lora_apply changed a base-model token's row"
+
 
 # ---- emulated: the ordinary suite, no GPU ----
 
@@ -293,17 +302,38 @@ def test_paged_attention_decode_emulated(emulated, dtype, seqs, hq, hk, d, block
     check_decode(emulated(), "cpu", dtype, seqs, hq, hk, d, block_size, max_context, window)
 
 
-@pytest.mark.parametrize("mode", ["bgmv", "sgmv"])
+@pytest.mark.parametrize("mode", ["bgmv", "sgmv", "fused"])
 @pytest.mark.parametrize(
     "dtype, tokens, hidden, rank, outs, runs",
     [
         (F32, 19, 64, 8, (48,), True),
         (BF16, 12, 40, 3, (16, 8, 8), True),
         (F32, 5, 30, 1, (24, 20), False),  # in_features and rank off the 16-byte packs: scalar paths
+        (BF16, 3, 200, 8, (72, 5), False),  # K-slices of 32: the last cluster blocks get none; 77 columns
     ],
 )
 def test_lora_emulated(emulated, mode, dtype, tokens, hidden, rank, outs, runs):
     check_lora(emulated, "cpu", dtype, mode, tokens, hidden, rank, outs, runs)
+
+
+def test_fused_lora_needs_clusters():
+    """Before compute capability 9.0 (no thread block clusters) "auto" keeps the two kernels; "fused" is refused."""
+    problem = emulation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    launcher = EmulatedLauncher(sm_count=4, compute_capability=(8, 0))
+    g = _gen("no-clusters")
+    x, a, b = _rand(g, (3, 32), F32, "cpu"), _rand(g, (2, 4, 32), F32, "cpu"), _rand(g, (2, 12, 4), F32, "cpu")
+    slots = torch.tensor([1, -1, 0], dtype=torch.int32)
+    ref_y = torch.zeros(3, 12)
+    ORACLE.lora_apply(x, a, b, ORACLE.lora_prepare(slots, 2), (0, 12), ref_y)
+    auto = CudaOps("cpu", launcher=launcher)
+    y = torch.zeros(3, 12)
+    auto.lora_apply(x, a, b, auto.lora_prepare(slots, 2), (0, 12), y)
+    assert_matches("lora_apply without clusters", y, ref_y, F32)
+    fused = CudaOps("cpu", lora_kernel="fused", launcher=launcher)
+    with pytest.raises(KernelInputError, match=r"fused LoRA kernel needs compute capability 9\.0"):
+        fused.lora_apply(x, a, b, fused.lora_prepare(slots, 2), (0, 12), y)
 
 
 def test_lora_skips_rank_rows_past_slot_ranks_emulated(emulated):
@@ -327,6 +357,11 @@ def test_lora_skips_rank_rows_past_slot_ranks_emulated(emulated):
     ops.lora_expand(h, b, meta, (0, 5, 12), y)
     ORACLE.lora_expand(h, b_masked, ref_meta, (0, 5, 12), ref_y)
     assert_matches("slot_ranks expand", y, ref_y, F32)
+    fused = emulated("fused")
+    y, ref_y = torch.zeros(tokens, 12), torch.zeros(tokens, 12)
+    fused.lora_apply(x, a, b, meta, (0, 5, 12), y)
+    ORACLE.lora_apply(x, a_masked, b_masked, ref_meta, (0, 5, 12), ref_y)
+    assert_matches("slot_ranks fused", y, ref_y, F32)
 
 
 # ---- CPU logic that needs no kernel ----
@@ -334,6 +369,7 @@ def test_lora_skips_rank_rows_past_slot_ranks_emulated(emulated):
 
 class _NoLaunch:
     sm_count = 4
+    compute_capability = (9, 0)
 
     def launch(self, *args, **kwargs):
         raise AssertionError("this op should not launch a kernel")
@@ -494,7 +530,7 @@ def test_prefill_attention_gpu(on_gpu, dtype):
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("mode", ["bgmv", "sgmv", "auto"])
+@pytest.mark.parametrize("mode", ["bgmv", "sgmv", "fused", "auto"])
 @pytest.mark.parametrize("tokens, hidden, rank, outs, runs", LORA_GPU_CASES)
 def test_lora_gpu(on_gpu, dtype, mode, tokens, hidden, rank, outs, runs):
     check_lora(on_gpu, "cuda", dtype, mode, tokens, hidden, rank, outs, runs)
