@@ -28,8 +28,8 @@ for s in $steps; do
     env) step env 60 bash -c "nvidia-smi; $py -c 'import torch, cupy, transformers, peft; print(torch.__version__, torch.version.cuda, cupy.__version__, transformers.__version__, peft.__version__); print(torch.cuda.get_device_name())'" ;;
     sweep) step sweep "${SWEEP_LIMIT:-300}" "$py" -m pytest tests/gpu/test_ops_cuda.py -m gpu -q -rs -p no:cacheprovider --timeout 120 --maxfail 40 ${SWEEP_K:+-k "$SWEEP_K"} ;;
     engine) step engine "${ENGINE_LIMIT:-200}" "$py" -m pytest tests/gpu/test_cuda_engine.py tests/api/test_reference_outputs.py -m gpu -q -rs -s -p no:cacheprovider --timeout 150 ;;
-    kernels) step kernels 120 "$py" bench/kernels.py --json "$out/kernels.json" ;;
-    step) step step 180 "$py" -m bench.gpu_step --json "$out/gpu_step.json" ;;
+    kernels) step kernels "${KERNELS_LIMIT:-240}" "$py" bench/kernels.py --json "$out/kernels.json" ${KERNELS_ARGS:-} ;;
+    step) step step "${STEP_LIMIT:-300}" "$py" -m bench.gpu_step --json "$out/gpu_step.json" ${STEP_ARGS:-} ;;
     decode) step decode "${DECODE_LIMIT:-300}" "$py" -m bench.gpu_decode --json "$out/gpu_decode.json" ${DECODE_ARGS:-} ;;
     *) echo "unknown step $s (env sweep engine kernels step decode)"; failed=$((failed + 1)) ;;
     esac
