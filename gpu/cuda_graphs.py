@@ -78,6 +78,7 @@ class DecodeGraphs:
         self._tables = h32[2 * m :].reshape(m, self.width)
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._failed: set[tuple[int, bool]] = set()  # captures that raised: those steps run eagerly
+        self._uploaded: torch.cuda.Event | None = None  # recorded after the last upload from the pinned buffers
         self._pool = torch.cuda.graph_pool_handle()
 
     @property
@@ -95,9 +96,12 @@ class DecodeGraphs:
             for s in seqs
         )
 
-    def run(self, seqs: Sequence[SeqWork]) -> torch.Tensor | None:
+    def run(self, seqs: Sequence[SeqWork], pending: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
         """Logits [len(seqs), V] (fp32) of one decode step, a view of the graph's output valid until the
-        next run; None when this step's graph could not be captured (the caller runs the step eagerly)."""
+        next run; None when this step's graph could not be captured (the caller runs the step eagerly).
+
+        pending: (rows, token ids), both int64 on the device: the input ids of those rows, sampled by
+        the previous step and still on the device (their host value is PENDING_TOKEN)."""
         n = len(seqs)
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         with_lora = self.lora_slots is not None and any(s.lora_slot >= 0 for s in seqs)
@@ -115,6 +119,8 @@ class DecodeGraphs:
                     log.warning("CUDA graph capture failed; these steps run eagerly", size=size, lora=with_lora, error=repr(exc))
                     return None
             self._fill(seqs, size)
+            if pending is not None:
+                self._dev64.index_copy_(0, pending[0], pending[1])  # rows < size: the input ids' part
             graph, logits = entry
             graph.replay()
         return logits[:n]
@@ -131,13 +137,26 @@ class DecodeGraphs:
         self._tables[start:stop, 0] = 0  # a row's table is read only as far as its context: one block here
 
     def _upload(self, size: int) -> None:
-        """Copy what a graph of `size` rows reads: all of the int64 buffer, the int32 one up to row `size` of the tables."""
+        """Copy what a graph of `size` rows reads: all of the int64 buffer, the int32 one up to row `size` of the tables.
+
+        The copies are queued behind whatever runs on the stream (an overlapped step's previous step);
+        _writable() makes the next writer of the pinned buffers wait until they have been read.
+        """
         self._dev64.copy_(self._host64, non_blocking=True)
         used = 2 * self.max_batch + size * self.width
         self._dev32[:used].copy_(self._host32[:used], non_blocking=True)
+        self._uploaded = torch.cuda.Event()
+        self._uploaded.record(torch.cuda.current_stream(self.device))
+
+    def _writable(self) -> None:
+        """Wait until the last upload has read the pinned buffers (not for the kernels queued after it)."""
+        if self._uploaded is not None:
+            self._uploaded.synchronize()
+            self._uploaded = None
 
     def _fill(self, seqs: Sequence[SeqWork], size: int) -> None:
         n, bs = len(seqs), self.block_size
+        self._writable()
         self._pad(n, size)
         pos = np.fromiter((s.start_pos for s in seqs), dtype=np.int64, count=n)
         self._ids[:n] = np.fromiter((s.token_ids[0] for s in seqs), dtype=np.int64, count=n)
@@ -149,7 +168,6 @@ class DecodeGraphs:
         # columns past a row's own blocks keep stale values: the kernels read only as far as seq_lens
         fill_block_tables(self._tables, seqs, bt_lens)
         self._kv_slots[:n] = self._tables[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
-        # the previous step's copies have completed: its sampling read the logits back to the host
         self._upload(size)
 
     # ---- capture ----
@@ -178,6 +196,7 @@ class DecodeGraphs:
 
     def _capture(self, size: int, with_lora: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         batch = self._static_batch(size, with_lora)
+        self._writable()
         self._pad(0, size)
         self._upload(size)
         current = torch.cuda.current_stream(self.device)

@@ -13,6 +13,7 @@ from loraledger.errors import ConfigError
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.ops import LoraMeta, Ops
 from loraledger.gpu.step import SeqWork
+from loraledger.gpu.transfer import to_device
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [N] int64: the token rows whose logits are computed
     lora: LoraMeta | None  # None: no adapter token in the step
     lora_groups: frozenset[str]  # fused modules targeted by some active slot; the rest skip LoRA
+    prefill_sizes: tuple[int, int] | None = None  # (longest query chunk, longest context) of the P chunks, known on the host
 
     @property
     def num_tokens(self) -> int:
@@ -122,9 +124,9 @@ def build_forward_batch(
     sample_row = np.where(sample, logits_start + logits_count - 1, -1)
 
     def dev(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+        return to_device(a, dtype, device)
 
-    dec_bt = dec_lens = pf_loc = pf_lens = pf_bt = None
+    dec_bt = dec_lens = pf_loc = pf_lens = pf_bt = pf_sizes = None
     if num_decode:
         dec_bt = dev(tables[:num_decode, : int(blocks_needed[:num_decode].max())], torch.int32)
         dec_lens = dev(seq_lens[:num_decode], torch.int32)
@@ -133,6 +135,7 @@ def build_forward_batch(
         pf_loc = dev(np.concatenate(([0], np.cumsum(pf_q))), torch.int32)
         pf_lens = dev(seq_lens[num_decode:], torch.int32)
         pf_bt = dev(tables[num_decode:, : int(blocks_needed[num_decode:].max())], torch.int32)
+        pf_sizes = (int(pf_q.max()), int(seq_lens[num_decode:].max()))
 
     lora_meta, groups = None, frozenset()
     if lora_slots is not None:
@@ -141,7 +144,8 @@ def build_forward_batch(
         if active.size:
             groups = lora_slots.groups_for(active.tolist())
         if groups:
-            token_slots = dev(np.repeat(slots, q_lens), torch.int32)
+            # host slots: the backend uploads what it needs (no read-back of a device copy)
+            token_slots = torch.from_numpy(np.repeat(slots, q_lens).astype(np.int32))
             lora_meta = ops.lora_prepare(token_slots, lora_slots.max_loras)
 
     batch = ForwardBatch(
@@ -157,6 +161,7 @@ def build_forward_batch(
         logits_indices=dev(logits_indices, torch.int64),
         lora=lora_meta,
         lora_groups=groups,
+        prefill_sizes=pf_sizes,
     )
     layout = BatchLayout(
         q_lens=q_lens,

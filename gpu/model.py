@@ -123,6 +123,7 @@ class Model:
                 batch.prefill_block_tables,
                 self.scale,
                 window,
+                batch.prefill_sizes,
             )
         if prefill_out is None:
             attn = decode_out

@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import functools
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,18 +21,52 @@ from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
-from loraledger.gpu.sampler import Sampler, SampleRow
-from loraledger.gpu.step import PromptLogprobs, SampledToken, SamplingSpec, SeqWork, StepOutput, StepPlan
+from loraledger.gpu.sampler import SampleJob, Sampler, SampleRow
+from loraledger.gpu.step import (
+    PENDING_TOKEN,
+    PromptLogprobs,
+    SampledToken,
+    SamplingSpec,
+    SeqWork,
+    StepOutput,
+    StepPlan,
+)
+from loraledger.gpu.transfer import to_device
 from loraledger.gpu.weights import load_weights
 
 
 @dataclass
 class SeqState:
-    """A sequence's sampling settings and token history, kept from its NewSeq until it is freed."""
+    """A sequence's sampling settings and token history, kept from its NewSeq until it is freed.
+
+    num_output counts every token sampled for the sequence, including those of launched steps whose
+    ids are still on the device; output_token_ids holds the ids read back so far (in order).
+    """
 
     spec: SamplingSpec
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
+    num_output: int = 0
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose work is queued on the device: launch() returns it, finish() turns it into a StepOutput.
+
+    Its sampled token ids stay on the device (job.tokens) so that the next step can take its inputs
+    from them; rows_of maps each sampled sequence to its row there.
+    """
+
+    step_id: int
+    seq_ids: list[int]  # sampled rows, in row order
+    rows_of: dict[int, int]
+    job: SampleJob | None
+    prompt: "_PromptLogprobJob | None"
+    prepare_seconds: float
+    forward_seconds: float
+    # CUDA: (start, end) around the step's device work, and the previous step's end (for the idle time between)
+    events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event | None] | None
+    settled: bool = False  # the sampled ids are in the sequences' output_token_ids
 
 
 class ModelRunner:
@@ -83,6 +118,10 @@ class ModelRunner:
                 device=self.device,
             )
         self._seqs: dict[int, SeqState] = {}
+        self._unfinished: deque[LaunchedStep] = deque()  # launched, not yet finished, oldest first
+        self._last_end: torch.cuda.Event | None = None  # end of the last launched step's device work
+        self._lost: set[int] = set()  # sequences of a step whose launch failed: their pending tokens never came
+        self._previous: LaunchedStep | None = None  # the step launched last (finished or not): PENDING_TOKEN's source
         self._closed = False
 
     @property
@@ -93,11 +132,11 @@ class ModelRunner:
         """Drop every tensor (weights, KV cache, adapter slots, sampler state); execute() fails afterwards.
 
         The Executor calls this on the event loop when it stops. Otherwise the last reference to the
-        runner can be the bound `execute` an anyio worker thread (a daemon) still holds after its last
-        step; if that thread lets go while the interpreter is finalizing, torch's tensor deallocation
-        releases and retakes the GIL, Python ends the thread with a forced unwind through C++ frames,
-        and the process aborts ("terminate called without an active exception", exit code 134) after
-        all its work is done. Closing here leaves such a reference holding an empty object.
+        runner can be a worker thread's after its last step; if that thread lets go while the
+        interpreter is finalizing, torch's tensor deallocation releases and retakes the GIL, Python
+        ends the thread with a forced unwind through C++ frames, and the process aborts ("terminate
+        called without an active exception", exit code 134) after all its work is done. Closing here
+        leaves such a reference holding an empty object.
         """
         if self.graphs is not None:
             self.graphs.close()
@@ -108,49 +147,160 @@ class ModelRunner:
         self.lora_slots = None
         self.sampler = None
         self._seqs.clear()
+        self._unfinished.clear()
+        self._previous = None
+        self._last_end = None
         self._closed = True
 
     def execute(self, plan: StepPlan) -> StepOutput:
         """Apply the plan's slot and sequence changes, run one forward over its sequences, sample."""
+        return self.finish(self.launch(plan))
+
+    def launch(self, plan: StepPlan) -> LaunchedStep:
+        """Queue one step's work on the device and return without waiting for it.
+
+        The plan may use the tokens of the step launched just before it (PENDING_TOKEN): they are
+        taken from that step's device tensor. Steps must be finished in the order they were launched.
+        If that step's launch failed, its sequences (failed with it) are dropped from this one.
+        """
         if self._closed:
             raise EngineDeadError("the model runner was closed (the engine shut down); start a new engine")
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            self._apply_slot_changes(plan)
-            for seq_id in plan.freed_seq_ids:
-                self._seqs.pop(seq_id, None)
-            for new in plan.new_seqs:
-                self._seqs[new.seq_id] = SeqState(new.sampling, list(new.prompt_token_ids), list(new.output_token_ids))
-            if not plan.seqs:
-                return StepOutput(step_id=plan.step_id, sampled=[], prepare_seconds=time.perf_counter() - t0)
-            seqs, num_decode = order_for_batch(plan.seqs)
-            states = self._check(seqs)
-            logits = None
-            if self.graphs is not None and num_decode == len(seqs) and self.graphs.accepts(seqs):
-                layout = decode_layout(seqs)
-                t1 = time.perf_counter()
-                logits = self.graphs.run(seqs)
-            if logits is None:
-                batch, layout = build_forward_batch(
-                    seqs,
-                    num_decode,
-                    block_size=self.block_size,
-                    device=self.device,
-                    ops=self.ops,
-                    lora_slots=self.lora_slots,
-                )
-                t1 = time.perf_counter()
-                logits = self.model.forward(batch, self.kv_cache)
-            sampled = self._sample(seqs, states, layout, logits)
-            prompt_lps = self._prompt_logprobs(seqs, states, layout, logits)
-            t2 = time.perf_counter()
+        lost, self._lost = self._lost, set()
+        try:
+            with torch.inference_mode():
+                return self._launch(plan, lost)
+        except BaseException:
+            self._lost = {s.seq_id for s in plan.seqs}
+            self._previous = None
+            raise
+
+    def _launch(self, plan: StepPlan, lost: set[int]) -> LaunchedStep:
+        t0 = time.perf_counter()
+        self._apply_slot_changes(plan)
+        for seq_id in plan.freed_seq_ids:
+            self._seqs.pop(seq_id, None)
+        for new in plan.new_seqs:
+            self._seqs[new.seq_id] = SeqState(
+                new.sampling, list(new.prompt_token_ids), list(new.output_token_ids), len(new.output_token_ids)
+            )
+        work = [s for s in plan.seqs if s.seq_id not in lost or not s.token_ids or s.token_ids[-1] != PENDING_TOKEN]
+        if not work:
+            step = LaunchedStep(plan.step_id, [], {}, None, None, time.perf_counter() - t0, 0.0, None)
+            self._unfinished.append(step)
+            self._previous = step
+            return step
+        seqs, num_decode = order_for_batch(work)
+        states = self._check(seqs)
+        pending = self._pending_sources(seqs)
+        if any(s.sample and st.spec.needs_history for s, st in zip(seqs, states)):
+            self._settle_all()  # penalties read earlier outputs' values: wait for the ids still on the device
+        logits = None
+        if self.graphs is not None and num_decode == len(seqs) and self.graphs.accepts(seqs):
+            layout = decode_layout(seqs)
+            patch = None if pending is None else (to_device(pending[0], torch.int64, self.device), pending[1])
+            t1 = time.perf_counter()
+            events = self._start_events()
+            logits = self.graphs.run(seqs, patch)
+        if logits is None:
+            batch, layout = build_forward_batch(
+                seqs,
+                num_decode,
+                block_size=self.block_size,
+                device=self.device,
+                ops=self.ops,
+                lora_slots=self.lora_slots,
+            )
+            if pending is not None:
+                rows = layout.token_start[pending[0]] + layout.q_lens[pending[0]] - 1
+                batch.input_ids.index_copy_(0, to_device(rows, torch.int64, self.device), pending[1])
+            t1 = time.perf_counter()
+            events = self._start_events()
+            logits = self.model.forward(batch, self.kv_cache)
+        job, seq_ids = self._sample(seqs, states, layout, logits)
+        prompt = self._prompt_logprobs(seqs, states, layout, logits)
+        if events is not None:
+            events[1].record()
+            self._last_end = events[1]
+        step = LaunchedStep(
+            plan.step_id, seq_ids, {sid: i for i, sid in enumerate(seq_ids)}, job, prompt, t1 - t0,
+            time.perf_counter() - t1, events,
+        )
+        self._unfinished.append(step)
+        self._previous = step
+        return step
+
+    def finish(self, step: LaunchedStep) -> StepOutput:
+        """Wait for a launched step's results (the oldest unfinished one) and return them."""
+        if not self._unfinished or self._unfinished[0] is not step:
+            raise ConfigError(f"step {step.step_id} is finished out of order: steps finish in the order they were launched")
+        t0 = time.perf_counter()
+        self._settle(step)
+        self._unfinished.popleft()
+        sampled = []
+        if step.job is not None:
+            out = step.job.result()
+            sampled = [
+                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j]) for j, sid in enumerate(step.seq_ids)
+            ]
+        prompt_lps = [] if step.prompt is None else step.prompt.result()
+        gpu_seconds = idle = None
+        if step.events is not None:
+            start, end, before = step.events
+            gpu_seconds = start.elapsed_time(end) / 1e3
+            idle = max(0.0, before.elapsed_time(start) / 1e3) if before is not None else None
         return StepOutput(
-            step_id=plan.step_id,
+            step_id=step.step_id,
             sampled=sampled,
             prompt_logprobs=prompt_lps,
-            forward_seconds=t2 - t1,
-            prepare_seconds=t1 - t0,
+            forward_seconds=step.forward_seconds + (time.perf_counter() - t0),
+            prepare_seconds=step.prepare_seconds,
+            gpu_seconds=gpu_seconds,
+            gpu_idle_seconds=idle,
         )
+
+    def _start_events(self):
+        """CUDA: events around the step's device work (start recorded now, once the inputs are built), with the
+        previous step's end event, so that finish() can tell the device time and the idle time before it."""
+        if self.device.type != "cuda":
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start, end, self._last_end
+
+    def _pending_sources(self, seqs: list[SeqWork]) -> tuple[np.ndarray, torch.Tensor] | None:
+        """For the sequences whose last token is PENDING_TOKEN: (their indices in seqs, their token ids on the device),
+        taken from the step launched just before this one."""
+        which = [i for i, s in enumerate(seqs) if s.token_ids and s.token_ids[-1] == PENDING_TOKEN]
+        if not which:
+            return None
+        prev = self._previous
+        rows = []
+        for i in which:
+            row = None if prev is None else prev.rows_of.get(seqs[i].seq_id)
+            if row is None:
+                before = "no step was launched before it" if prev is None else f"step {prev.step_id}, launched before it, did not sample it"
+                raise ConfigError(
+                    f"sequence {seqs[i].seq_id} runs the token the previous step samples (PENDING_TOKEN), but {before}"
+                )
+            rows.append(row)
+        src = prev.job.tokens.index_select(0, to_device(rows, torch.int64, self.device))
+        return np.asarray(which, dtype=np.int64), src
+
+    def _settle(self, step: LaunchedStep) -> None:
+        """Read a launched step's sampled ids back (waiting for the device) into its sequences' histories."""
+        if step.settled:
+            return
+        step.settled = True
+        if step.job is None:
+            return
+        for sid, token in zip(step.seq_ids, step.job.result().token_ids):
+            state = self._seqs.get(sid)
+            if state is not None:  # freed meanwhile: aborted or stopped while the step ran
+                state.output_token_ids.append(token)
+
+    def _settle_all(self) -> None:
+        for step in self._unfinished:
+            self._settle(step)
 
     def _apply_slot_changes(self, plan: StepPlan) -> None:
         if (plan.slot_clears or plan.slot_loads) and self.lora_slots is None:
@@ -185,26 +335,26 @@ class ModelRunner:
 
     def _sample(
         self, seqs: list[SeqWork], states: list[SeqState], layout: BatchLayout, logits: torch.Tensor
-    ) -> list[SampledToken]:
+    ) -> tuple[SampleJob | None, list[int]]:
         which = np.nonzero(layout.sample_row >= 0)[0].tolist()
         if not which:
-            return []
-        rows = [SampleRow(states[i].spec, states[i].prompt_token_ids, states[i].output_token_ids) for i in which]
-        row_idx = torch.from_numpy(layout.sample_row[which]).to(logits.device)
-        out = self.sampler.sample(logits.index_select(0, row_idx), rows)
-        sampled = []
-        for j, i in enumerate(which):
-            token = out.token_ids[j]
-            states[i].output_token_ids.append(token)
-            sampled.append(SampledToken(seqs[i].seq_id, token, out.logprobs[j], out.top_logprobs[j]))
-        return sampled
+            return None, []
+        rows = [
+            SampleRow(states[i].spec, states[i].prompt_token_ids, states[i].output_token_ids, states[i].num_output)
+            for i in which
+        ]
+        for i in which:
+            states[i].num_output += 1
+        row_idx = to_device(layout.sample_row[which], torch.int64, logits.device)
+        job = self.sampler.sample_async(logits.index_select(0, row_idx), rows)
+        return job, [seqs[i].seq_id for i in which]
 
     def _prompt_logprobs(
         self, seqs: list[SeqWork], states: list[SeqState], layout: BatchLayout, logits: torch.Tensor
-    ) -> list[PromptLogprobs]:
+    ) -> "_PromptLogprobJob | None":
         which = [i for i, s in enumerate(seqs) if s.prompt_logprobs]
         if not which:
-            return []
+            return None
         # logits row j of a chunk scores the prompt token at position start_pos + j + 1
         row_ids, targets, spans = [], [], []
         for i in which:
@@ -212,33 +362,38 @@ class ModelRunner:
             start = int(layout.start_pos[i])
             count = max(0, min(int(layout.q_lens[i]), len(prompt) - start - 1))
             first_row = int(layout.logits_start[i])
-            spans.append((len(row_ids), count))
+            spans.append((seqs[i].seq_id, int(layout.start_pos[i]) + 1, len(targets), count, states[i].spec.prompt_logprobs))
             row_ids.extend(range(first_row, first_row + count))
             targets.extend(prompt[start + 1 : start + 1 + count])
         dev = logits.device
-        logprobs = torch.log_softmax(logits.index_select(0, torch.tensor(row_ids, dtype=torch.int64, device=dev)), -1)
-        chosen = logprobs.gather(1, torch.tensor(targets, dtype=torch.int64, device=dev)[:, None])[:, 0].tolist()
+        logprobs = torch.log_softmax(logits.index_select(0, to_device(row_ids, torch.int64, dev)), -1)
+        chosen = logprobs.gather(1, to_device(targets, torch.int64, dev)[:, None])[:, 0]
         k_max = max(states[i].spec.prompt_logprobs for i in which)
-        top_vals = top_ids = None
+        top = None
         if k_max > 0 and row_ids:
-            vals, ids = torch.topk(logprobs, min(k_max, logprobs.shape[1]), dim=-1)
-            top_vals, top_ids = vals.tolist(), ids.tolist()
+            top = torch.topk(logprobs, min(k_max, logprobs.shape[1]), dim=-1)
+        return _PromptLogprobJob(spans, chosen, top)
+
+
+class _PromptLogprobJob:
+    """A step's prompt logprobs, still on the device; result() reads them back (after the step's sampled ids)."""
+
+    def __init__(self, spans: list[tuple[int, int, int, int, int]], chosen: torch.Tensor, top) -> None:
+        self._spans = spans  # (seq_id, first position, first row, rows, k)
+        self._chosen = chosen
+        self._top = top
+
+    def result(self) -> list[PromptLogprobs]:
+        chosen = self._chosen.tolist()
+        top_vals = top_ids = None
+        if self._top is not None:
+            top_vals, top_ids = self._top.values.tolist(), self._top.indices.tolist()
         out = []
-        for i, (at, count) in zip(which, spans):
-            k = states[i].spec.prompt_logprobs
+        for seq_id, first_pos, at, count, k in self._spans:
             top = None
             if k >= 0:
-                top = [
-                    list(zip(top_ids[r][:k], top_vals[r][:k])) if k > 0 else [] for r in range(at, at + count)
-                ]
-            out.append(
-                PromptLogprobs(
-                    seq_id=seqs[i].seq_id,
-                    first_pos=int(layout.start_pos[i]) + 1,
-                    logprobs=chosen[at : at + count],
-                    top_logprobs=top,
-                )
-            )
+                top = [list(zip(top_ids[r][:k], top_vals[r][:k])) if k > 0 else [] for r in range(at, at + count)]
+            out.append(PromptLogprobs(seq_id=seq_id, first_pos=first_pos, logprobs=chosen[at : at + count], top_logprobs=top))
         return out
 
 

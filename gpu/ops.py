@@ -145,17 +145,21 @@ class Ops(abc.ABC):
         block_tables: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        sizes: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Causal attention for query chunks that follow a cached prefix.
 
         q: [Tq, Hq, D], the queries of P sequences laid end to end (query_start_loc: [P+1] int32).
         Sequence p's queries are its last (query_start_loc[p+1]-query_start_loc[p]) positions of
         seq_lens[p]; each attends to every earlier position and itself, KV read from the cache.
+        sizes: (longest query chunk, longest context) when the caller knows them on the host, so that
+        a backend need not read them back from the device.
         """
 
     @abc.abstractmethod
     def lora_prepare(self, token_slots: torch.Tensor, num_slots: int) -> LoraMeta:
-        """Build the per-step indexing once; token_slots: [T] int32, -1 = no adapter."""
+        """Build the per-step indexing once; token_slots: [T] int32, -1 = no adapter, on the host
+        (the runner's case: the backend uploads what it needs) or on the device."""
 
     @abc.abstractmethod
     def lora_shrink(self, x: torch.Tensor, a_stack: torch.Tensor, meta: LoraMeta) -> torch.Tensor:

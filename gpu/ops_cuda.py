@@ -24,6 +24,7 @@ from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
 from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
 from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
+from loraledger.gpu.transfer import to_device
 
 _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
@@ -323,13 +324,15 @@ class CudaOps(Ops):
         block_tables: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        sizes: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         checks.check_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window)
         self._on_device("prefill_attention", "k_cache", k_cache)
-        # read back once per step, not at every layer: each read-back drains the GPU's queue of launches
-        sizes = self._step_memo.get(
-            "prefill_sizes", (query_start_loc, seq_lens), lambda: prefill_sizes(query_start_loc, seq_lens)
-        )
+        if sizes is None:
+            # read back once per step, not at every layer: each read-back drains the GPU's queue of launches
+            sizes = self._step_memo.get(
+                "prefill_sizes", (query_start_loc, seq_lens), lambda: prefill_sizes(query_start_loc, seq_lens)
+            )
         return sdpa_prefill_attention(
             q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, sizes
         )
@@ -345,14 +348,16 @@ class CudaOps(Ops):
         zero padding, are then skipped.
         """
         checks.check_lora_prepare(token_slots, num_slots)
-        host = token_slots.to(device="cpu", dtype=torch.int64)
+        host = token_slots.to(device="cpu", dtype=torch.int64)  # the runner passes host slots: no read-back
         checks.check_lora_slot_values(host, num_slots)
         seg_indptr, seg_slots = lora_segments(host)
         tile_starts = lora_tiles(seg_indptr, ks.SGMV_TILE)
-        tables = torch.cat((seg_indptr, seg_slots, tile_starts)).to(dtype=torch.int32).to(self.device)
-        n_seg, n_tiles = seg_slots.shape[0], tile_starts.shape[0] - 1
+        # one upload for the slots and the three tables, queued behind the previous step's work
+        tables = to_device(torch.cat((host, seg_indptr, seg_slots, tile_starts)).numpy(), torch.int32, self.device)
+        tokens, n_seg, n_tiles = host.shape[0], seg_slots.shape[0], tile_starts.shape[0] - 1
+        tables, slots_dev = tables[tokens:], tables[:tokens]
         return LoraMeta(
-            token_slots.to(device=self.device, dtype=torch.int32).contiguous(),
+            slots_dev,
             num_slots,
             seg_indptr=tables[: n_seg + 1],
             seg_slots=tables[n_seg + 1 : 2 * n_seg + 1],

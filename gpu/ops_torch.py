@@ -109,6 +109,7 @@ class TorchOps(Ops):
         block_tables: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        sizes: tuple[int, int] | None = None,  # host tensors here: nothing to read back
     ) -> torch.Tensor:
         num_seqs = seq_lens.shape[0]
         block_size = k_cache.shape[1]

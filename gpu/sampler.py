@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from loraledger.gpu.step import SamplingSpec
+from loraledger.gpu.transfer import to_device
 
 _GREEDY_BELOW = 1e-5
 _MASK32 = 0xFFFFFFFF
@@ -21,11 +22,22 @@ _MASK32 = 0xFFFFFFFF
 
 @dataclass
 class SampleRow:
-    """What the sampler needs of one row: its settings and the sequence's token history."""
+    """What the sampler needs of one row: its settings and the sequence's token history.
+
+    num_output: how many tokens the sequence has sampled before this one (the draw's position);
+    None means len(output_token_ids). With overlapped steps the last one may still be on the device:
+    the count is then ahead of the ids, which only the penalties read (rows that need them must be
+    given their whole history: SamplingSpec.needs_history).
+    """
 
     spec: SamplingSpec
     prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]  # tokens sampled so far; their count is the output position
+    output_token_ids: Sequence[int]  # tokens sampled so far
+    num_output: int | None = None
+
+    @property
+    def position(self) -> int:
+        return len(self.output_token_ids) if self.num_output is None else self.num_output
 
 
 @dataclass
@@ -33,6 +45,53 @@ class SamplerOutput:
     token_ids: list[int]
     logprobs: list[float]  # log_softmax of the raw logits at the chosen token
     top_logprobs: list[list[tuple[int, float]] | None]  # best first, per row; None where not asked
+
+
+class SampleJob:
+    """One batch's draws, still on the device: `tokens` feeds the next step without a host round trip;
+    result() reads everything back in one copy (waiting for the device with the GIL released)."""
+
+    def __init__(self, tokens: torch.Tensor, chosen: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None, top_ks: list[int]) -> None:
+        self.tokens = tokens  # [N] int64
+        self._top_ks = top_ks  # per row: -1 none, k >= 0 the top k
+        n = tokens.shape[0]
+        parts = [tokens.double(), chosen.double()]
+        if top is not None:
+            parts += [top[0].double().flatten(), top[1].double().flatten()]
+        packed = torch.cat(parts) if n else tokens.new_zeros(0, dtype=torch.float64)
+        self._width = 0 if top is None else top[0].shape[1]
+        self._event = None
+        if packed.is_cuda:
+            # one device-to-host copy into pinned memory, ordered after the step's kernels
+            host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(packed.device))
+            packed = host
+        self._packed = packed
+        self._result: SamplerOutput | None = None
+
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def result(self) -> SamplerOutput:
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()  # releases the GIL while the device works
+            flat = self._packed.tolist()
+            n, w = self.tokens.shape[0], self._width
+            tokens = [int(t) for t in flat[:n]]
+            chosen = flat[n : 2 * n]
+            top: list[list[tuple[int, float]] | None] = [None] * n
+            if w:
+                vals, ids = flat[2 * n : 2 * n + n * w], flat[2 * n + n * w :]
+                for i, k in enumerate(self._top_ks):
+                    if k >= 0:
+                        top[i] = [(int(ids[i * w + j]), vals[i * w + j]) for j in range(min(k, w))]
+            else:
+                top = [[] if k == 0 else None for k in self._top_ks]
+            self._result = SamplerOutput(tokens, chosen, top)
+        return self._result
 
 
 class Sampler:
@@ -44,37 +103,33 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SamplerOutput:
         """Choose one token per row of `logits` [N, V] (fp32, raw model output)."""
+        return self.sample_async(logits, rows).result()
+
+    def sample_async(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> SampleJob:
+        """sample(), with the choices left on the device until SampleJob.result() asks for them."""
         n = len(rows)
-        if n == 0:
-            return SamplerOutput([], [], [])
         logits = logits.float()
         specs = [r.spec for r in rows]
+        if n == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
+            return SampleJob(empty, empty.float(), None, [])
         processed = self._apply_penalties(logits, rows, specs)
         processed = self._hold_stop_tokens(processed, rows, specs)
         temps = [s.temperature for s in specs]
         random_rows = [i for i, t in enumerate(temps) if t >= _GREEDY_BELOW]
         tokens = processed.argmax(dim=-1)
         if random_rows:
-            idx = torch.tensor(random_rows, dtype=torch.int64, device=logits.device)
+            idx = to_device(random_rows, torch.int64, logits.device)
             tokens[idx] = self._sample_random(processed.index_select(0, idx), [rows[i] for i in random_rows])
         lse = torch.logsumexp(logits, dim=-1)
-        chosen_t = logits.gather(1, tokens[:, None])[:, 0] - lse
-        if logits.is_cuda:
-            # wait for the step's GPU work with the GIL released (tolist() would hold it while it
-            # waits), so that the engine's actors run on the event loop meanwhile
-            torch.cuda.current_stream(logits.device).synchronize()
-        chosen = chosen_t.tolist()
-        top: list[list[tuple[int, float]] | None] = [None] * n
-        k_max = max(s.logprobs for s in specs)
+        chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
+        top_ks = [s.logprobs for s in specs]
+        top = None
+        k_max = max(top_ks)
         if k_max > 0:
             values, ids = torch.topk(logits, min(k_max, logits.shape[1]), dim=-1)
-            values, ids = (values - lse[:, None]).tolist(), ids.tolist()
-            for i, s in enumerate(specs):
-                if s.logprobs >= 0:
-                    top[i] = list(zip(ids[i][: s.logprobs], values[i][: s.logprobs]))
-        elif k_max == 0:
-            top = [[] if s.logprobs == 0 else None for s in specs]
-        return SamplerOutput(tokens.tolist(), chosen, top)
+            top = (values - lse[:, None], ids)
+        return SampleJob(tokens, chosen, top, top_ks)
 
     def _apply_penalties(
         self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]
@@ -87,17 +142,17 @@ class Sampler:
         if not need:
             return logits
         dev, vocab = logits.device, logits.shape[1]
-        idx = torch.tensor(need, dtype=torch.int64, device=dev)
+        idx = to_device(need, torch.int64, dev)
         sub = logits.index_select(0, idx)
         out_counts = _token_counts([rows[i].output_token_ids for i in need], vocab, dev)
-        rep = torch.tensor([specs[i].repetition_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
-        if bool((rep != 1.0).any()):
+        rep = to_device([specs[i].repetition_penalty for i in need], torch.float32, dev)[:, None]
+        if any(specs[i].repetition_penalty != 1.0 for i in need):
             # HF semantics: every token of prompt and output, divided if positive, multiplied if negative
             seen = (out_counts > 0) | (_token_counts([rows[i].prompt_token_ids for i in need], vocab, dev) > 0)
             penalised = torch.where(sub > 0, sub / rep, sub * rep)
             sub = torch.where(seen, penalised, sub)
-        freq = torch.tensor([specs[i].frequency_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
-        pres = torch.tensor([specs[i].presence_penalty for i in need], dtype=torch.float32, device=dev)[:, None]
+        freq = to_device([specs[i].frequency_penalty for i in need], torch.float32, dev)[:, None]
+        pres = to_device([specs[i].presence_penalty for i in need], torch.float32, dev)[:, None]
         sub = sub - freq * out_counts - pres * (out_counts > 0).float()
         processed = logits.clone()
         processed[idx] = sub
@@ -108,13 +163,13 @@ class Sampler:
         pairs = [
             (i, t)
             for i, (r, s) in enumerate(zip(rows, specs))
-            if s.min_tokens > 0 and len(r.output_token_ids) < s.min_tokens
+            if s.min_tokens > 0 and r.position < s.min_tokens
             for t in s.stop_ids
             if 0 <= t < logits.shape[1]
         ]
         if not pairs:
             return logits
-        index = torch.tensor(pairs, dtype=torch.int64, device=logits.device)
+        index = to_device(pairs, torch.int64, logits.device)
         held = logits.clone()  # the raw logits stay untouched: logprobs are reported from them
         held[index[:, 0], index[:, 1]] = float("-inf")
         return held
@@ -122,18 +177,18 @@ class Sampler:
     def _sample_random(self, logits: torch.Tensor, rows: Sequence[SampleRow]) -> torch.Tensor:
         dev = logits.device
         specs = [r.spec for r in rows]
-        temp = torch.tensor([s.temperature for s in specs], dtype=torch.float32, device=dev)[:, None]
+        temp = to_device([s.temperature for s in specs], torch.float32, dev)[:, None]
         scaled = logits / temp
         top_k = [s.top_k if 0 < s.top_k < logits.shape[1] else 0 for s in specs]
         if any(top_k):
             k_max = max(top_k)
             kth = torch.topk(scaled, k_max, dim=-1).values
-            k_idx = torch.tensor([max(k, 1) - 1 for k in top_k], dtype=torch.int64, device=dev)[:, None]
+            k_idx = to_device([max(k, 1) - 1 for k in top_k], torch.int64, dev)[:, None]
             threshold = kth.gather(1, k_idx)
-            has_k = torch.tensor([k > 0 for k in top_k], device=dev)[:, None]
+            has_k = to_device([k > 0 for k in top_k], torch.bool, dev)[:, None]
             scaled = scaled.masked_fill(has_k & (scaled < threshold), float("-inf"))
         if any(s.top_p < 1.0 for s in specs):
-            top_p = torch.tensor([s.top_p for s in specs], dtype=torch.float32, device=dev)[:, None]
+            top_p = to_device([s.top_p for s in specs], torch.float32, dev)[:, None]
             probs_sorted, order = torch.sort(scaled.softmax(dim=-1), dim=-1, descending=True)
             # drop a token once the more likely ones already cover top_p; the most likely always stays
             # rows without top_p must stay untouched even where rounding pushes the cumulative sum past 1
@@ -141,19 +196,19 @@ class Sampler:
             drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
         if any(s.min_p > 0.0 for s in specs):
-            min_p = torch.tensor([s.min_p for s in specs], dtype=torch.float32, device=dev)[:, None]
+            min_p = to_device([s.min_p for s in specs], torch.float32, dev)[:, None]
             probs = scaled.softmax(dim=-1)
             scaled = scaled.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
         seeds = [s.seed & ((1 << 64) - 1) for s in specs]
-        positions = [len(r.output_token_ids) for r in rows]
+        positions = [r.position for r in rows]
         return (scaled + self.gumbel_noise(seeds, positions)).argmax(dim=-1)
 
     def gumbel_noise(self, seeds: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """[N, V] fp32 Gumbel noise, each entry a pure function of (seed, position, vocabulary index)."""
         dev = self.device
-        lo = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=dev)
-        hi = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=dev)
-        pos = torch.tensor([p & _MASK32 for p in positions], dtype=torch.int64, device=dev)
+        lo = to_device([s & _MASK32 for s in seeds], torch.int64, dev)
+        hi = to_device([s >> 32 for s in seeds], torch.int64, dev)
+        pos = to_device([p & _MASK32 for p in positions], torch.int64, dev)
         key = _hash32(lo ^ _hash32(hi ^ _hash32(pos ^ 0x27D4EB2F)))
         bits = _hash32(key[:, None] ^ self._vocab_hash[None, :])
         uniform = (bits.double() + 0.5) / 4294967296.0  # strictly inside (0, 1)
@@ -166,8 +221,8 @@ def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torc
     lengths = torch.tensor([len(t) for t in token_lists], dtype=torch.int64)
     total = int(lengths.sum())
     if total:
-        flat = torch.tensor(list(itertools.chain.from_iterable(token_lists)), dtype=torch.int64, device=device)
-        row = torch.repeat_interleave(torch.arange(len(token_lists)), lengths, output_size=total).to(device)
+        flat = to_device(list(itertools.chain.from_iterable(token_lists)), torch.int64, device)
+        row = to_device(torch.repeat_interleave(torch.arange(len(token_lists)), lengths, output_size=total).numpy(), torch.int64, device)
         counts.index_put_((row, flat), torch.ones(total, dtype=torch.float32, device=device), accumulate=True)
     return counts
 

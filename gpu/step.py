@@ -4,11 +4,18 @@ Sequences are the unit of work (a request with n > 1 has n sequences). The Sched
 block allocation and adapter-slot assignment; the Executor owns weights, KV cache, adapter
 slot tensors and the per-sequence sampling state, which it keeps from a sequence's NewSeq
 until its id appears in freed_seq_ids.
+
+Overlapped steps: the Scheduler may plan step N+1 before step N's tokens are back. A sequence
+that step N samples then runs in step N+1 with PENDING_TOKEN as its last token id, which the
+runner replaces on the device with the token step N sampled for it: the id never makes the round
+trip to the host and back before the next forward pass.
 """
 
 from __future__ import annotations
 
 import msgspec
+
+PENDING_TOKEN = -1  # SeqWork.token_ids[-1]: "the token the previous plan samples for this sequence"
 
 
 class SamplingSpec(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -27,6 +34,11 @@ class SamplingSpec(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     min_tokens: int = 0  # while fewer outputs exist, the ids in stop_ids cannot be sampled
     stop_ids: list[int] = []  # EOS (unless ignore_eos) + stop_token_ids
 
+    @property
+    def needs_history(self) -> bool:
+        """Whether sampling reads the values of earlier outputs (penalties), not only their count."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
 
 class NewSeq(msgspec.Struct, frozen=True, array_like=True):
     """First appearance of a sequence: the executor creates its sampling state."""
@@ -42,6 +54,7 @@ class SeqWork(msgspec.Struct, frozen=True, array_like=True):
 
     seq_id: int
     token_ids: list[int]  # the tokens to run this step: a prompt chunk, a recompute chunk, or the last sampled token
+    # (the last may be PENDING_TOKEN: sampled by the previous plan, still on the device)
     start_pos: int  # position of token_ids[0] = number of tokens whose KV is already in the cache
     block_table: list[int]  # the sequence's whole block table, long enough for start_pos + len(token_ids)
     lora_slot: int  # device adapter slot, -1 = base model
@@ -86,3 +99,5 @@ class StepOutput(msgspec.Struct, frozen=True):
     prompt_logprobs: list[PromptLogprobs] = []
     forward_seconds: float = 0.0  # model forward + sampling, measured in the worker thread
     prepare_seconds: float = 0.0  # building the input tensors from the plan
+    gpu_seconds: float | None = None  # CUDA: the step's device time, from events around its work
+    gpu_idle_seconds: float | None = None  # CUDA: how long the device waited between the last step's work and this one's
