@@ -75,6 +75,7 @@ class EngineCore:
             max_loras=args.max_loras,
             eos_token_ids=_eos_ids(s.model_config, s.tokenizer),
             seed=args.seed,
+            depth=2 if args.async_scheduling else 1,
         )
         await tg.start(self._supervise, "scheduler", scheduler)
         assembler = OutputAssembler(

@@ -140,7 +140,13 @@ class UnpinSlot(Msg):
 
 
 class ExecuteStep(Msg):
+    """Launch this step; its StepDone comes once the next step is launched (overlap) or a FlushSteps arrives."""
+
     plan: StepPlan
+
+
+class FlushSteps(Msg):
+    """No further plan is coming until results come back: finish every launched step and report it."""
 
 
 class StepDone(Msg):

@@ -1,12 +1,19 @@
 """Scheduler actor: continuous batching over the paged KV cache, adapter-slot assignment, preemption, stop checks.
 
-One step = schedule (this actor) -> execute (Executor, in a worker thread) -> update (this actor),
+One step = schedule (this actor) -> execute (Executor's StepThread) -> update (this actor),
 and the updates go to the OutputAssembler. Requests join and leave the running batch at step
 boundaries; prefills (chunked to the token budget) and decodes share a step; when KV blocks run
 out the youngest running sequence is preempted and later recomputed (its output is unchanged: the
 sampler's randomness is keyed by (seed, position), not by batch). At most max_loras distinct
 adapters run in a step; a request whose adapter cannot get a slot waits, and once it has waited
 at the head of the queue for `max_head_skips` steps nothing else is admitted ahead of it.
+
+Overlapped scheduling (`depth` 2, EngineArgs.async_scheduling): step N+1 is planned and sent while
+step N runs, each sequence that step N samples taking PENDING_TOKEN as its input (the runner fills
+it in on the device). What step N's tokens decide is settled when they come back: a sequence that
+stops there (EOS, a stop id or string) had one step's work too many, which is dropped. A plan made
+ahead never preempts: when KV blocks run short, the Scheduler waits for the steps in flight and
+plans that step alone.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from loraledger.actors.messages import (
     Abort,
     AuditAppend,
     ExecuteStep,
+    FlushSteps,
     GetStats,
     NewRequest,
     PinSlot,
@@ -41,7 +49,7 @@ from loraledger.actors.scheduler_state import SchedRequest, Seq, SeqStatus
 from loraledger.actors.step_stats import StepStats
 from loraledger.errors import EngineDeadError, RequestFailedError
 from loraledger.gpu.block_manager import BlockManager
-from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from loraledger.actors.replies import answer
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.records import EventKind, EventRecord
@@ -65,7 +73,9 @@ class Scheduler:
         eos_token_ids: tuple[int, ...],
         seed: int,
         max_head_skips: int = 8,
+        depth: int = 2,
     ) -> None:
+        """depth: steps in flight at once; 2 plans each step while the one before it runs, 1 waits for it."""
         self._inbox = inbox
         self._executor = executor
         self._assembler = assembler
@@ -87,8 +97,11 @@ class Scheduler:
         self._next_order = 0
         self._step_id = 0
         self._freed: list[int] = []
-        self._pending_preempted: list[Seq] = []
         self._undelivered: StepTokens | None = None  # the last step's tokens, sent once the next step is on its way
+        self._depth = depth
+        self._inflight: deque[_Inflight] = deque()  # plans sent, results not back yet, oldest first
+        self._flushed = True  # the Executor knows no plan follows the ones in flight
+        self._last_done: float | None = None
 
         # adapter slots: slot -> fingerprint (or None), fingerprint -> slot, last step a slot was used
         self._slot_fp: list[str | None] = [None] * max_loras
@@ -114,16 +127,7 @@ class Scheduler:
 
     async def _loop(self) -> None:
         while True:
-            if not self._waiting and not self._running:
-                await self._flush_tokens()
-                try:
-                    msg = await self._inbox.receive()
-                except anyio.EndOfStream:
-                    return
-                if not await self._handle(msg):
-                    return
-                continue
-            while True:  # take in whatever arrived during the last step before scheduling
+            while True:  # take in whatever arrived (step results, requests) before scheduling
                 try:
                     msg = self._inbox.receive_nowait()
                 except anyio.WouldBlock:
@@ -132,34 +136,26 @@ class Scheduler:
                     return
                 if not await self._handle(msg):
                     return
-            started = time.perf_counter()
-            plan = self._schedule()
-            if plan is None:
+            if len(self._inflight) < self._depth:
+                started = time.perf_counter()
+                plan, preempted = self._schedule(ahead=bool(self._inflight))
+                if plan is not None:
+                    await self._executor.send(ExecuteStep(plan=plan))
+                    self._inflight.append(_Inflight(plan, preempted, started, time.perf_counter() - started))
+                    self._flushed = False
+                    await self._flush_tokens()  # the last step's tokens: assembled while this step runs
+                    continue
+            if self._inflight and not self._flushed:
+                await self._executor.send(FlushSteps())  # nothing to overlap with: report what runs
+                self._flushed = True
+            if not self._inflight:
                 await self._flush_tokens()
-                try:
-                    msg = await self._inbox.receive()
-                except anyio.EndOfStream:
-                    return
-                if not await self._handle(msg):
-                    return
-                continue
-            schedule_seconds = time.perf_counter() - started
-            await self._executor.send(ExecuteStep(plan=plan))
-            await self._flush_tokens()  # the last step's tokens: assembled while this step runs
-            while True:
-                try:
-                    msg = await self._inbox.receive()
-                except anyio.EndOfStream:
-                    return
-                if isinstance(msg, StepDone):
-                    update_started = time.perf_counter()
-                    await self._on_step_done(plan, msg)
-                    self._stats.add(
-                        plan, msg.output, schedule_seconds, time.perf_counter() - update_started, time.perf_counter() - started
-                    )
-                    break
-                if not await self._handle(msg):
-                    return
+            try:
+                msg = await self._inbox.receive()
+            except anyio.EndOfStream:
+                return
+            if not await self._handle(msg):
+                return
 
     async def _handle(self, msg) -> bool:
         match msg:
@@ -178,9 +174,22 @@ class Scheduler:
                 await answer(reply, self._stats.snapshot(self._blocks))
             case Shutdown():
                 return False
-            case StepDone():  # a step whose plan we no longer wait for (cannot happen in order); ignore
-                pass
+            case StepDone():
+                await self._step_done(msg)
         return True
+
+    async def _step_done(self, done: StepDone) -> None:
+        if not self._inflight or self._inflight[0].plan.step_id != done.step_id:
+            self._log.error("a step result out of order was dropped", step_id=done.step_id)
+            return
+        entry = self._inflight.popleft()
+        started = time.perf_counter()
+        await self._on_step_done(entry, done)
+        now = time.perf_counter()
+        # wall time per step: since the last result, or since this plan was made if the engine was idle
+        wall = now - max(entry.started, self._last_done or entry.started)
+        self._last_done = now
+        self._stats.add(entry.plan, done.output, entry.schedule_seconds, now - started, wall)
 
     # --- requests -----------------------------------------------------------------------------
 
@@ -281,7 +290,12 @@ class Scheduler:
 
     # --- scheduling ---------------------------------------------------------------------------
 
-    def _schedule(self) -> StepPlan | None:
+    def _schedule(self, ahead: bool = False) -> tuple[StepPlan | None, list[Seq]]:
+        """The next plan (or None) and the sequences preempted for it.
+
+        ahead: steps are in flight, whose sampled tokens are not known yet (they become PENDING_TOKEN
+        inputs). Such a plan never preempts: the sequences it would recompute are still being computed.
+        """
         budget = self._budget
         work: list[tuple[Seq, int]] = []
         active_fps: set[str] = set()
@@ -291,14 +305,16 @@ class Scheduler:
         i = 0
         while i < len(running):
             seq = running[i]
-            if seq.status is not SeqStatus.RUNNING:
+            if seq.status is not SeqStatus.RUNNING or self._ends_in_flight(seq):
                 i += 1
                 continue
-            num_new = min(len(seq.token_ids) - seq.num_computed, budget)
+            num_new = min(len(seq.token_ids) + seq.pending - seq.num_scheduled, budget)
             if num_new <= 0:
                 i += 1
                 continue
-            while not self._blocks.can_allocate(seq.seq_id, seq.num_computed + num_new):
+            if ahead and not self._blocks.can_allocate(seq.seq_id, seq.num_scheduled + num_new):
+                return None, []  # short of KV blocks: plan once the steps in flight are back, preempting then
+            while not self._blocks.can_allocate(seq.seq_id, seq.num_scheduled + num_new):
                 victim = self._running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
@@ -306,7 +322,7 @@ class Scheduler:
                     break
             if seq.status is not SeqStatus.RUNNING:
                 break
-            self._blocks.allocate(seq.seq_id, seq.num_computed + num_new)
+            self._blocks.allocate(seq.seq_id, seq.num_scheduled + num_new)
             work.append((seq, num_new))
             if seq.request.salt:
                 active_fps.add(seq.request.salt)
@@ -319,8 +335,14 @@ class Scheduler:
             self._admit_waiting(work, active_fps, budget)
 
         if not work:
-            return None
-        return self._build_plan(work, preempted)
+            return None, preempted
+        return self._build_plan(work), preempted
+
+    def _ends_in_flight(self, seq: Seq) -> bool:
+        """The steps in flight will end this sequence by length whatever they sample: plan nothing more for it."""
+        if not seq.pending:
+            return False
+        return seq.num_output + seq.pending >= seq.request.max_output or len(seq.token_ids) + seq.pending >= self._max_model_len
 
     def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
         skipped: list[Seq] = []
@@ -357,7 +379,7 @@ class Scheduler:
                 skipped.append(seq)
                 break  # out of KV blocks: admitting later (smaller) requests first would starve this one
             self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
-            seq.num_computed = cached
+            seq.num_computed = seq.num_scheduled = cached
             seq.status = SeqStatus.RUNNING
             bisect.insort(self._running, seq, key=lambda s: s.key)
             if req.num_cached_tokens is None:
@@ -391,7 +413,7 @@ class Scheduler:
     def _preempt(self, seq: Seq) -> None:
         self._running.remove(seq)
         self._blocks.free(seq.seq_id)
-        seq.num_computed = 0
+        seq.num_computed = seq.num_scheduled = seq.pending = 0  # no step is in flight when one preempts
         seq.status = SeqStatus.WAITING
         self._waiting.appendleft(seq)
         log = request_logger(self._log, seq.request.request_id, seq.request.lora_request and seq.request.lora_request.lora_name)
@@ -427,7 +449,7 @@ class Scheduler:
                 return req.checkpoint
         raise RuntimeError(f"no checkpoint for adapter {fp[:12]}")
 
-    def _build_plan(self, work: list[tuple[Seq, int]], preempted: list[Seq]) -> StepPlan:
+    def _build_plan(self, work: list[tuple[Seq, int]]) -> StepPlan:
         fps = {seq.request.salt for seq, _ in work if seq.request.salt}
         loads = self._assign_slots(fps)
         new_seqs = []
@@ -440,29 +462,36 @@ class Scheduler:
                 new_seqs.append(NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len]))
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
-            end = seq.num_computed + num_new
+            start, end = seq.num_scheduled, seq.num_scheduled + num_new
+            token_ids = seq.token_ids[start:end]
+            if end > len(seq.token_ids):  # the token the step in flight samples: at most one, the last
+                token_ids.append(PENDING_TOKEN)
+            sample = end == len(seq.token_ids) + seq.pending
             seq_work.append(
                 SeqWork(
                     seq_id=seq.seq_id,
-                    token_ids=seq.token_ids[seq.num_computed : end],
-                    start_pos=seq.num_computed,
+                    token_ids=token_ids,
+                    start_pos=start,
                     block_table=self._blocks.block_table(seq.seq_id),
                     lora_slot=self._fp_slot[req.salt] if req.salt else -1,
-                    sample=end == len(seq.token_ids),
-                    prompt_logprobs=seq.spec.prompt_logprobs >= 0 and not req.prompt_logprobs_done and seq.num_computed < req.prompt_len,
+                    sample=sample,
+                    prompt_logprobs=seq.spec.prompt_logprobs >= 0 and not req.prompt_logprobs_done and start < req.prompt_len,
                 )
             )
+            seq.num_scheduled = end
+            if sample:
+                seq.pending += 1
         self._step_id += 1
         freed, self._freed = self._freed, []
-        self._pending_preempted = preempted
         return StepPlan(step_id=self._step_id, seqs=seq_work, new_seqs=new_seqs, freed_seq_ids=freed, slot_loads=loads)
 
     # --- after a step -------------------------------------------------------------------------
 
-    async def _on_step_done(self, plan: StepPlan, done: StepDone) -> None:
+    async def _on_step_done(self, entry: "_Inflight", done: StepDone) -> None:
+        plan = entry.plan
         now = time.time()
         timings: dict[str, RequestTiming] = {}
-        for seq in self._pending_preempted:
+        for seq in entry.preempted:
             rid = seq.request.request_id
             timings[rid] = RequestTiming(request_id=rid, preempted=True)
             if self._audit is not None:
@@ -478,9 +507,11 @@ class Scheduler:
         for work in plan.seqs:
             seq = self._seqs.get(work.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
-                continue  # aborted or stopped while the step ran
+                continue  # aborted or stopped while the step ran (a step planned ahead: ended by the one before)
             req = seq.request
             rid = req.request_id
+            if work.sample:
+                seq.pending -= 1
             seq.num_computed = work.start_pos + len(work.token_ids)
             self._blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, req.salt)
             lp = prompt_lps.get(seq.seq_id)
@@ -514,7 +545,6 @@ class Scheduler:
             if finish is not None:
                 self._running.remove(seq)
                 self._finish_seq(seq)
-        self._pending_preempted = []
         if updates or timings:
             # held until the next step is on its way (or there is none): output assembly and
             # detokenization then overlap the next forward pass instead of delaying it
@@ -544,7 +574,10 @@ class Scheduler:
         return None, None
 
     async def _fail_step(self, plan: StepPlan, error: object) -> None:
-        """A step raised: its requests fail (on record), the engine and every other request go on."""
+        """A step raised: its requests fail (on record), the engine and every other request go on.
+
+        A step planned ahead of this one may hold the same sequences: finished here, their results there are dropped.
+        """
         self._log.error("step failed", error=repr(error), step_id=plan.step_id)
         failed = {self._seqs[w.seq_id].request.request_id for w in plan.seqs if w.seq_id in self._seqs}
         for load in plan.slot_loads:  # the slot may hold half an adapter: forget it
@@ -560,6 +593,18 @@ class Scheduler:
                     self._finish_seq(seq)
             self._requests.pop(rid, None)
             await self._to_assembler(RequestFailed(request_id=rid, error=RequestFailedError(f"request {rid} failed in the model step: {error!r}")))
+
+
+class _Inflight:
+    """A plan the Executor has, with what the Scheduler needs when its results come back."""
+
+    __slots__ = ("plan", "preempted", "started", "schedule_seconds")
+
+    def __init__(self, plan: StepPlan, preempted: list[Seq], started: float, schedule_seconds: float) -> None:
+        self.plan = plan
+        self.preempted = preempted  # sequences preempted to make room for this plan (recorded when it is done)
+        self.started = started
+        self.schedule_seconds = schedule_seconds
 
 
 def _mix_seed(seed: int, index: int) -> int:

@@ -47,7 +47,9 @@ class Seq:
     request: SchedRequest
     token_ids: list[int]
     spec: SamplingSpec
-    num_computed: int = 0
+    num_computed: int = 0  # tokens whose KV the finished steps have computed
+    num_scheduled: int = 0  # ... and the steps in flight will have: where the next chunk starts
+    pending: int = 0  # steps in flight that sample a token for this sequence (not in token_ids yet)
     status: SeqStatus = SeqStatus.WAITING
     announced: bool = False  # the executor has its NewSeq
 

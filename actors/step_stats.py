@@ -11,14 +11,16 @@ class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     steps: int
     tokens: int
     sequences: int  # sequence-steps, summed
-    wall_seconds: float  # schedule start -> update end, summed
-    forward_seconds: float  # model forward + sampling in the worker thread
+    wall_seconds: float  # per step: from the previous step's results (or this plan, after idling) to this one's, summed
+    forward_seconds: float  # launching the forward and sampling, and waiting for the results, in the step thread
     prepare_seconds: float  # input tensors from the plan, in the worker thread
     schedule_seconds: float
     update_seconds: float
     free_kv_blocks: int
     prefix_cache_hit_tokens: int
     prefix_cache_query_tokens: int
+    gpu_seconds: float = 0.0  # CUDA: device time of the steps' work (events around each step)
+    gpu_idle_seconds: float = 0.0  # CUDA: device time spent waiting between one step's work and the next
 
     @property
     def overhead_fraction(self) -> float:
@@ -34,6 +36,7 @@ class StepStats:
     def __init__(self) -> None:
         self.steps = self.tokens = self.sequences = 0
         self.wall = self.forward = self.prepare = self.schedule = self.update = 0.0
+        self.gpu = self.gpu_idle = 0.0
 
     def add(self, plan: StepPlan, output: StepOutput | None, schedule_s: float, update_s: float, wall_s: float) -> None:
         self.steps += 1
@@ -45,6 +48,8 @@ class StepStats:
         if output is not None:
             self.forward += output.forward_seconds
             self.prepare += output.prepare_seconds
+            self.gpu += output.gpu_seconds or 0.0
+            self.gpu_idle += output.gpu_idle_seconds or 0.0
 
     def snapshot(self, blocks) -> StatsSnapshot:
         hits, queries = _prefix_counters(blocks)
@@ -60,6 +65,8 @@ class StepStats:
             free_kv_blocks=blocks.num_free_blocks,
             prefix_cache_hit_tokens=hits,
             prefix_cache_query_tokens=queries,
+            gpu_seconds=self.gpu,
+            gpu_idle_seconds=self.gpu_idle,
         )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from bench.churn import churn_serving_traffic, slot_steps_bound
 from bench.serving import ServingConfig
 from bench.workload import Workload
-from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
+from loraledger.actors.messages import FlushSteps, GetStats, NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler
 from loraledger.gpu.step import SampledToken, StepOutput, StepPlan
 from loraledger.sampling_params import SamplingParams
@@ -94,6 +94,7 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
         max_loras=max_loras,
         eos_token_ids=(),
         seed=0,
+        depth=1,  # one step at a time: the stand-in executor answers each plan before the next is made
     )
     arrivals = workload.arrivals or [0.0] * len(workload)
     adapters = {a: _Adapter(f"adapter-{a}") for a in set(workload.adapter_of) if a is not None}
@@ -147,7 +148,10 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
             nxt = deliver_arrivals(clock[0], nxt)
             await settle()
             try:
-                plan = executor_inbox.receive_nowait().plan
+                msg = executor_inbox.receive_nowait()
+                while isinstance(msg, FlushSteps):  # each plan is answered at once: nothing to flush
+                    msg = executor_inbox.receive_nowait()
+                plan = msg.plan
             except anyio.WouldBlock:
                 if nxt >= len(workload):
                     break

@@ -12,7 +12,7 @@ from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
 from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 from loraledger.gpu.model_runner import ModelRunner
 from loraledger.gpu.ops_torch import TorchOps
-from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from tests.model_fixtures import TinyModel, hf_reference_generate, hf_reference_logits
 
 BLOCK_SIZE = 4
@@ -76,6 +76,34 @@ class Driver:
         self.step_id += 1
         return [outputs[sid] for sid in seq_ids], [logprobs[sid] for sid in seq_ids]
 
+    def generate_overlapped(self, prompts, slots, specs, max_new_tokens, *, first_plan_extra=None, seq_ids=None):
+        """generate() as the overlapped Scheduler and StepThread run it: step k+1 is launched, with each
+        sequence's input as PENDING_TOKEN, before step k is finished."""
+        seq_ids = seq_ids or list(range(len(prompts)))
+        tables = {sid: list(range(sid * BLOCKS_PER_SEQ, (sid + 1) * BLOCKS_PER_SEQ)) for sid in seq_ids}
+        outputs = {sid: [] for sid in seq_ids}
+        logprobs = {sid: [] for sid in seq_ids}
+        new = [NewSeq(sid, spec, list(p)) for sid, p, spec in zip(seq_ids, prompts, specs)]
+        works = [SeqWork(sid, list(p), 0, tables[sid], slot, True) for sid, p, slot in zip(seq_ids, prompts, slots)]
+        launched = self.runner.launch(StepPlan(self.step_id, seqs=works, new_seqs=new, **(first_plan_extra or {})))
+        self.step_id += 1
+        for step in range(1, max_new_tokens + 1):
+            nxt = None
+            if step < max_new_tokens:
+                works = [
+                    SeqWork(sid, [PENDING_TOKEN], len(p) + step - 1, tables[sid], slot, True)
+                    for sid, p, slot in zip(seq_ids, prompts, slots)
+                ]
+                nxt = self.runner.launch(StepPlan(self.step_id, seqs=works))
+                self.step_id += 1
+            for s in self.runner.finish(launched).sampled:
+                outputs[s.seq_id].append(s.token_id)
+                logprobs[s.seq_id].append(s.logprob)
+            launched = nxt
+        self.runner.execute(StepPlan(step_id=self.step_id, seqs=[], freed_seq_ids=seq_ids))
+        self.step_id += 1
+        return [outputs[sid] for sid in seq_ids], [logprobs[sid] for sid in seq_ids]
+
 
 @pytest.fixture(params=["llama", "qwen2"])
 def tiny(request) -> TinyModel:
@@ -98,6 +126,46 @@ def test_greedy_mixed_batch_equals_hf_generate(tiny):
         torch.testing.assert_close(torch.tensor(logprobs[i]), expect, rtol=0, atol=1e-4)
     assert len(set(map(tuple, tokens))) == len(set(map(tuple, ref.token_ids)))  # adapters change the output
     assert runner.num_live_seqs == 0
+
+
+def test_overlapped_steps_take_the_pending_tokens_from_the_device(tiny):
+    """Launching step k+1 before step k is finished (PENDING_TOKEN inputs) gives what one step at a time gives."""
+    names = ["qv_r4", "all_r8"]
+    prompts = [[1, 5, 9, 200, 33], [1, 7, 7, 12], [1, 100, 101], [1, 42]]
+    slots = [-1, 0, 1, 1]
+    specs = [
+        SamplingSpec(),
+        SamplingSpec(temperature=0.9, seed=11, top_k=20),
+        SamplingSpec(temperature=1.0, seed=12, repetition_penalty=1.3, frequency_penalty=0.4),  # reads the history
+        SamplingSpec(min_tokens=4, stop_ids=[2], logprobs=2),
+    ]
+    extra = {"slot_loads": _loads(tiny, names)}
+    sync = Driver(_runner(tiny)).generate(prompts, slots, specs, 7, first_plan_extra=extra)
+    runner = _runner(tiny)
+    overlapped = Driver(runner).generate_overlapped(prompts, slots, specs, 7, first_plan_extra=extra)
+    assert overlapped[0] == sync[0]
+    torch.testing.assert_close(torch.tensor(overlapped[1]), torch.tensor(sync[1]), rtol=0, atol=1e-5)
+    assert runner.num_live_seqs == 0
+
+
+def test_overlapped_launch_rules(tiny_llama):
+    runner = _runner(tiny_llama, enable_lora=False)
+    runner.execute(StepPlan(0, seqs=[], new_seqs=[NewSeq(1, SamplingSpec(), [1, 2]), NewSeq(2, SamplingSpec(), [1, 3])]))
+    with pytest.raises(ConfigError, match=r"sequence 1 runs the token the previous step samples \(PENDING_TOKEN\), but step 0, launched before it, did not"):
+        runner.launch(StepPlan(1, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
+    first = runner.launch(StepPlan(2, seqs=[SeqWork(1, [1, 2], 0, [0], -1, True), SeqWork(2, [1, 3], 0, [1], -1, True)]))
+    second = runner.launch(StepPlan(3, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
+    with pytest.raises(ConfigError, match="finished out of order"):
+        runner.finish(second)
+    token = runner.finish(first).sampled[0].token_id
+    assert runner.finish(second).sampled[0].seq_id == 1
+    # a step whose launch fails takes its sequences' pending tokens with it: the next step drops them
+    with pytest.raises(ConfigError, match="block table"):
+        runner.launch(StepPlan(4, seqs=[SeqWork(1, [PENDING_TOKEN], 3, [], -1, True), SeqWork(2, [9], 2, [1], -1, True)]))
+    after = runner.execute(
+        StepPlan(5, seqs=[SeqWork(1, [PENDING_TOKEN], 4, [0, 2], -1, True), SeqWork(2, [token], 2, [1], -1, True)])
+    )
+    assert [s.seq_id for s in after.sampled] == [2]
 
 
 def test_seeded_sampling_is_independent_of_batch_and_survives_recompute(tiny_llama):
