@@ -8,10 +8,15 @@ and 32 rank-16 adapters on all seven projections, put straight into the runner's
 
 For each shape and decode batch (32, 64, 128: prompts of 128 tokens, then decode steps), with
 adapters (sequence i bound to adapter i mod 32) and without:
-  gpu_ms      the decode step's CUDA graph replayed alone (CUDA events, median of many replays)
-  execute_ms  ModelRunner.execute, host clock: input fill, replay, sampling, token read-back
-  bytes       what a step must read: every weight once, the adapter rows of the slots in use, the
-              KV cache of every sequence; the roofline is those bytes over the measured copy rate
+  gpu_ms        the decode step's CUDA graph replayed alone (CUDA events, median of many replays)
+  execute_ms    ModelRunner.execute, one step at a time, host clock: input fill, replay, sampling,
+                token read-back
+  overlapped_ms wall time per step of the same decode steps through the StepThread, each step's
+                input ids taken on the device from the step before (PENDING_TOKEN), planned ahead
+                as the overlapped Scheduler plans them; with the device's busy and idle time per
+                step from the runner's CUDA events
+  bytes         what a step must read: every weight once, the adapter rows of the slots in use, the
+                KV cache of every sequence; the roofline is those bytes over the measured copy rate
 and one prefill step of 32 prompts x 128 tokens (4,096 tokens) with 32 adapters and without.
 """
 
@@ -132,7 +137,7 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
     from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 
     max_batch = max(BATCHES)
-    max_len = PROMPT_LEN + steps + 16
+    max_len = PROMPT_LEN + 2 * steps + 16  # the one-at-a-time steps, then as many overlapped
     started = time.perf_counter()
     runner, config = make_runner(shape_name, folder, max_batch, max_len)
     log(f"{shape_name}: runner built in {time.perf_counter() - started:.1f} s")
@@ -190,6 +195,7 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
                 host.append(seconds)
                 last = {s.seq_id: s.token_id for s in out.sampled}
             gpu = median_ms(runner.graphs.graph(batch, with_lora).replay, 5, 50)
+            overlapped = run_overlapped(runner, state, ids, tables, slots, last, PROMPT_LEN + steps, steps)
             execute({"seqs": [], "freed_seq_ids": ids})
             nbytes = step_bytes(config, batch, PROMPT_LEN + steps, with_lora)
             roofline_ms = nbytes["total"] / copy_gbps / 1e6
@@ -199,10 +205,14 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
                 "gpu_pct_of_roofline": 100.0 * roofline_ms / gpu,
             }
             row["execute_pct_of_roofline"] = 100.0 * roofline_ms / row["execute_ms"]
+            row.update(overlapped)
+            row["overlapped_pct_of_roofline"] = 100.0 * roofline_ms / row["overlapped_ms"]
             rows.append(row)
             log(
                 f"{shape_name} batch {batch:>3} {'32 adapters' if with_lora else 'no adapters':<11} GPU {gpu:.3f} ms "
-                f"({row['gpu_pct_of_roofline']:.0f}% of roofline {roofline_ms:.3f} ms), execute {row['execute_ms']:.3f} ms"
+                f"({row['gpu_pct_of_roofline']:.0f}% of roofline {roofline_ms:.3f} ms), execute {row['execute_ms']:.3f} ms, "
+                f"overlapped {row['overlapped_ms']:.3f} ms/step ({row['overlapped_pct_of_roofline']:.0f}% of roofline, "
+                f"device idle {100 * row['overlapped_idle_fraction']:.1f}%)"
             )
     report["decode"] = rows
     for batch in BATCHES:
@@ -213,6 +223,42 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
     del runner
     torch.cuda.empty_cache()
     return report
+
+
+def run_overlapped(runner, state: dict, ids: list[int], tables: dict, slots: list[int], last: dict, start: int, steps: int) -> dict:
+    """`steps` decode steps from position `start` (first inputs: `last`), every plan handed to a StepThread at
+    once, each after the first with PENDING_TOKEN inputs: each step is launched before the one before it is
+    finished, its input ids taken on the device. Wall ms per step, and the device's busy and idle time per step
+    from the runner's CUDA events (the first quarter of the steps left out)."""
+    from loraledger.actors.step_thread import StepThread
+    from loraledger.gpu.step import PENDING_TOKEN, SeqWork, StepPlan
+
+    thread = StepThread(lambda: runner)
+    thread.wait_ready()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for i in range(steps):
+        works = [
+            SeqWork(sid, [last[sid] if i == 0 else PENDING_TOKEN], start + i, tables[sid], slot, True)
+            for sid, slot in zip(ids, slots)
+        ]
+        thread.submit(StepPlan(state["step"], seqs=works))
+        state["step"] += 1
+    thread.flush()
+    done = [thread.results.get(timeout=600) for _ in range(steps)]
+    seconds = time.perf_counter() - started
+    thread.stop(timeout=60)
+    failed = [d.error for d in done if d.error is not None]
+    if failed:
+        raise RuntimeError(f"an overlapped step failed: {failed[0]!r}")
+    tail = [d.output for d in done[steps // 4 :]]
+    busy = sum(o.gpu_seconds or 0.0 for o in tail)
+    idle = sum(o.gpu_idle_seconds or 0.0 for o in tail)
+    return {
+        "overlapped_ms": 1e3 * seconds / steps,
+        "overlapped_gpu_ms": 1e3 * busy / len(tail),
+        "overlapped_idle_fraction": idle / (busy + idle) if busy + idle > 0 else 0.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,7 @@ class OfflineEngine:
         device: str = "cpu",
         dtype: str = "auto",
         enforce_eager: bool = False,
+        async_scheduling: bool = True,
     ) -> None:
         from loraledger import LLM, LoRARequest
 
@@ -57,6 +58,7 @@ class OfflineEngine:
             device=device,
             dtype=dtype,
             enforce_eager=enforce_eager,
+            async_scheduling=async_scheduling,
         )
         self.loras = [LoRARequest(f"{name_prefix}{i}", i + 1, str(path)) for i, path in enumerate(adapters)]
 

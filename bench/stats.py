@@ -26,6 +26,8 @@ _COUNTERS = (
     "update_seconds",
     "prefix_cache_hit_tokens",
     "prefix_cache_query_tokens",
+    "gpu_seconds",
+    "gpu_idle_seconds",
 )
 
 
@@ -41,17 +43,21 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 99)) -> dict
 
 def stats_delta(before, after) -> dict[str, float]:
     """The engine's StatsSnapshot counters accumulated between two snapshots, plus the overhead fraction."""
-    delta = {name: getattr(after, name) - getattr(before, name) for name in _COUNTERS}
-    wall = delta["wall_seconds"]
-    delta["overhead_fraction"] = 1.0 - delta["forward_seconds"] / wall if wall > 0 else 0.0
-    return delta
+    return _with_fractions({name: getattr(after, name) - getattr(before, name) for name in _COUNTERS})
 
 
 def add_deltas(deltas: Sequence[dict[str, float]]) -> dict[str, float]:
-    total = {name: sum(d[name] for d in deltas) for name in _COUNTERS}
-    wall = total["wall_seconds"]
-    total["overhead_fraction"] = 1.0 - total["forward_seconds"] / wall if wall > 0 else 0.0
-    return total
+    return _with_fractions({name: sum(d[name] for d in deltas) for name in _COUNTERS})
+
+
+def _with_fractions(counters: dict[str, float]) -> dict[str, float]:
+    """overhead_fraction: share of step wall time outside the step thread's forward and sampling (CPU view);
+    gpu_idle_fraction (CUDA): share of the device's time between steps spent waiting for the engine."""
+    wall = counters["wall_seconds"]
+    counters["overhead_fraction"] = 1.0 - counters["forward_seconds"] / wall if wall > 0 else 0.0
+    busy = counters["gpu_seconds"] + counters["gpu_idle_seconds"]
+    counters["gpu_idle_fraction"] = counters["gpu_idle_seconds"] / busy if busy > 0 else 0.0
+    return counters
 
 
 def environment() -> dict[str, object]:
