@@ -96,7 +96,7 @@ def random_adapter(config, slot: int, device: torch.device):
         b = torch.randn(layers, offsets[-1], RANK, generator=gen, device=device).mul_(0.05)
         groups[group] = (a, b)
     stacks = SlotStacks(rank=RANK, scale=2.0, groups=groups, module_views={})
-    return types.SimpleNamespace(slot_stacks=stacks, fingerprint=f"bench-adapter-{slot:02d}")
+    return types.SimpleNamespace(slot_stacks=stacks, fingerprint=f"bench-adapter-{slot:02d}", rank=RANK)
 
 
 def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):

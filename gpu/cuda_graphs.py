@@ -178,6 +178,7 @@ class DecodeGraphs:
         if with_lora:
             token_slots = self._dev32[m : m + size]
             lora = self.model.ops.lora_decode_meta(token_slots, self.lora_slots.max_loras)
+            lora.extra.update(self.lora_slots.rank_table())  # read at replay: slot loads update it in place
             groups = frozenset(self.lora_slots.stacks)
         return ForwardBatch(
             input_ids=self._dev64[:size],

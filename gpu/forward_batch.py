@@ -147,6 +147,7 @@ def build_forward_batch(
             # host slots: the backend uploads what it needs (no read-back of a device copy)
             token_slots = torch.from_numpy(np.repeat(slots, q_lens).astype(np.int32))
             lora_meta = ops.lora_prepare(token_slots, lora_slots.max_loras)
+            lora_meta.extra.update(lora_slots.rank_table())
 
     batch = ForwardBatch(
         input_ids=dev(token_ids, torch.int64),

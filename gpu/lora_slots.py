@@ -135,6 +135,13 @@ class LoraSlots:
             )
         self._targets: list[frozenset[str]] = [frozenset()] * max_loras
         self.fingerprints: list[str | None] = [None] * max_loras
+        # each slot's adapter rank (0: free): rank rows past it are zero padding, which the CUDA kernels
+        # skip (a rank-8 adapter in rank-64 slots reads an eighth of the padded bytes)
+        self.ranks = torch.zeros(max_loras, dtype=torch.int32, device=self.device)
+
+    def rank_table(self) -> dict[str, object]:
+        """The LoraMeta extension that lets the ops skip each slot's zero rank rows: slot_ranks and max_rank."""
+        return {"slot_ranks": self.ranks, "max_rank": self.max_lora_rank}
 
     def layer(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """(A [S, n*R, in], B [S, out_total, R], slice offsets) of one fused module in one layer."""
@@ -174,6 +181,7 @@ class LoraSlots:
                 _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
         self._targets[slot] = frozenset(stacked.groups)
         self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
+        self.ranks[slot] = min(int(getattr(ckpt, "rank", self.max_lora_rank)), self.max_lora_rank)
 
     def clear(self, slot: int) -> None:
         """Free `slot`: zero its tensors so a stale adapter can never leak into a later step."""
@@ -183,6 +191,7 @@ class LoraSlots:
             stack.b[:, slot].zero_()
         self._targets[slot] = frozenset()
         self.fingerprints[slot] = None
+        self.ranks[slot] = 0
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:

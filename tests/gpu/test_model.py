@@ -13,9 +13,11 @@ from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
+from loraledger.gpu.ops_cuda import CudaOps
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.gpu.step import SeqWork
 from loraledger.gpu.weights import load_weights
+from tests.gpu.cuda_emulation import EmulatedLauncher, emulation_problem
 from tests.model_fixtures import TinyModel, hf_reference_logits
 
 BLOCK_SIZE = 4
@@ -26,9 +28,9 @@ ADAPTER_NAMES = ["qv_r4", "all_r8", "ogd_r16_rslora"]
 class PagedModel:
     """Our model with every adapter loaded (slot i = ADAPTER_NAMES[i]) and a trivial block allocator."""
 
-    def __init__(self, tiny: TinyModel, prepack: bool | None = None) -> None:
+    def __init__(self, tiny: TinyModel, prepack: bool | None = None, ops=None) -> None:
         cfg = tiny.config
-        self.ops = TorchOps()
+        self.ops = ops or TorchOps()
         self.slots = LoraSlots(cfg, max_loras=len(ADAPTER_NAMES), max_lora_rank=16, dtype=torch.float32, device="cpu")
         for slot, name in enumerate(ADAPTER_NAMES):
             ckpt = load_lora_checkpoint(
@@ -117,6 +119,28 @@ def test_mixed_batch_of_base_and_every_adapter_matches_hf_per_sequence(tiny, pre
                 results[w.seq_id], expect[w.seq_id][w.start_pos : w.start_pos + len(w.token_ids)], rtol=0, atol=1e-4
             )
     assert all(done[sid] == len(seqs[sid][0]) + len(continuation) for sid in seqs)
+
+
+def test_cuda_kernels_in_the_whole_forward_emulated(tiny_llama):
+    """CudaOps' kernels (CPU emulation, compute capability 9.0: the fused LoRA kernel) in the real forward:
+    a mixed decode step over adapters of ranks 4, 8 and 16 in rank-16 slots (the kernels skip each slot's
+    zero rank rows) and the base model, against transformers + PEFT."""
+    problem = emulation_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    ops = CudaOps("cpu", launcher=EmulatedLauncher(sm_count=4))
+    paged = PagedModel(tiny_llama, prepack=False, ops=ops)
+    assert paged.slots.ranks.tolist() == [4, 8, 16]
+    prompts = {0: ([1, 5, 9, 200, 33], -1), 1: ([1, 7, 7, 301], 0), 2: ([1, 100, 101, 102, 103, 104], 1), 3: ([1, 42], 2)}
+    nxt = [60, 61]
+    tables = {sid: paged.new_table(len(p) + len(nxt)) for sid, (p, _) in prompts.items()}
+    paged.step([_work(sid, p, 0, tables[sid], slot) for sid, (p, slot) in prompts.items()])
+    for k, token in enumerate(nxt):
+        got = paged.step([_work(sid, [token], len(p) + k, tables[sid], slot) for sid, (p, slot) in prompts.items()])
+        for sid, (p, slot) in prompts.items():
+            adapter = None if slot < 0 else tiny_llama.adapters[ADAPTER_NAMES[slot]]
+            expect = hf_reference_logits(tiny_llama.model_dir, adapter, p + nxt[: k + 1])
+            torch.testing.assert_close(got[sid][0], expect[-1], rtol=0, atol=1e-4)
 
 
 def test_logits_only_at_requested_rows(tiny_llama):
