@@ -35,6 +35,7 @@ class EngineSetup:
     base_model_fingerprint: str
     make_runner: object  # () -> ModelRunner, called in the executor's worker thread
     store: object | None  # an opened AuditStore, or None with auditing off
+    async_scheduling: bool = False  # EngineArgs.async_scheduling, resolved for the device
 
 
 class EngineCore:
@@ -75,7 +76,7 @@ class EngineCore:
             max_loras=args.max_loras,
             eos_token_ids=_eos_ids(s.model_config, s.tokenizer),
             seed=args.seed,
-            depth=2 if args.async_scheduling else 1,
+            depth=2 if s.async_scheduling else 1,
         )
         await tg.start(self._supervise, "scheduler", scheduler)
         assembler = OutputAssembler(

@@ -42,7 +42,7 @@ class OfflineEngine:
         device: str = "cpu",
         dtype: str = "auto",
         enforce_eager: bool = False,
-        async_scheduling: bool = True,
+        async_scheduling: bool | None = None,
     ) -> None:
         from loraledger import LLM, LoRARequest
 

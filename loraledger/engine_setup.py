@@ -104,6 +104,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         base_model_fingerprint=fingerprint,
         make_runner=make_runner,
         store=store,
+        async_scheduling=args.async_scheduling if args.async_scheduling is not None else device.type == "cuda",
     )
 
 
