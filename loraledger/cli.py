@@ -17,7 +17,7 @@ COMMAND_MODULES = (
 
 def default_url() -> str:
     """--url default: $LORALEDGER_AUDIT_URL, else the engine's default SQLite file."""
-    from loraledger.store.db import default_audit_url
+    from loraledger.paths import default_audit_url
 
     return os.environ.get("LORALEDGER_AUDIT_URL") or default_audit_url()
 

@@ -88,11 +88,9 @@ def demo_assets(cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict[str,
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    import platformdirs
+    from loraledger import LLM, LoRARequest, SamplingParams, paths
 
-    from loraledger import LLM, LoRARequest, SamplingParams
-
-    cache = Path(args.cache_dir) if args.cache_dir else Path(platformdirs.user_cache_dir("loraledger"))
+    cache = Path(args.cache_dir) if args.cache_dir else paths.cache_dir()
     model_dir, adapter_dirs = demo_assets(cache, args.rebuild)
     url = _audit_url(args.audit_url)
     loras = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapter_dirs.items())}
