@@ -149,6 +149,9 @@ def _report(tmp_path: Path, **signing) -> Path:
 
 
 def _chromium_run(browser: str, tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # Chromium keeps crash reports and dconf state in the home folder, whatever --user-data-dir says: give it one under tmp
+    home = tmp_path / "chromium-home"
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache")}
     result = subprocess.run(
         [
             browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -158,6 +161,7 @@ def _chromium_run(browser: str, tmp_path: Path, page: Path, *args: str) -> subpr
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return result
