@@ -23,64 +23,79 @@ SHOWN_PROBLEMS = 10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    audit = subparsers.add_parser("audit", help="query, verify and export the audit log", description=__doc__)
-    sub = audit.add_subparsers(dest="audit_command", required=True)
+    from loraledger.cli import show_help
 
-    p = _command(sub, "show", "the full lineage of one request: binding, adapter, completions, events", _show)
-    p.add_argument("request_id")
-    p.add_argument("--format", choices=("text", "json"), default="text")
+    audit = subparsers.add_parser("audit", help="query, verify and export the audit log", description=__doc__)
+    sub = audit.add_subparsers(dest="audit_command", title="commands", metavar="COMMAND")
+    audit.set_defaults(func=show_help(audit))
+
+    p = _command(sub, "show", "the full lineage of one request: binding, prompt, adapter, completions, events", _show)
+    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id, or any unique prefix of it (as the other commands print it)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for programs")
 
     p = _command(sub, "requests", "list requests (received order)", _requests)
     _filters(p)
-    p.add_argument("--finish-reason", choices=("stop", "length", "abort"))
-    p.add_argument("--limit", type=int)
-    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+    p.add_argument("--finish-reason", choices=("stop", "length", "abort"), help="only requests with a completion that ended so (default: any)")
+    p.add_argument("--limit", type=int, help="at most this many rows (default: all)")
+    _listing_format(p)
 
     p = _command(sub, "usage", "requests, prompt / generated tokens and failed requests per adapter, tenant, day", _usage)
-    p.add_argument("--by", default="adapter,tenant,day", help="comma-separated keys out of adapter,tenant,day (default: all)")
+    p.add_argument("--by", default="adapter,tenant,day", help="comma-separated keys out of adapter,tenant,day")
     _filters(p)
-    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+    _listing_format(p)
 
     p = _command(sub, "adapters", "the adapter inventory with fingerprints and first / last use", _adapters)
-    p.add_argument("--format", choices=LISTING_FORMATS, default="table")
+    _listing_format(p)
 
     p = _command(sub, "verify", "recompute the hash chain and check every binding and completion", _verify)
-    p.add_argument("--checkpoint", metavar="FILE", help="a checkpoint (or report manifest.json) the log must extend unchanged")
+    p.add_argument(
+        "--checkpoint", metavar="FILE",
+        help="a checkpoint (or report manifest.json) the log must extend unchanged (default: none, the log alone)",
+    )  # fmt: skip
 
     p = _command(sub, "checkpoint", "write the current head of the event chain to a file", _checkpoint)
-    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--out", required=True, metavar="FILE", help="the checkpoint file to write (JSON)")
 
     p = _command(sub, "report", "export a signed compliance report bundle", _report)
     p.add_argument("--since", required=True, help="ISO-8601 time (UTC if no offset), inclusive")
     p.add_argument("--until", required=True, help="ISO-8601 time (UTC if no offset), exclusive")
-    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with")
-    p.add_argument("--tenant")
+    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
+    p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
-    p.add_argument("--previous", metavar="DIR", help="the previous report bundle: chains this report to it")
-    p.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="row file format (default csv)")
-    p.add_argument("--key-file", metavar="PEM", help="Ed25519 private key; default: HMAC-SHA256 with $LORALEDGER_REPORT_KEY")
-    p.add_argument("--unsigned", action="store_true", help="write the report even with no signing key")
+    p.add_argument("--previous", metavar="DIR", help="the previous report bundle: chains this report to it (default: none)")
+    p.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="row file format")
+    p.add_argument("--key-file", metavar="PEM", help="Ed25519 private key (default: HMAC-SHA256 with $LORALEDGER_REPORT_KEY)")
+    p.add_argument("--unsigned", action="store_true", help="write the report even with no signing key (default: refuse)")
 
-    p = sub.add_parser("verify-report", help="check a report bundle's signature, file hashes and counts")
-    p.add_argument("directory", metavar="DIR")
-    p.add_argument("--key-file", metavar="PEM", help="the Ed25519 public key of an Ed25519-signed report")
-    p.add_argument("--previous", metavar="DIR", help="the report this one claims to follow")
-    p.add_argument("--allow-unsigned", action="store_true", help="accept a report written with --unsigned")
+    text = "check a report bundle's signature, file hashes and counts"
+    p = sub.add_parser("verify-report", help=text, description=text)
+    p.add_argument("directory", metavar="DIR", help="the report bundle (the folder holding manifest.json)")
+    p.add_argument(
+        "--key-file", metavar="PEM",
+        help="the Ed25519 public key of an Ed25519-signed report (default: none; HMAC reports use $LORALEDGER_REPORT_KEY)",
+    )  # fmt: skip
+    p.add_argument("--previous", metavar="DIR", help="the report this one claims to follow (default: none)")
+    p.add_argument("--allow-unsigned", action="store_true", help="accept a report written with --unsigned (default: refuse)")
     p.set_defaults(func=_verify_report)
 
-    p = sub.add_parser("keygen", help="write a new Ed25519 key pair for signing reports")
+    text = "write a new Ed25519 key pair for signing reports"
+    p = sub.add_parser("keygen", help=text, description=text)
     p.add_argument("--out", required=True, metavar="PEM", help="private key file (created with mode 0600)")
-    p.add_argument("--public", metavar="PEM", help="public key file, for verify-report")
+    p.add_argument("--public", metavar="PEM", help="public key file, for verify-report (default: not written)")
     p.set_defaults(func=_keygen)
 
 
 def _command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-    from loraledger.cli import default_url
+    from loraledger.paths import default_audit_url
 
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("--url", default=None, help=f"audit database URL (default: $LORALEDGER_AUDIT_URL or {default_url()})")
+    p.add_argument("--url", default=None, help=f"audit database URL (default: $LORALEDGER_AUDIT_URL, else {default_audit_url()})")
     p.set_defaults(func=_pipe_safe(func))
     return p
+
+
+def _listing_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=LISTING_FORMATS, default="table", help="a table for people, csv or JSON lines for programs")
 
 
 def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -98,10 +113,10 @@ def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with")
-    p.add_argument("--tenant")
-    p.add_argument("--since", help="ISO-8601 time (UTC if no offset), inclusive")
-    p.add_argument("--until", help="ISO-8601 time (UTC if no offset), exclusive")
+    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
+    p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
+    p.add_argument("--since", help="ISO-8601 time (UTC if no offset), inclusive (default: the first request)")
+    p.add_argument("--until", help="ISO-8601 time (UTC if no offset), exclusive (default: now)")
 
 
 def _open(args: argparse.Namespace) -> AuditLog:
@@ -114,7 +129,7 @@ def _open(args: argparse.Namespace) -> AuditLog:
 def _requests(args: argparse.Namespace) -> int:
     out = sys.stdout
     table = (
-        ("request_id", "request", 26), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
+        ("request_id", "request", 32), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
         ("lora_name", "adapter", 16), ("adapter_fingerprint", "fingerprint", 12), ("status", "status", 11),
         ("num_completions", "n", 2), ("prompt_token_count", "prompt", 7), ("generated_tokens", "generated", 9),
         ("finish_reasons", "finish", 12),
@@ -200,7 +215,7 @@ def _emit(
         n = 0
         for row in rows:
             c = cells(row)
-            out.write(" ".join(_fit(_text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip() + "\n")
+            out.write(" ".join(_fit(name, _text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip() + "\n")
             n += 1
         out.write(f"({n} row{'s' if n != 1 else ''})\n")
 
@@ -223,8 +238,13 @@ def _text(name: str, value: Any) -> str:
     return str(value)
 
 
-def _fit(text: str, width: int) -> str:
-    return text.ljust(width) if len(text) <= width else text[: width - 1] + "…"
+WHOLE = frozenset({"request_id"})  # never cut: `audit show` takes what the listing prints
+
+
+def _fit(name: str, text: str, width: int) -> str:
+    if len(text) <= width or name in WHOLE:
+        return text.ljust(width)
+    return text[: width - 1] + "…"
 
 
 # -- one request ---------------------------------------------------------------------------
@@ -233,12 +253,23 @@ def _fit(text: str, width: int) -> str:
 def _show(args: argparse.Namespace) -> int:
     out = sys.stdout
     with _open(args) as log:
-        lineage = log.request(args.request_id)
+        lineage = log.request(log.resolve_request_id(args.request_id))
     if args.format == "json":
         out.write(msgspec.json.format(msgspec.json.encode(lineage), indent=2).decode() + "\n")
     else:
         out.write(format_lineage(lineage))
     return 0
+
+
+def readable_sampling(params: dict[str, Any]) -> dict[str, Any]:
+    """The stored sampling parameters with enum values by name ("FINAL_ONLY", not 2)."""
+    from loraledger.sampling_params import RequestOutputKind
+
+    out = dict(params)
+    kind = out.get("output_kind")
+    if isinstance(kind, int) and kind in RequestOutputKind._value2member_map_:
+        out["output_kind"] = RequestOutputKind(kind).name
+    return out
 
 
 def format_lineage(lineage: RequestLineage) -> str:
@@ -249,8 +280,10 @@ def format_lineage(lineage: RequestLineage) -> str:
         f"  tenant        {b.tenant or '-'}",
         f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
         f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
-        f"  sampling      {json.dumps(b.sampling_params, sort_keys=True)}",
     ]
+    if b.prompt_text is not None:
+        lines.append(f"                {json.dumps(b.prompt_text, ensure_ascii=False)}")
+    lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:
@@ -280,7 +313,21 @@ def _verify(args: argparse.Namespace) -> int:
     with _open(args) as log:
         result = log.verify(args.checkpoint)
     out.write(format_verify(result))
+    if args.checkpoint is not None and result.ok:
+        out.write(format_checkpoint_proof(args.checkpoint, result))
     return 0 if result.ok else 1
+
+
+def format_checkpoint_proof(path: str, result: VerifyResult) -> str:
+    """What a clean verify against a checkpoint proved: the log only grew since the checkpoint was taken."""
+    from loraledger.audit.verify import read_checkpoint
+
+    checkpoint = read_checkpoint(path)
+    grown = (result.head.sequence - checkpoint.sequence) if result.head is not None else 0
+    return (
+        f"checkpoint {path}: event {checkpoint.sequence} still has hash {checkpoint.hash}, so the log extends it "
+        f"unchanged ({grown} event{'s' if grown != 1 else ''} added since)\n"
+    )
 
 
 def format_verify(result: VerifyResult) -> str:

@@ -22,12 +22,12 @@ h1{font-size:26px;margin:0 0 4px}h2{font-size:19px;margin:32px 0 10px;border-bot
 .sub{color:#57606a;margin:0 0 16px}
 .banner{padding:12px 16px;border-radius:6px;font-weight:600;margin:16px 0}
 .ok{background:#dafbe1;border:1px solid #4ac26b;color:#116329}.bad{background:#ffebe9;border:1px solid #ff8182;color:#a40e26}
-.cards{display:flex;flex-wrap:wrap;gap:12px}
-.card{flex:1 1 140px;border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;background:#f6f8fa}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(140px,1fr));gap:12px}
+.card{border:1px solid #d0d7de;border-radius:6px;padding:10px 14px;background:#f6f8fa}
 .card .v{font-size:24px;font-weight:700}.card .k{color:#57606a;font-size:13px}
 table{border-collapse:collapse;width:100%;font-size:14px;margin:6px 0}
 th,td{border-bottom:1px solid #d8dee4;padding:6px 8px;text-align:left;vertical-align:top}
-th{background:#f6f8fa}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{background:#f6f8fa}th.n,td.n{text-align:right}td.n{font-variant-numeric:tabular-nums}
 code{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12px;word-break:break-all}
 .swatch{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px;vertical-align:-1px}
 .legend span.item{margin-right:16px;white-space:nowrap;font-size:13px}
@@ -50,8 +50,17 @@ def adapter_label(name: str | None, fingerprint: str | None) -> str:
     return f"{name or 'adapter'} ({fingerprint[:12]})"
 
 
-def render_report_html(manifest: Mapping[str, Any], adapters: Sequence[AdapterInfo], daily: Sequence[UsageRow]) -> str:
-    """The page for one report: manifest (without its signature), the adapters used, usage per adapter and day."""
+def render_report_html(
+    manifest: Mapping[str, Any],
+    adapters: Sequence[AdapterInfo],
+    daily: Sequence[UsageRow],
+    signing: Mapping[str, Any] | None = None,
+) -> str:
+    """The page for one report: manifest (without its signature), the adapters used, usage per adapter and day.
+
+    signing: the signature the bundle gets (its algorithm and key_id / public_key, no value: the
+    value covers this page, so it is made after it); None when not known.
+    """
     counts = manifest["counts"]
     window = manifest["window"]
     parts = [
@@ -71,7 +80,7 @@ def render_report_html(manifest: Mapping[str, Any], adapters: Sequence[AdapterIn
         _tenant_section(counts["by_tenant"]),
         _breakdown_section("Finish reasons", "finish_reason", "completions", counts["by_finish_reason"]),
         _breakdown_section("Request outcomes", "status", "requests", counts["by_status"]),
-        _integrity_section(manifest),
+        _integrity_section(manifest, signing),
         "</main></body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -247,8 +256,9 @@ def _inventory_section(adapters: Sequence[AdapterInfo], by_adapter: Sequence[Map
     if not rows:
         return "<h2>Adapter inventory</h2><p class='muted'>No adapter was used in this window.</p>"
     return (
-        "<h2>Adapter inventory</h2><table><thead><tr><th>Name</th><th>Fingerprint (sha256)</th><th>Rank</th><th>Alpha</th>"
-        "<th>Target modules</th><th>Base model</th><th>First used</th><th>Last used</th><th>Requests</th><th>Completions</th>"
+        "<h2>Adapter inventory</h2><table><thead><tr><th>Name</th><th>Fingerprint (sha256)</th><th class='n'>Rank</th>"
+        "<th class='n'>Alpha</th><th>Target modules</th><th>Base model</th><th>First used</th><th>Last used</th>"
+        "<th class='n'>Requests</th><th class='n'>Completions</th>"
         f"</tr></thead><tbody>{''.join(rows)}</tbody></table>"
         "<p class='muted'>Requests and completions count this window; first and last use span the whole log.</p>"
     )
@@ -261,7 +271,7 @@ def _tenant_section(by_tenant: Sequence[Mapping[str, Any]]) -> str:
         for row in by_tenant
     )
     return (
-        "<h2>Tenants</h2><table><thead><tr><th>Tenant</th><th>Requests</th><th>Completions</th></tr></thead>"
+        "<h2>Tenants</h2><table><thead><tr><th>Tenant</th><th class='n'>Requests</th><th class='n'>Completions</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )
 
@@ -274,12 +284,31 @@ def _breakdown_section(title: str, key: str, unit: str, rows: Sequence[Mapping[s
         for row in rows
     )
     return (
-        f"<h2>{escape(title)}</h2><table><thead><tr><th>{escape(key.replace('_', ' '))}</th><th>{escape(unit)}</th>"
-        f"<th>share</th><th></th></tr></thead><tbody>{body}</tbody></table>"
+        f"<h2>{escape(title)}</h2><table><thead><tr><th>{escape(key.replace('_', ' '))}</th><th class='n'>{escape(unit)}</th>"
+        f"<th class='n'>share</th><th></th></tr></thead><tbody>{body}</tbody></table>"
     )
 
 
-def _integrity_section(manifest: Mapping[str, Any]) -> str:
+def _signature_row(signing: Mapping[str, Any] | None) -> str:
+    """Whether and how the bundle is signed: the scheme, and the key that signed it."""
+    if signing is None:
+        return ""
+    algorithm = str(signing.get("algorithm"))
+    if algorithm == "none":
+        text = ("<span class='muted'>unsigned</span> (written with <code>--unsigned</code>: nothing proves "
+                "who wrote this bundle)")  # fmt: skip
+    elif algorithm == "ed25519":
+        text = (f"Ed25519, public key <code>{escape(str(signing.get('public_key')))}</code> "
+                "(check it with the signer's public key: <code>verify-report DIR --key-file pub.pem</code>)")  # fmt: skip
+    elif algorithm == "hmac-sha256":
+        text = (f"HMAC-SHA256 with a shared key, key id <code>{escape(str(signing.get('key_id')))}</code> "
+                "(check it with the same key in <code>$LORALEDGER_REPORT_KEY</code>)")  # fmt: skip
+    else:
+        text = escape(algorithm)
+    return f"<tr><th>Signature</th><td>{text}; it covers manifest.json, which lists every file's sha256, this page's included</td></tr>"
+
+
+def _integrity_section(manifest: Mapping[str, Any], signing: Mapping[str, Any] | None = None) -> str:
     files = "".join(
         f"<tr><td>{escape(f['name'])}</td><td class='n'>{f['rows']:,}</td><td class='n'>{f['bytes']:,}</td><td><code>{escape(f['sha256'])}</code></td></tr>"
         for f in manifest["files"]
@@ -288,6 +317,7 @@ def _integrity_section(manifest: Mapping[str, Any]) -> str:
     seq = manifest["sequence"]
     previous = manifest.get("previous")
     lines = [
+        _signature_row(signing),
         f"<tr><th>Events in window</th><td>sequence {seq['first']} to {seq['last']}</td></tr>" if seq["first"] is not None
         else "<tr><th>Events in window</th><td class='muted'>none</td></tr>",
         f"<tr><th>Chain head at export</th><td>sequence {head['sequence']}, <code>{escape(head['hash'])}</code></td></tr>" if head
@@ -297,7 +327,7 @@ def _integrity_section(manifest: Mapping[str, Any]) -> str:
     ]
     return (
         "<h2>Integrity</h2><table><tbody>" + "".join(lines) + "</tbody></table>"
-        "<table><thead><tr><th>File</th><th>Rows</th><th>Bytes</th><th>sha256</th></tr></thead>"
+        "<table><thead><tr><th>File</th><th class='n'>Rows</th><th class='n'>Bytes</th><th>sha256</th></tr></thead>"
         f"<tbody>{files}</tbody></table>"
         "<p class='muted'>manifest.json lists these digests and the signature over the manifest; "
         "check the bundle with <code>loraledger audit verify-report DIR</code>.</p>"

@@ -15,12 +15,13 @@ from loraledger.audit import rows
 from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
 from loraledger.audit.timefmt import Instant, to_unix
 from loraledger.audit.verify import read_checkpoint, verify_log
-from loraledger.errors import AuditSchemaError, AuditUnavailableError, UnknownRequestError
+from loraledger.errors import AmbiguousRequestIdError, AuditSchemaError, AuditUnavailableError, UnknownRequestError
 from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
 
 _LISTING_REQUEST_COLUMNS = ("received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count")
+AMBIGUOUS_SHOWN = 10  # candidates an ambiguous prefix error lists
 _LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
 
 
@@ -131,6 +132,27 @@ class AuditLog:
         kinds = [e.kind for e in events if e.kind in q.LIFECYCLE_KINDS]
         status = q.status_of(kinds[-1] if kinds else None)
         return RequestLineage(binding=binding, adapter=adapter, completions=completions, events=events, status=status)
+
+    def resolve_request_id(self, text: str) -> str:
+        """The request id text names: the id itself, or the one id it is a prefix of (as git takes short hashes).
+
+        Raises UnknownRequestError when no request matches, AmbiguousRequestIdError (listing them)
+        when several do.
+        """
+        with self.snapshot() as conn:
+            if conn.execute(select(q.R.c.request_id).where(q.R.c.request_id == text)).first() is not None:
+                return text
+            matches = q.request_ids_with_prefix(conn, text, AMBIGUOUS_SHOWN + 1) if text else []
+        if not matches:
+            raise UnknownRequestError(f"request {text!r} is not in the audit log at {display_url(self.url)}")
+        if len(matches) == 1:
+            return matches[0]
+        listed = ", ".join(matches[:AMBIGUOUS_SHOWN]) + (", ..." if len(matches) > AMBIGUOUS_SHOWN else "")
+        more = "more than " if len(matches) > AMBIGUOUS_SHOWN else ""
+        raise AmbiguousRequestIdError(
+            f"request id prefix {text!r} is ambiguous: it matches {more}{min(len(matches), AMBIGUOUS_SHOWN)} requests "
+            f"({listed}); give more of the id"
+        )
 
     def requests(
         self,

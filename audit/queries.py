@@ -271,6 +271,22 @@ def events_window(flt: RequestFilter) -> Select[Any]:
     return select(func.min(E.c.seq), func.max(E.c.seq)).where(*clauses)
 
 
+def request_ids_with_prefix(conn: Connection, prefix: str, limit: int) -> list[str]:
+    """Up to limit request ids that start with prefix (exactly: SQLite's LIKE ignores ASCII case), in id order."""
+    stmt = (
+        select(R.c.request_id)
+        .where(R.c.request_id.startswith(prefix, autoescape=True))
+        .order_by(R.c.request_id)
+    )
+    found: list[str] = []
+    for (request_id,) in stream(conn, stmt):
+        if request_id.startswith(prefix):
+            found.append(request_id)
+            if len(found) == limit:
+                break
+    return found
+
+
 def head(conn: Connection) -> Checkpoint | None:
     """The last event's sequence number, hash and time; None for an empty log."""
     row = conn.execute(select(E.c.seq, E.c.hash, E.c.at).order_by(E.c.seq.desc()).limit(1)).first()

@@ -121,7 +121,9 @@ def _write_bundle(
         "files": [msgspec.to_builtins(f) for f in files],
     }
     html_path = out / HTML
-    html_path.write_text(render_report_html(manifest, adapters, tally.daily_usage()), encoding="utf-8")
+    # the page names the signature's scheme and key; the signature then covers the page through its sha256
+    signing = msgspec.to_builtins(signer.identity() if signer else Signature(algorithm=UNSIGNED))
+    html_path.write_text(render_report_html(manifest, adapters, tally.daily_usage(), signing), encoding="utf-8")
     html_file = ExportedFile(name=HTML, rows=None, bytes=html_path.stat().st_size, sha256=sha256_file(html_path))
     manifest["files"].append(msgspec.to_builtins(html_file))
     signature = signer.sign(signed_message(manifest)) if signer else Signature(algorithm=UNSIGNED)

@@ -37,18 +37,23 @@ class Signer:
         self._hmac_key = hmac_key
         self._private_key = private_key
 
-    def sign(self, message: bytes) -> Signature:
+    def identity(self) -> Signature:
+        """The signature's scheme and the key it names (Ed25519: the public key; HMAC: a key id), without a value."""
         if self._private_key is not None:
             public = self._private_key.public_key().public_bytes(
                 serialization.Encoding.Raw, serialization.PublicFormat.Raw
             )
-            return Signature(algorithm=ED25519, value=self._private_key.sign(message).hex(), public_key=public.hex())
+            return Signature(algorithm=ED25519, public_key=public.hex())
         assert self._hmac_key is not None
-        return Signature(
-            algorithm=HMAC_SHA256,
-            value=hmac.new(self._hmac_key, message, hashlib.sha256).hexdigest(),
-            key_id=hmac_key_id(self._hmac_key),
-        )
+        return Signature(algorithm=HMAC_SHA256, key_id=hmac_key_id(self._hmac_key))
+
+    def sign(self, message: bytes) -> Signature:
+        if self._private_key is not None:
+            value = self._private_key.sign(message).hex()
+        else:
+            assert self._hmac_key is not None
+            value = hmac.new(self._hmac_key, message, hashlib.sha256).hexdigest()
+        return msgspec.structs.replace(self.identity(), value=value)
 
 
 def hmac_key_id(key: bytes) -> str:

@@ -1,4 +1,4 @@
-"""Host memory of cached adapters: `python -m bench.adapter_memory [--count N] [--max-lora-rank R]`.
+"""Host memory of cached adapters: `python -m bench.run --only adapter-memory [--count N] [--max-lora-rank R]`.
 
 Loads N of the churn benchmark's rank-8 adapters (all seven projections) the way the AdapterLoader
 does, keeps them all (as its LRU of max_cpu_loras would), and reports what they hold: the
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     from loraledger.gpu.config import ModelConfig
     from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 
-    parser = argparse.ArgumentParser(prog="python -m bench.adapter_memory", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.run --only adapter-memory", description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=64, help="adapters to keep loaded (default 64, the churn scenario's max_cpu_loras)")
     parser.add_argument("--max-lora-rank", type=int, default=8, help="the engine's max_lora_rank (default 8, the adapters' rank)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""F.linear against Dense's oneDNN pre-packed weights on the benchmark model's projections: `python -m bench.dense`.
+"""F.linear against Dense's oneDNN pre-packed weights on the benchmark model's projections: `python -m bench.run --only dense`.
 
 For each projection shape of the bench model (fused qkv, o, fused gate/up, down, lm_head) and each
 row count (decode batches to a prefill chunk), both forms run interleaved, `--repeats` rounds of
@@ -34,14 +34,14 @@ def _ms_per_call(fn, iters: int) -> float:
     return (time.perf_counter() - started) / iters * 1e3
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 64, 256, 2048])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=10)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run --only dense", description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 64, 256, 2048], help="row counts (default 1 4 32 64 256 2048)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--iters", type=int, default=10, help="calls per round (default 10)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table as JSON")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if not prepack_supported("cpu", torch.float32):
         raise SystemExit("this torch build has no oneDNN linear: Dense falls back to F.linear, nothing to compare")
     torch.set_num_threads(args.threads)
@@ -69,7 +69,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"threads": args.threads, "rows": rows_out}, indent=2))
         print(f"written: {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Where a throughput scenario's time goes: `python -m bench.profile_step --scenario mixed|base`.
+"""Where a throughput scenario's time goes: `python -m bench.run --only profile --scenario mixed|base`.
 
 Two views of one measured generate() call (after a warm-up), neither needing changes to the engine:
 
@@ -122,7 +122,7 @@ class StepProfiler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.profile_step", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.run --only profile", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=("mixed", "base"), default="mixed", help="scenario 1 (mixed adapters) or 3 (base only)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)

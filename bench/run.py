@@ -1,18 +1,22 @@
-"""Run issue 6's benchmark in one process: `python -m bench.run [--only throughput|serving|churn-serving|churn] [--quick]`.
+"""The one entry point of every benchmark: `python -m bench.run [--only NAME] [--quick]`; `--list` says what each answers.
 
-Prints a table of every scenario and ratio, and writes everything (with the engine-source hash,
-since other work may be changing the engine while this runs) to bench/results/latest.json.
+Without --only it runs the four CPU scenarios (throughput, serving, churn-serving, churn) in one
+process, prints a table of every scenario and ratio, and writes everything (with the engine-source
+hash, since other work may be changing the engine while this runs) to bench/results/latest.json.
+`--only NAME` (repeatable for the scenarios) runs a part; the other benchmarks run alone, and the
+options after their name are theirs (`python -m bench.run --only profile --help`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -32,9 +36,77 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PARTS = ("throughput", "serving", "churn-serving", "churn")
 
 
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # what --only takes
+    answers: str
+    takes: str  # wall time, on the machine it is meant for
+    module: str | None = None  # None: a scenario of this module's own run
+    example: str = ""  # options worth knowing
+
+
+# Every benchmark a maintainer runs again; bench/README.md has the same table (a test checks they agree).
+CATALOGUE = (
+    Benchmark("throughput", "tokens/s of 8 adapters + base mixed vs transformers + PEFT, vs the base model alone, audit on vs off", "~2 min"),
+    Benchmark("serving", "throughput and TTFT/ITL under Poisson arrivals, streamed, vs transformers static batches", "~5 min"),
+    Benchmark("churn-serving", "the serving traffic over 1,000 adapters with 8 slots vs over 8 adapters", "~3 min"),
+    Benchmark("churn", "all requests at once over 1,000 adapters vs over 8: the cost of a small step", "~2 min"),
+    Benchmark("dense", "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows", "~1 min", "bench.dense"),
+    Benchmark("adapter-memory", "host memory of N cached adapters vs their size on disk", "~30 s", "bench.adapter_memory", "--count 64 --max-lora-rank 16"),
+    Benchmark("profile", "where a throughput step's time goes: torch profiler per op, pyinstrument on the event loop", "~1 min", "bench.profile_step", "--scenario mixed|base"),
+    Benchmark("step-parts", "seconds per part of the step (projections, LoRA, attention, sampling...), unprofiled", "1-3 min", "bench.step_timers", "--scenario mixed|base|churn|churn-baseline|churn-serving"),
+    Benchmark("schedule", "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock", "seconds", "bench.slot_sim", "--rates 5.4 9.8 --max-loras 8"),
+    Benchmark("kernels", "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth", "<= 4 min (H100)", "bench.kernels", "--sweep"),
+    Benchmark("gpu-step", "GPU: a decode step's time vs its bytes on 1B and 8B shapes, batches 32/64/128; a 4,096-token prefill", "<= 5 min (H100)", "bench.gpu_step", "--shape 1b 8b"),
+    Benchmark("gpu-decode", "GPU: batch-32 decode with 32 adapters vs none vs transformers + PEFT, end to end", "<= 5 min (H100)", "bench.gpu_decode", "--eager"),
+)
+ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
+
+
+def catalogue_table() -> str:
+    rows = [("name", "answers", "takes", "command")]
+    for b in CATALOGUE:
+        rows.append((b.name, b.answers, b.takes, " ".join(["python -m bench.run --only", b.name, b.example]).strip()))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join([*(r[i].ljust(widths[i]) for i in range(3)), r[3]]) for r in rows)
+
+
+def _alone(argv: list[str]) -> tuple[Benchmark, list[str]] | None:
+    """The benchmark that runs alone named by --only in argv, and the rest of argv (its own options)."""
+    names, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--only" and i + 1 < len(argv):
+            names.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--only="):
+            names.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    alone = [n for n in names if n in ALONE]
+    if not alone:
+        return None
+    if len(names) > 1:
+        raise SystemExit(f"python -m bench.run: --only {alone[0]} runs alone; give it without other --only")
+    return ALONE[alone[0]], rest
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    alone = _alone(argv)
+    if alone is not None:
+        bench, rest = alone
+        module = importlib.import_module(bench.module)
+        return int(module.main(rest) or 0)
+
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable); default: all")
+    parser.add_argument("--list", action="store_true", help="print every benchmark: what it answers, how long it takes, its command")
+    parser.add_argument(
+        "--only", action="append", choices=[b.name for b in CATALOGUE], metavar="NAME",
+        help=f"run only this part (repeatable for {', '.join(PARTS)}; the others run alone); default: the four scenarios",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="small sizes and one repeat: a smoke test, not figures to quote")
     parser.add_argument("--repeats", type=int, default=None, help="measured calls per throughput scenario (default 3, --quick 1)")
     parser.add_argument("--serving-rate", type=float, default=None, help="arrivals per second in serving and churn-serving (default: 1.25 x measured capacity)")
@@ -44,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-audit", action="store_true", help="skip scenario 1a (scenario 1 with the SQLite audit store)")
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
+    if args.list:
+        print(catalogue_table())
+        return 0
     parts = args.only or list(PARTS)
 
     torch.set_num_threads(args.threads)
@@ -70,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    report: dict = {"command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]), "started": time.time()}
+    report: dict = {"command": " ".join(["python -m bench.run", *argv]), "started": time.time()}
     report["environment"] = environment()
     if report["environment"]["engine_imported_from_elsewhere"]:
         log(f"WARNING: engine modules imported from outside {Path(__file__).resolve().parent.parent}: "

@@ -1,4 +1,4 @@
-"""The engine's Scheduler actor on a simulated clock, without a model: `python -m bench.slot_sim`.
+"""The engine's Scheduler actor on a simulated clock, without a model: `python -m bench.run --only schedule`.
 
 Under adapter churn the schedule, not the forward pass, decides how many steps a run needs: a step
 serves at most `max_loras` adapters. This runs the real `Scheduler` actor over its own message
@@ -11,7 +11,7 @@ compared here by the steps and slot loads they need (then confirmed with `python
 traffic.
 
 The step cost only sets how many arrivals land between steps; the default is close to this 2-core
-machine's small churn steps (`python -m bench.step_cost` measures them). One model for every batch
+machine's small churn steps (per-step timings of the churn runs, bench/RESULTS.md). One model for every batch
 size makes the simulated seconds indicative only: large steps cost less per sequence than small ones.
 """
 
@@ -186,7 +186,7 @@ def churn_pair(rate: float, *, num_adapters: int = 1000, baseline_adapters: int 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.slot_sim", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.run --only schedule", description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[5.4, 7.0, 9.8], help="arrival rates, requests/s")
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--fixed-ms", type=float, default=StepCost.fixed * 1e3, help="step cost: fixed part")

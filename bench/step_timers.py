@@ -1,8 +1,8 @@
-"""Wall seconds per part of the step, unprofiled: `python -m bench.step_timers --scenario mixed|base|churn|churn-baseline|churn-serving`.
+"""Wall seconds per part of the step, unprofiled: `python -m bench.run --only step-parts --scenario mixed|base|churn|churn-baseline|churn-serving`.
 
 Wraps the engine's step functions (the forward, the base projections, the LoRA delta, attention,
 the small device ops, sampling, batch building, adapter slot loads) with perf_counter timers in
-this process and runs one measured generate() after a warm-up. Unlike bench.profile_step it adds
+this process and runs one measured generate() after a warm-up. Unlike bench.profile_step (`--only profile`) it adds
 only a perf_counter pair per wrapped call, so the parts' seconds are comparable across scenarios: `mixed` and `base` are throughput scenarios 1 and 3 (three interleaved pairs, best of
 each), `churn` and `churn-baseline` the offline adapter-churn runs of bench.churn, and
 `churn-serving` both runs of `python -m bench.run --only churn-serving` (8 adapters, then 1,000),
@@ -74,7 +74,7 @@ class Timers:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.step_timers", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.run --only step-parts", description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=("mixed", "base", "churn", "churn-baseline", "churn-serving"), default="mixed")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rate", type=float, default=None, help="churn-serving: requests/s (default: calibrated)")

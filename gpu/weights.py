@@ -8,10 +8,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
 import torch
 from safetensors import safe_open
 
+from loraledger import paths
 from loraledger.errors import ModelLoadError
 from loraledger.gpu.config import ModelConfig
 
@@ -185,7 +185,7 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
 def model_fingerprint(model_dir: str | Path, *, cache_dir: str | Path | None = None) -> str:
     """sha256 over the canonical config.json and every weight file's name and bytes (files in name order).
 
-    The result is cached in the user's cache folder (never in the model folder), keyed by the folder's
+    The result is cached in loraledger's cache folder (loraledger.paths; never in the model folder), keyed by the folder's
     absolute path and each file's size and mtime, so a large model is hashed once, not at every start.
     """
     root = Path(model_dir).resolve()
@@ -194,7 +194,7 @@ def model_fingerprint(model_dir: str | Path, *, cache_dir: str | Path | None = N
         raise ModelLoadError(f"{config_path} not found: the model folder must hold a Hugging Face config.json")
     files = [config_path, *weight_files(root)]
     stats = [[f.name, st.st_size, st.st_mtime_ns] for f in files for st in [f.stat()]]
-    cache_file = Path(cache_dir or platformdirs.user_cache_dir("loraledger")) / _FINGERPRINT_CACHE
+    cache_file = Path(cache_dir or paths.cache_dir()) / _FINGERPRINT_CACHE
     cache = _read_cache(cache_file)
     entry = cache.get(str(root))
     if isinstance(entry, dict) and entry.get("stats") == stats and isinstance(entry.get("fingerprint"), str):

@@ -23,29 +23,35 @@ DEMO_PROMPTS = [
 ]
 
 
+AUDIT_URL_HELP = "audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file; `loraledger db current` prints it)"
+DEVICE_HELP = "where the model runs: auto picks CUDA when a GPU and CuPy are there"
+
+
 def register(sub) -> None:
-    demo = sub.add_parser("demo", help="build a small model and three adapters locally (once), run one mixed batch, show the audit binding")
-    demo.add_argument("--cache-dir", default=None, help="where the demo model and adapters are built (default: the user cache dir)")
-    demo.add_argument("--audit-url", default=None, help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)")
-    demo.add_argument("--max-tokens", type=int, default=24)
-    demo.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo model and adapters")
+    text = "build a small random model and three adapters locally (once), run one mixed batch, show who wrote what"
+    demo = sub.add_parser("demo", help=text, description=text)
+    demo.add_argument("--cache-dir", default=None, help="where the demo model and adapters are built (default: loraledger's cache folder)")
+    demo.add_argument("--audit-url", default=None, help=AUDIT_URL_HELP)
+    demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate per prompt")
+    demo.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
+    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo model and adapters (default: build once, then reuse)")
     demo.set_defaults(func=run_demo)
 
-    gen = sub.add_parser("generate", help="generate with your own checkpoint, for the base model and each adapter")
+    text = "generate with your own checkpoint: each prompt on the base model and on every adapter given"
+    gen = sub.add_parser("generate", help=text, description=text)
     gen.add_argument("--model", required=True, help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
-    gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT adapter folder; repeatable")
-    gen.add_argument("--prompt", action="append", required=True, help="repeatable")
-    gen.add_argument("--only", default=None, help="run only this adapter name ('base' for the base model)")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--max-lora-rank", type=int, default=64)
-    gen.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
-    gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    gen.add_argument("--max-model-len", type=int, default=None)
-    gen.add_argument("--audit-url", default=None, help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)")
-    gen.add_argument("--tenant", default=None)
+    gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT adapter folder; repeatable (default: none, the base model only)")
+    gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeatable")
+    gen.add_argument("--only", default=None, metavar="NAME", help="run only this adapter ('base' for the base model) (default: the base model and every adapter)")
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
+    gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
+    gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, unseeded)")
+    gen.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank the engine accepts")
+    gen.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="weight and compute dtype; auto: float32 on the CPU, the checkpoint's half precision on CUDA")
+    gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
+    gen.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus output, in tokens (default: the model's)")
+    gen.add_argument("--audit-url", default=None, help=AUDIT_URL_HELP)
+    gen.add_argument("--tenant", default=None, help="the tenant recorded with each request (default: none)")
     gen.set_defaults(func=run_generate)
 
 
@@ -88,11 +94,9 @@ def demo_assets(cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict[str,
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    import platformdirs
+    from loraledger import LLM, LoRARequest, SamplingParams, paths
 
-    from loraledger import LLM, LoRARequest, SamplingParams
-
-    cache = Path(args.cache_dir) if args.cache_dir else Path(platformdirs.user_cache_dir("loraledger"))
+    cache = Path(args.cache_dir) if args.cache_dir else paths.cache_dir()
     model_dir, adapter_dirs = demo_assets(cache, args.rebuild)
     url = _audit_url(args.audit_url)
     loras = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapter_dirs.items())}
@@ -102,12 +106,16 @@ def run_demo(args: argparse.Namespace) -> int:
             SamplingParams(temperature=0, max_tokens=args.max_tokens),
             lora_request=[loras[a] if a else None for _, a in DEMO_PROMPTS],
         )
+    print("The demo model and its three adapters have random weights: the text is noise by design.")
+    print("What matters is which adapter wrote each answer, and that every answer is on record.\n")
     _print_table(outputs)
     print(f"\naudit log: {url}")
-    print("every row above is on record; for example, in SQL:")
+    print("every row above is on record; look one up by its id (any unique prefix works), or check the log:")
+    print(f"  loraledger audit show {short_id(outputs[0].request_id)}")
+    print("  loraledger audit verify")
+    print("or in SQL:")
     print("  SELECT r.request_id, r.lora_name, r.adapter_fingerprint, c.finish_reason, c.text")
     print("  FROM requests r JOIN completions c ON c.request_id = r.request_id ORDER BY r.received_at DESC LIMIT 6;")
-    print("or: loraledger audit show <request id>   /   loraledger audit verify")
     return 0
 
 
@@ -124,7 +132,7 @@ def run_generate(args: argparse.Namespace) -> int:
     runs: list[LoRARequest | None] = [None, *loras.values()]
     if args.only is not None:
         if args.only != "base" and args.only not in loras:
-            raise ConfigError(f"--only {args.only!r} names no --lora (known: base, {', '.join(loras)})")
+            raise ConfigError(f"--only {args.only!r} names no --lora (known: {', '.join(['base', *loras])})")
         runs = [None] if args.only == "base" else [loras[args.only]]
     prompts = [p for _ in runs for p in args.prompt]
     per_prompt = [lora for lora in runs for _ in args.prompt]
@@ -144,19 +152,32 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+SHORT_ID = 12  # printed ids are prefixes, as git prints commits: `loraledger audit show` takes any unique prefix
+
+
+def short_id(request_id: str) -> str:
+    return request_id[:SHORT_ID]
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())  # one line, whatever the model wrote
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
 def _print_table(outputs) -> None:
-    rows = [("request id", "adapter", "fingerprint", "finish", "tokens", "text")]
+    rows = [("request id", "adapter", "fingerprint", "finish", "tokens", "prompt", "text")]
     for out in outputs:
         completion = out.outputs[0]
         fp = (out.metrics.adapter_fingerprint or "") if out.metrics else ""
         rows.append(
             (
-                out.request_id[:12],
+                short_id(out.request_id),
                 out.lora_request.lora_name if out.lora_request else "(base)",
                 fp[:12] or "-",
                 completion.finish_reason or "",
                 str(len(completion.token_ids)),
-                " ".join(completion.text.split())[:60],  # one line, whatever the model wrote
+                _one_line(out.prompt or "", 40),
+                _one_line(completion.text, 40),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

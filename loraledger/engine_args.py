@@ -8,7 +8,7 @@ import msgspec
 
 from loraledger.errors import ConfigError
 
-DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.store.default_audit_url(): a SQLite file in the user's data dir
+DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(): a SQLite file in the data dir ($LORALEDGER_HOME or the user's)
 
 
 class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):

@@ -113,7 +113,7 @@ def open_store(args: EngineArgs):
         log.warning("auditing is OFF (audit_url=None): outputs are not recorded")
         return None
     from loraledger.store.audit_store import AuditStore
-    from loraledger.store.db import default_audit_url
+    from loraledger.paths import default_audit_url
 
     url = default_audit_url() if args.audit_url == DEFAULT_AUDIT_URL else args.audit_url
     store = AuditStore(url)

@@ -87,6 +87,10 @@ class UnknownRequestError(LoraLedgerError, KeyError):
     """No request with that id is known."""
 
 
+class AmbiguousRequestIdError(LoraLedgerError, ValueError):
+    """A request id prefix matches more than one request; the message lists them."""
+
+
 class EngineDeadError(LoraLedgerError, RuntimeError):
     """The engine has stopped (shut down, or a fatal error); the request cannot be served."""
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure what the test suite needs outside Python is here: a PostgreSQL server answering on
 # 127.0.0.1:5432, and Chromium for the HTML-report rendering test. Installs/starts them if not.
+# With --python-venv it only installs what `python3 -m venv` needs (scripts/test.sh asks when it fails).
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -9,6 +10,13 @@ apt_install() {
   if [ "$apt_updated" = 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
 }
+
+if [ "${1:-}" = --python-venv ]; then
+  ver=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+  echo "ensure-services: installing python${ver}-venv" >&2
+  apt_install "python${ver}-venv" || apt_install python3-venv
+  exit 0
+fi
 
 pg_answers() { python3 - "$@" <<'PY'
 import socket, sys

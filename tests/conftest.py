@@ -1,5 +1,17 @@
-"""Root conftest: the shared fixture modules (tiny models and adapters; SQLite and PostgreSQL databases)."""
+"""Root conftest: the shared fixture modules (tiny models and adapters; SQLite and PostgreSQL databases),
+and one loraledger home under tmp for the whole run, so no test writes into the user's home."""
 
+import os
+import tempfile
+
+# Before anything imports the package: every cache, data folder and default audit database of the
+# run lives under this folder ($LORALEDGER_HOME, see loraledger.paths), subprocesses included.
+os.environ["LORALEDGER_HOME"] = tempfile.mkdtemp(prefix="loraledger-test-home-")
+os.environ.pop("LORALEDGER_AUDIT_URL", None)  # a developer's own audit database is never a test's default
+
+import shutil
+
+import pytest
 import torch
 
 pytest_plugins = ["tests.model_fixtures", "tests.db_fixtures"]
@@ -8,7 +20,9 @@ pytest_plugins = ["tests.model_fixtures", "tests.db_fixtures"]
 # machine is busy (two threads fighting a loaded second core made steps 10-40x slower)
 torch.set_num_threads(1)
 
-import pytest
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(os.environ["LORALEDGER_HOME"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -95,3 +95,45 @@ def test_report_and_verify_report(migrated_db_url: str, synth: SynthLog, capsys,
         f.write("forged,0,globex,,stop,,1,1,,,,x\n")
     code, out, _ = run(capsys, "audit", "verify-report", str(tmp_path / "r"), "--key-file", str(tmp_path / "p.pem"))
     assert code == 1 and "completions.csv does not match its sha256" in out
+
+
+def test_show_takes_what_the_listing_prints_and_says_when_a_prefix_is_ambiguous(migrated_db_url: str, synth: SynthLog, capsys):
+    code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url)
+    printed = [line.split()[0] for line in out.splitlines()[1:-1]]
+    assert printed == [r.binding.request_id for r in synth.requests]  # whole, never cut with "…"
+    for rid in printed[:3]:
+        code, out, _ = run(capsys, "audit", "show", rid, "--url", migrated_db_url)
+        assert code == 0 and out.startswith(f"request {rid} ")
+    rid = printed[12]  # req-SEED-00012: its prefix without the last digit is shared by ten ids
+    code, _, err = run(capsys, "audit", "show", rid[:-1], "--url", migrated_db_url)
+    assert code == 2 and f"request id prefix {rid[:-1]!r} is ambiguous: it matches 10 requests" in err
+    assert rid in err and "give more of the id" in err
+    code, _, err = run(capsys, "audit", "show", "req-", "--url", migrated_db_url)
+    assert code == 2 and "matches more than 10 requests" in err and ", ...)" in err
+    code, _, err = run(capsys, "audit", "show", "req-%", "--url", migrated_db_url)  # LIKE wildcards are plain text here
+    assert code == 2 and "'req-%' is not in the audit log" in err and not err.startswith('error: "')
+
+
+def test_show_text_names_the_prompt_and_enums(migrated_db_url: str, synth: SynthLog, capsys):
+    request = synth.requests[0]
+    code, out, _ = run(capsys, "audit", "show", request.binding.request_id, "--url", migrated_db_url)
+    assert code == 0 and json.dumps(request.binding.prompt_text) in out
+
+
+def test_readable_sampling_names_the_output_kind():
+    from loraledger.audit.commands import readable_sampling
+
+    assert readable_sampling({"output_kind": 2, "n": 1}) == {"output_kind": "FINAL_ONLY", "n": 1}
+    assert readable_sampling({"n": 1}) == {"n": 1}
+
+
+def test_verify_says_what_a_checkpoint_proved(migrated_db_url: str, synth: SynthLog, capsys, tmp_path):
+    cp = tmp_path / "cp.json"
+    assert run(capsys, "audit", "checkpoint", "--url", migrated_db_url, "--out", str(cp))[0] == 0
+    head = json.loads(cp.read_text())
+    code, out, _ = run(capsys, "audit", "verify", "--url", migrated_db_url, "--checkpoint", str(cp))
+    assert code == 0
+    assert f"checkpoint {cp}: event {head['sequence']} still has hash {head['hash']}" in out
+    assert "the log extends it unchanged (0 events added since)" in out
+    code, out, _ = run(capsys, "audit", "verify", "--url", migrated_db_url)
+    assert code == 0 and "checkpoint" not in out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from loraledger.store import commands
-from loraledger.store.db import make_engine
+from loraledger.store.db import display_url, make_engine
 from loraledger.store.migrate import head_revision, upgrade
 
 
@@ -20,10 +20,11 @@ def test_upgrade_current_and_check(db_url, capsys):
     assert run(["db", "check", "--url", db_url]) == 1
     assert "loraledger db upgrade --url" in capsys.readouterr().err
     assert run(["db", "current", "--url", db_url]) == 0
-    assert capsys.readouterr().out.startswith("none")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"database  {display_url(db_url)}" and lines[1].startswith("revision  none")
     assert run(["db", "upgrade", "--url", db_url]) == 0
     assert run(["db", "current", "--url", db_url]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"{head_revision()} (head {head_revision()})"
+    assert capsys.readouterr().out.splitlines()[-1] == f"revision  {head_revision()} (head {head_revision()})"
     assert run(["db", "check", "--url", db_url]) == 0
 
 
