@@ -8,23 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
 from loraledger.errors import AuditUnavailableError, ConfigError
+from loraledger.paths import default_audit_url  # noqa: F401  (the store's default: a SQLite file under data_dir())
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 PG_CONNECT_TIMEOUT_S = 10
 # one advisory lock key for every loraledger writer and migrator of a database
 WRITER_LOCK_KEY = zlib.crc32(b"loraledger.audit.writer")
-
-
-def default_audit_url() -> str:
-    """The engine's default audit database: a SQLite file in the user's data directory."""
-    path = Path(platformdirs.user_data_dir("loraledger")) / "audit.sqlite3"
-    return f"sqlite:///{path}"
 
 
 def normalize_url(url: str | URL) -> URL:

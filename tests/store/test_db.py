@@ -5,17 +5,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-import platformdirs
 import pytest
 
 from loraledger.errors import ConfigError
+from loraledger.paths import data_dir
 from loraledger.store.db import default_audit_url, display_url, make_engine, normalize_url, write_transaction
 
 
-def test_default_url_is_a_sqlite_file_in_the_user_data_dir():
+def test_default_url_is_a_sqlite_file_in_the_data_dir():
     url = default_audit_url()
     assert url.startswith("sqlite:///")
-    assert Path(url.removeprefix("sqlite:///")).parent == Path(platformdirs.user_data_dir("loraledger"))
+    assert Path(url.removeprefix("sqlite:///")).parent == data_dir()  # under $LORALEDGER_HOME in the suite
 
 
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg"])
