@@ -37,7 +37,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
     # plan and launch step N+1 while step N runs, its sampled ids fed to N+1 on the device; None: on CUDA, where
     # the device then never waits for the engine's Python; off on the CPU, where a step's launch is its whole
-    # computation and the overlap only adds a thread competing for the cores (0.90x measured on 2 cores)
+    # computation and the overlap only adds a thread competing for the cores (0.90x-1.03x: bench.overlap)
     async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
