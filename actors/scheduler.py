@@ -21,6 +21,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
     Abort,
     AuditAppend,
@@ -162,6 +163,19 @@ class Scheduler:
                     return
 
     async def _handle(self, msg) -> bool:
+        """Act on one message; False on Shutdown. A message that cannot be handled fails its request only."""
+        try:
+            return await self._handle_one(msg)
+        except Exception as exc:  # the failure boundary: this message's request fails, the scheduler goes on
+            rid = getattr(msg, "request_id", None)
+            self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
+            if isinstance(msg, NewRequest):  # _add enters a request whole or not at all: nothing to undo here
+                await self._to_assembler(RequestFailed(request_id=rid, error=request_error(exc, rid, "scheduler")))
+            elif isinstance(msg, (PinSlot, GetStats)):
+                await answer(msg.reply, request_error(exc, "-", "scheduler"))
+            return True
+
+    async def _handle_one(self, msg) -> bool:
         match msg:
             case NewRequest():
                 self._add(msg)
@@ -204,7 +218,6 @@ class Scheduler:
             stop_ids=stop_ids,
             eos_ids=eos,
         )
-        self._next_order += 1
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         for index in range(params.n):
             spec = SamplingSpec(
@@ -221,9 +234,11 @@ class Scheduler:
                 min_tokens=int(params.min_tokens),
                 stop_ids=sorted(eos | stop_ids),
             )
-            seq = Seq(seq_id=self._next_seq_id, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec)
-            self._next_seq_id += 1
-            req.seqs.append(seq)
+            req.seqs.append(Seq(seq_id=self._next_seq_id + index, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec))
+        # every sequence was built: only now does the request enter the scheduler's state (nothing half-added)
+        self._next_order += 1
+        self._next_seq_id += len(req.seqs)
+        for seq in req.seqs:
             self._seqs[seq.seq_id] = seq
             self._waiting.append(seq)
         self._requests[req.request_id] = req

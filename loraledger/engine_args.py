@@ -35,11 +35,31 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     resume_interrupted: bool = False
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
+    # the most completions one request may ask for (SamplingParams.n); above it admission refuses the
+    # request with SamplingParamsError. Default (None): the smallest of 128, max_num_seqs and the KV
+    # cache's blocks. Each of a request's sequences takes a place in the running batch and at least
+    # one KV block of its own, so a request at the limit can still run all its sequences in one step,
+    # and 128 (the OpenAI API's bound on n) keeps one request's work and output at a few hundred
+    # completions' worth. The scheduler shares the running batch between requests, so a request
+    # with many sequences does not hold back those that arrive after it.
+    max_n: int | None = None
+    # the most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default)
+    max_logprobs: int = 20
 
     def __post_init__(self) -> None:
+        try:
+            self._check()
+        except TypeError as exc:  # a comparison with a value of the wrong type
+            raise ConfigError(f"an EngineArgs value has the wrong type ({exc}); see loraledger.EngineArgs for each field's type") from exc
+
+    def _check(self) -> None:
         def need(cond: bool, message: str) -> None:
             if not cond:
                 raise ConfigError(message)
+
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank", "seed", "max_logprobs"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
 
         need(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "EngineArgs.model must name a model folder")
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
@@ -56,6 +76,14 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         need(self.audit_prompts in ("text", "hash", "none"), f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}")
         need(self.audit_on_failure in ("reject", "block"), f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
+        need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
+        need(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+
+    def resolved_max_n(self, num_kv_blocks: int) -> int:
+        """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the field's comment)."""
+        if self.max_n is not None:
+            return self.max_n
+        return max(1, min(128, self.max_num_seqs, num_kv_blocks))
 
     @property
     def tokenizer_path(self) -> str:

@@ -104,6 +104,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         base_model_fingerprint=fingerprint,
         make_runner=make_runner,
         store=store,
+        max_n=args.resolved_max_n(num_blocks),
     )
 
 
