@@ -7,6 +7,11 @@ out the youngest running sequence is preempted and later recomputed (its output 
 sampler's randomness is keyed by (seed, position), not by batch). At most max_loras distinct
 adapters run in a step; a request whose adapter cannot get a slot waits, and once it has waited
 at the head of the queue for `max_head_skips` steps nothing else is admitted ahead of it.
+Seats in the running batch are shared fairly between requests: waiting sequences are admitted
+round-robin by request, a request holds at most an equal share of max_num_seqs while others want
+seats, and when every seat is taken, a request above its share gives one up (its youngest sequence
+is preempted) to a waiting request that has none, so a request with a large n does not hold back
+the requests that arrive after it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import bisect
 import contextlib
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 
 import anyio
 from anyio.abc import TaskStatus
@@ -97,6 +102,7 @@ class Scheduler:
         self._slot_used_step: list[int] = [-1] * max_loras
         self._pinned: dict[str, object] = {}  # fingerprint -> checkpoint
         self._draining: str | None = None  # adapter taking no new requests so a starved head gets its slot
+        self._yielded_from: set[SchedRequest] = set()  # requests that gave a seat up in this step (fair share)
         self._stats = StepStats()
         self._log = get_logger("scheduler")
 
@@ -301,6 +307,7 @@ class Scheduler:
         work: list[tuple[Seq, int]] = []
         active_fps: set[str] = set()
         preempted: list[Seq] = []
+        yielded = self._make_room_for_waiting()  # fair share: seats for requests that have none
 
         running = list(self._running)
         i = 0
@@ -335,54 +342,144 @@ class Scheduler:
 
         if not work:
             return None
-        return self._build_plan(work, preempted)
+        return self._build_plan(work, yielded + preempted)
 
     def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
-        skipped: list[Seq] = []
-        head_blocked = False
+        """Move waiting sequences into the running set while seats, tokens and KV blocks last.
+
+        Fair across requests: waiting sequences are taken round-robin by request (every request's
+        first waiting sequence, in arrival order, then every request's second, ...), first for
+        requests that hold no seat, then for those below their share of the seats (max_num_seqs /
+        unfinished requests), then for anyone. A request with a large n therefore cannot hold back
+        the requests that arrive after it.
+        """
+        if not self._waiting or budget <= 0 or len(self._running) >= self._max_num_seqs:
+            return
+        seats = Counter(s.request for s in self._running)
+        share = self._fair_share()
+        admitted: list[Seq] = []
+        head_blocked = False  # the first sequence considered waits for an adapter slot
+        head_seen = False
         draining: str | None = None
-        while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
-            seq = self._waiting.popleft()
+        stop = False
+        order = list(self._round_robin())
+        for cap in (1, share, None):  # seatless requests first, then those below their share, then anyone
+            for seq in order:
+                if stop or budget <= 0 or len(self._running) >= self._max_num_seqs:
+                    break
+                req = seq.request
+                if seq.status is not SeqStatus.WAITING:
+                    continue  # admitted in an earlier pass
+                if cap is not None and seats[req] >= cap:
+                    continue
+                if cap is None and req in self._yielded_from:
+                    continue  # it just gave a seat up for a request with none: not back in the same step
+                if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
+                    # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
+                    head_seen = True
+                    continue
+                is_head, head_seen = not head_seen, True
+                if req.salt and not self._slot_available(req.salt, active_fps):
+                    if is_head and not head_blocked:
+                        head_blocked = True
+                        req.blocked_steps += 1
+                        if req.blocked_steps > self._max_head_skips:
+                            # the head has waited long enough: one running adapter takes no new requests,
+                            # so its slot frees within one request's length and the head gets it next;
+                            # the other slots keep the batch full meanwhile
+                            draining = self._drain_target()
+                            if draining is None:
+                                stop = True
+                                break
+                    continue
+                if draining is not None and req.salt == draining:
+                    continue
+                use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
+                prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
+                num_new = min(len(seq.token_ids) - cached, budget)
+                if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
+                    stop = True  # out of KV blocks: admitting later (smaller) requests first would starve this one
+                    break
+                self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
+                seq.num_computed = cached
+                seq.status = SeqStatus.RUNNING
+                bisect.insort(self._running, seq, key=lambda s: s.key)
+                if req.num_cached_tokens is None:
+                    req.num_cached_tokens = cached
+                if req.salt:
+                    active_fps.add(req.salt)
+                work.append((seq, num_new))
+                budget -= num_new
+                seats[req] += 1
+                admitted.append(seq)
+        self._yielded_from.clear()
+        if admitted:
+            self._leave_waiting(admitted)
+
+    def _round_robin(self):
+        """The waiting sequences, one per request at a time: round k holds each request's k-th waiting
+        sequence, requests in the order they first appear in the queue (oldest, or preempted, first)."""
+        later: list[tuple[int, int, Seq]] = []
+        seen: Counter = Counter()
+        for position, seq in enumerate(list(self._waiting)):
+            k = seen[seq.request]
+            seen[seq.request] = k + 1
+            if k == 0:
+                yield seq
+            else:
+                later.append((k, position, seq))
+        later.sort(key=lambda item: item[:2])
+        for _, _, seq in later:
+            yield seq
+
+    def _leave_waiting(self, admitted: list[Seq]) -> None:
+        """Take the admitted sequences out of the waiting queue, the others keeping their order."""
+        n = len(admitted)
+        if n <= len(self._waiting) and all(self._waiting[i] is seq for i, seq in enumerate(admitted)):
+            for _ in range(n):  # the common case: the head of the queue, in order
+                self._waiting.popleft()
+            return
+        gone = {id(seq) for seq in admitted}
+        rest = [seq for seq in self._waiting if id(seq) not in gone]
+        self._waiting.clear()
+        self._waiting.extend(rest)
+
+    def _fair_share(self) -> int:
+        """Seats a request may hold while others want them: an equal part of max_num_seqs per unfinished request."""
+        return max(1, self._max_num_seqs // max(1, len(self._requests)))
+
+    def _make_room_for_waiting(self) -> list[Seq]:
+        """With every seat taken, preempt sequences of requests above their fair share so that waiting requests
+        with no seat at all get one in this step (their youngest sequences go back to the queue, recomputed
+        later, with an unchanged output). Returns the preempted sequences."""
+        if len(self._running) < self._max_num_seqs or not self._waiting:
+            return []
+        seats = Counter(s.request for s in self._running)
+        share = self._fair_share()
+        excess = sum(count - share for count in seats.values() if count > share)
+        if excess <= 0:
+            return []  # nobody holds more than a share (the usual case: one sequence per request)
+        seatless: list = []
+        for seq in self._waiting:
             req = seq.request
-            if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
-                # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
-                skipped.append(seq)
+            if seats[req] or req in seatless:
                 continue
-            if req.salt and not self._slot_available(req.salt, active_fps):
-                if not skipped and not head_blocked:
-                    head_blocked = True
-                    req.blocked_steps += 1
-                    if req.blocked_steps > self._max_head_skips:
-                        # the head has waited long enough: one running adapter takes no new requests,
-                        # so its slot frees within one request's length and the head gets it next;
-                        # the other slots keep the batch full meanwhile
-                        draining = self._drain_target()
-                        if draining is None:
-                            skipped.append(seq)
-                            break
-                skipped.append(seq)
-                continue
-            if draining is not None and req.salt == draining:
-                skipped.append(seq)
-                continue
-            use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
-            prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
-            num_new = min(len(seq.token_ids) - cached, budget)
-            if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
-                skipped.append(seq)
-                break  # out of KV blocks: admitting later (smaller) requests first would starve this one
-            self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
-            seq.num_computed = cached
-            seq.status = SeqStatus.RUNNING
-            bisect.insort(self._running, seq, key=lambda s: s.key)
-            if req.num_cached_tokens is None:
-                req.num_cached_tokens = cached
-            if req.salt:
-                active_fps.add(req.salt)
-            work.append((seq, num_new))
-            budget -= num_new
-        # put back what we passed over, in its original order, ahead of the rest
-        self._waiting.extendleft(reversed(skipped))
+            if req.salt and not self._slot_available(req.salt, set()):
+                continue  # it could not run now anyway: no seat is taken from anyone for it
+            seatless.append(req)
+            if len(seatless) >= excess:
+                break
+        yielded: list[Seq] = []
+        for _ in seatless:
+            richest = max(seats, key=lambda r: (seats[r], r.order))  # the most seats; the youngest among equals
+            if seats[richest] <= share:
+                break
+            victim = max((s for s in self._running if s.request is richest), key=lambda s: s.index)
+            self._preempt(victim)
+            seats[richest] -= 1
+            self._yielded_from.add(richest)
+            yielded.append(victim)
+        return yielded
 
     def _drain_target(self) -> str | None:
         """The running adapter to stop feeding so a slot frees: the one closest to done, kept until it is."""
