@@ -89,7 +89,7 @@ class AdapterLoader:
         error = request_error(exc, getattr(lora, "lora_name", "-"), "adapter loader")
         reply = getattr(msg, "reply", None)
         if isinstance(msg, (ResolveAdapter, AddLora)):
-            if lora is not None and lora.lora_int_id in self._loading:
+            if getattr(lora, "lora_int_id", None) in self._loading:
                 return  # its load is under way, and it answers every waiter
             await answer(reply, AdapterResolved(lora_request=lora, error=error))
         else:

@@ -144,11 +144,13 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running; use it inside `async with AsyncEngine.from_engine_args(args) as engine:`")
         return self._core
 
-    def _dead_error(self, message: str) -> EngineDeadError:
+    def _dead_error(self, message: str, cause: BaseException | None = None) -> EngineDeadError:
         """EngineDeadError for `message`, naming (and chaining) the failure that stopped the engine, if one did."""
         fatal = self._core.fatal if self._core is not None else None
         if fatal is None:
-            return EngineDeadError(message)
+            error = EngineDeadError(message)
+            error.__cause__ = cause
+            return error
         error = EngineDeadError(f"{message}: the engine stopped after a fatal error ({type(fatal).__name__}: {fatal}); start a new engine")
         error.__cause__ = fatal
         return error
@@ -184,6 +186,8 @@ class AsyncEngine:
         vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
         """
         core = self._live()
+        if core.fatal is not None:
+            raise self._dead_error("the engine has stopped and takes no new requests")
         submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send)
@@ -192,12 +196,12 @@ class AsyncEngine:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             send.close()
             receive.close()
-            raise self._dead_error("the engine has stopped and takes no new requests") from exc
+            raise self._dead_error("the engine has stopped and takes no new requests", exc) from None
         try:
             first = await receive.receive()
         except anyio.EndOfStream:
             receive.close()
-            raise self._dead_error(f"the engine stopped while admitting request {submit.request_id!r}") from None
+            raise self._dead_error(f"the engine stopped while admitting request {submit.request_id!r}")
         if isinstance(first.item, BaseException):
             receive.close()
             raise first.item
@@ -327,7 +331,15 @@ class AsyncEngine:
         return results  # type: ignore[return-value]
 
     async def abort(self, request_id: str | list[str]) -> None:
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        """Abort requests by id; ids that are not in flight are ignored."""
+        if isinstance(request_id, str):
+            ids = [request_id]
+        elif isinstance(request_id, (list, tuple, set, frozenset)) and all(isinstance(rid, str) for rid in request_id):
+            ids = list(request_id)
+        else:
+            raise RequestIdError(f"abort takes a request id (str) or a list of them, got {type(request_id).__name__}")
+        if self._admission is None:
+            return
         try:
             await self._admission.send(Abort(request_ids=ids))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -349,9 +361,22 @@ class AsyncEngine:
         if not self.args.enable_lora:
             raise LoRADisabledError("adapters need an engine built with enable_lora=True")
 
+    @staticmethod
+    def _check_lora(lora_request: object) -> LoRARequest:
+        if not isinstance(lora_request, LoRARequest):
+            raise LoRARequestError(f"expected a LoRARequest, got {type(lora_request).__name__}; use LoRARequest(lora_name, lora_int_id, lora_path)")
+        return lora_request
+
+    @staticmethod
+    def _check_int_id(lora_int_id: object) -> int:
+        if isinstance(lora_int_id, bool) or not isinstance(lora_int_id, int):
+            raise LoRARequestError(f"lora_int_id must be an int, got {type(lora_int_id).__name__}")
+        return int(lora_int_id)
+
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register and load an adapter now (validated and fingerprinted); raises its typed error if it is bad."""
         self._need_lora()
+        lora_request = self._check_lora(lora_request)
         answer: AdapterResolved = await self._ask("loader", lambda reply: AddLora(lora_request=lora_request, reply=reply))
         if answer.error is not None:
             raise answer.error
@@ -359,11 +384,13 @@ class AsyncEngine:
 
     async def remove_lora(self, lora_int_id: int) -> bool:
         self._need_lora()
+        lora_int_id = self._check_int_id(lora_int_id)
         return bool(await self._ask("loader", lambda reply: RemoveLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def pin_lora(self, lora_int_id: int) -> bool:
         """Keep an adapter in host memory and in a device slot until it is removed."""
         self._need_lora()
+        lora_int_id = self._check_int_id(lora_int_id)
         lora: LoRARequest = await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply))
         answer: AdapterResolved = await self._ask("loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply))
         if answer.error is not None:
