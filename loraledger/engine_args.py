@@ -12,6 +12,21 @@ DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.store.default_audit_url(
 
 
 class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
+    """Every knob of the engine (fields below, each with a comment); checked when built (ConfigError).
+
+    max_n bounds SamplingParams.n, the completions one request may ask for; admission refuses a
+    request above it with SamplingParamsError. Its default (None) is resolved when the engine starts
+    to the smallest of 128, max_num_seqs and the number of KV-cache blocks. Each of a request's
+    sequences takes a seat in the running batch and needs at least one KV block of its own for what
+    it generates, so a request at the limit can still run all its sequences in one step; the KV
+    cache is what ties the bound to the model: a larger model (more layers, more KV heads) fits
+    fewer blocks in the same kv_cache_bytes, so its default is lower. 128 (the OpenAI API's bound on
+    n) caps the work and output of one request at a few hundred completions whatever the cache.
+    Seats are shared between requests (actors/scheduler.py), so a request with many sequences does
+    not hold back those that arrive after it. max_logprobs bounds SamplingParams.logprobs and
+    prompt_logprobs (20, vLLM's default).
+    """
+
     model: str
     tokenizer: str | None = None  # default: the model folder
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
@@ -35,16 +50,8 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     resume_interrupted: bool = False
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
-    # the most completions one request may ask for (SamplingParams.n); above it admission refuses the
-    # request with SamplingParamsError. Default (None): the smallest of 128, max_num_seqs and the KV
-    # cache's blocks. Each of a request's sequences takes a place in the running batch and at least
-    # one KV block of its own, so a request at the limit can still run all its sequences in one step,
-    # and 128 (the OpenAI API's bound on n) keeps one request's work and output at a few hundred
-    # completions' worth. The scheduler shares the running batch between requests, so a request
-    # with many sequences does not hold back those that arrive after it.
-    max_n: int | None = None
-    # the most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default)
-    max_logprobs: int = 20
+    max_n: int | None = None  # most completions per request (SamplingParams.n); None: see the class docstring
+    max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default)
 
     def __post_init__(self) -> None:
         try:
@@ -80,7 +87,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         need(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
 
     def resolved_max_n(self, num_kv_blocks: int) -> int:
-        """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the field's comment)."""
+        """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the class docstring)."""
         if self.max_n is not None:
             return self.max_n
         return max(1, min(128, self.max_num_seqs, num_kv_blocks))
