@@ -412,7 +412,6 @@ class Scheduler:
                 budget -= num_new
                 seats[req] += 1
                 admitted.append(seq)
-        self._yielded_from.clear()
         if admitted:
             self._leave_waiting(admitted)
 
@@ -452,6 +451,7 @@ class Scheduler:
         """With every seat taken, preempt sequences of requests above their fair share so that waiting requests
         with no seat at all get one in this step (their youngest sequences go back to the queue, recomputed
         later, with an unchanged output). Returns the preempted sequences."""
+        self._yielded_from.clear()  # one step's worth
         if len(self._running) < self._max_num_seqs or not self._waiting:
             return []
         seats = Counter(s.request for s in self._running)
