@@ -62,11 +62,20 @@ def _token_ids(ids: object, max_model_len: int | None) -> list[int]:
             f"shorten the prompt to at most {max_model_len - 1} tokens or raise max_model_len"
         )
     out = list(ids)
-    bad = [t for t in out if not isinstance(t, int) or isinstance(t, bool) or t < 0]
+    bad = [t for t in out if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < 1 << 63]
     if bad:
-        shown = ", ".join(repr(t)[:40] for t in bad[:5])
-        raise PromptError(f"'prompt_token_ids' must hold token ids (ints >= 0); found {shown}")
+        shown = ", ".join(_shown(t) for t in bad[:5])
+        raise PromptError(f"'prompt_token_ids' must hold token ids (ints in [0, 2**63)); found {shown}")
     return [t if type(t) is int else int(t) for t in out]
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"<int of {value.bit_length()} bits>"
+    try:
+        return repr(value)[:40]
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 def as_prompt_list(prompts: object) -> list[object]:

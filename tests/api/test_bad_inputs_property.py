@@ -91,9 +91,9 @@ with_surrogate = st.builds(lambda a, s, b: a + s + b, st.text(max_size=6), surro
 any_value = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
     with_surrogate, st.binary(max_size=4), st.lists(st.one_of(st.integers(-5, 2**70), st.text(max_size=3)), max_size=3),
-    st.sampled_from([-1, 0, 1, 2, 1e-9, 1e308, -0.0, object()]),
+    st.sampled_from([-1, 0, 1, 2, 1e-9, 1e308, -0.0, object(), 10**5000]),
 )
-token_id = st.one_of(st.integers(-3, 600), st.integers(2**31, 2**70), st.booleans(), st.text(max_size=2), st.floats(), st.none())
+token_id = st.one_of(st.integers(-3, 600), st.integers(2**31, 2**70), st.just(10**5000), st.booleans(), st.text(max_size=2), st.floats(), st.none())
 prompts = st.one_of(
     with_surrogate,
     st.text(max_size=30),  # odd but valid text: NUL, emoji, combining marks, ...
