@@ -9,6 +9,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
     AddLora,
     AdapterResolved,
@@ -20,7 +21,7 @@ from loraledger.actors.messages import (
     Shutdown,
     UnpinSlot,
 )
-from loraledger.errors import LoRARequestConflictError, TooManyLoRAsError, UnknownRequestError
+from loraledger.errors import AdapterError, LoRARequestConflictError, LoraLedgerError, TooManyLoRAsError, UnknownRequestError
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
 from loraledger.actors.replies import answer
@@ -61,20 +62,38 @@ class AdapterLoader:
         async with self._inbox, anyio.create_task_group() as tg:
             task_status.started()
             async for msg in self._inbox:
-                match msg:
-                    case ResolveAdapter(lora_request=lora, reply=reply):
-                        self._resolve(tg, lora, reply)
-                    case AddLora(lora_request=lora, reply=reply):
-                        self._resolve(tg, lora, reply)
-                    case RemoveLora(lora_int_id=int_id, reply=reply):
-                        await self._remove(int_id, reply)
-                    case PinLora(lora_int_id=int_id, reply=reply):
-                        await self._pin(tg, int_id, reply)
-                    case ListLoras(reply=reply):
-                        await answer(reply, sorted(self._registry))
-                    case Shutdown():
-                        break
+                if isinstance(msg, Shutdown):
+                    break
+                try:
+                    await self._handle(tg, msg)
+                except Exception as exc:  # the failure boundary: this message's asker gets the error, the loader goes on
+                    self._log.exception("message not handled", kind=type(msg).__name__)
+                    await self._answer_error(msg, exc)
             tg.cancel_scope.cancel()
+
+    async def _handle(self, tg, msg) -> None:
+        match msg:
+            case ResolveAdapter(lora_request=lora, reply=reply):
+                self._resolve(tg, lora, reply)
+            case AddLora(lora_request=lora, reply=reply):
+                self._resolve(tg, lora, reply)
+            case RemoveLora(lora_int_id=int_id, reply=reply):
+                await self._remove(int_id, reply)
+            case PinLora(lora_int_id=int_id, reply=reply):
+                await self._pin(tg, int_id, reply)
+            case ListLoras(reply=reply):
+                await answer(reply, sorted(self._registry))
+
+    async def _answer_error(self, msg, exc: Exception) -> None:
+        lora = getattr(msg, "lora_request", None)
+        error = request_error(exc, getattr(lora, "lora_name", "-"), "adapter loader")
+        reply = getattr(msg, "reply", None)
+        if isinstance(msg, (ResolveAdapter, AddLora)):
+            if getattr(lora, "lora_int_id", None) in self._loading:
+                return  # its load is under way, and it answers every waiter
+            await answer(reply, AdapterResolved(lora_request=lora, error=error))
+        else:
+            await answer(reply, error)
 
     # --- registry -----------------------------------------------------------------------------
 
@@ -115,7 +134,14 @@ class AdapterLoader:
         tg.start_soon(self._load, lora)
 
     async def _load(self, lora: LoRARequest) -> None:
-        log = self._log.bind(adapter=lora.lora_name, lora_int_id=lora.lora_int_id)
+        """Load one adapter in a worker thread and answer everyone waiting for it; whatever fails is their error."""
+        try:
+            ckpt = await self._read(lora)
+            await self._loaded(lora, ckpt)
+        except Exception as exc:  # every load failure is the askers' error, never the engine's
+            await self._failed(lora, exc)
+
+    async def _read(self, lora: LoRARequest) -> LoraCheckpoint:
         started = time.perf_counter()
         try:
             ckpt = await _in_worker(
@@ -127,24 +153,21 @@ class AdapterLoader:
                     max_lora_rank=self._max_lora_rank,
                 )
             )
-        except Exception as exc:  # every load failure is the caller's error, never the engine's
-            log.warning("adapter load failed", error=str(exc))
-            # a failed adapter is forgotten so a corrected folder can be registered again
-            if self._registry.get(lora.lora_int_id) == lora:
-                del self._registry[lora.lora_int_id]
-                if self._names.get(lora.lora_name) == lora.lora_int_id:
-                    del self._names[lora.lora_name]
-            await self._record(
-                EventRecord(
-                    kind=EventKind.ADAPTER_FAILED,
-                    at=time.time(),
-                    payload={"name": lora.lora_name, "int_id": lora.lora_int_id, "path": lora.lora_path, "error": f"{type(exc).__name__}: {exc}"},
-                )
+        except LoraLedgerError:
+            raise
+        except Exception as exc:  # an error load_lora_checkpoint does not type yet: still the adapter's problem
+            error = AdapterError(
+                f"the adapter could not be loaded ({type(exc).__name__}: {exc}); check the folder's files",
+                lora_name=lora.lora_name,
+                lora_path=lora.lora_path,
             )
-            for reply in self._loading.pop(lora.lora_int_id, []):
-                await answer(reply, AdapterResolved(lora_request=lora, error=exc))
-            return
-        log.info("adapter loaded", fingerprint=ckpt.fingerprint[:12], rank=ckpt.rank, seconds=round(time.perf_counter() - started, 4))
+            raise error from exc
+        self._log.info(
+            "adapter loaded", adapter=lora.lora_name, fingerprint=ckpt.fingerprint[:12], rank=ckpt.rank, seconds=round(time.perf_counter() - started, 4)
+        )
+        return ckpt
+
+    async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
         self._cache[lora.lora_int_id] = ckpt
         await self._evict_over_capacity()
         if self._audit is not None:
@@ -162,6 +185,28 @@ class AdapterLoader:
             )
         for reply in self._loading.pop(lora.lora_int_id, []):
             await answer(reply, AdapterResolved(lora_request=lora, checkpoint=ckpt))
+
+    async def _failed(self, lora: LoRARequest, exc: Exception) -> None:
+        self._log.warning("adapter load failed", adapter=lora.lora_name, lora_int_id=lora.lora_int_id, error=str(exc))
+        error = request_error(exc, lora.lora_name, "adapter loader")
+        # a failed adapter is forgotten so a corrected folder can be registered again
+        self._cache.pop(lora.lora_int_id, None)
+        if self._registry.get(lora.lora_int_id) == lora:
+            del self._registry[lora.lora_int_id]
+            if self._names.get(lora.lora_name) == lora.lora_int_id:
+                del self._names[lora.lora_name]
+        waiters = self._loading.pop(lora.lora_int_id, [])
+        try:
+            await self._record(
+                EventRecord(
+                    kind=EventKind.ADAPTER_FAILED,
+                    at=time.time(),
+                    payload={"name": lora.lora_name, "int_id": lora.lora_int_id, "path": lora.lora_path, "error": f"{type(error).__name__}: {error}"},
+                )
+            )
+        finally:
+            for reply in waiters:
+                await answer(reply, AdapterResolved(lora_request=lora, error=error))
 
     async def _evict_over_capacity(self) -> None:
         while len(self._cache) > self._capacity:

@@ -7,6 +7,7 @@ request that is not on record. A request refused here produces no output, only i
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -16,6 +17,7 @@ import msgspec
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
     Abort,
     Accepted,
@@ -24,6 +26,7 @@ from loraledger.actors.messages import (
     Delivery,
     NewRequest,
     RequestDone,
+    RequestFailed,
     ResolveAdapter,
     Shutdown,
     Submit,
@@ -34,7 +37,6 @@ from loraledger.errors import (
     DuplicateRequestError,
     EngineDeadError,
     LoRADisabledError,
-    LoraLedgerError,
     PromptError,
     PromptTooLongError,
 )
@@ -42,6 +44,8 @@ from loraledger.logging import get_logger, request_logger
 from loraledger.store.canonical import digest
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
+
+_INLINE_TOKENIZE_CHARS = 4096  # longer prompts are tokenized in a worker thread
 
 
 class Admission:
@@ -91,31 +95,50 @@ class Admission:
 
     async def _serve(self, tg) -> None:
         async for msg in self._inbox:
-            match msg:
-                case Submit(request_id=rid):
-                    if rid in self._in_flight:
-                        await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
-                        continue
-                    self._in_flight.add(rid)
-                    self._admitting[rid] = msg.channel
-                    tg.start_soon(self._admit, msg)
-                case Abort(request_ids=ids):
-                    pending = [rid for rid in ids if rid in self._admitting]
-                    self._abort_on_admit.update(pending)
-                    rest = [rid for rid in ids if rid not in self._admitting]
-                    if rest:
-                        await self._scheduler.send(Abort(request_ids=rest))
-                case RequestDone(request_id=rid):
-                    self._in_flight.discard(rid)
-                case Shutdown():
+            if isinstance(msg, Shutdown):
+                return
+            try:
+                await self._handle(tg, msg)
+            except Exception as exc:  # the failure boundary: this message's request fails, admission goes on
+                rid = getattr(msg, "request_id", None)
+                self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
+                if isinstance(msg, Submit):
+                    self._forget(rid, msg.channel)
+                    await _deliver(msg.channel, rid, request_error(exc, rid, "admission"))
+
+    async def _handle(self, tg, msg) -> None:
+        match msg:
+            case Submit(request_id=rid):
+                if rid in self._in_flight:
+                    await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
                     return
+                self._in_flight.add(rid)
+                self._admitting[rid] = msg.channel
+                tg.start_soon(self._admit, msg)
+            case Abort(request_ids=ids):
+                pending = [rid for rid in ids if rid in self._admitting]
+                self._abort_on_admit.update(pending)
+                rest = [rid for rid in ids if rid not in self._admitting]
+                if rest:
+                    await self._scheduler.send(Abort(request_ids=rest))
+            case RequestDone(request_id=rid):
+                self._in_flight.discard(rid)
+
+    def _forget(self, rid: str, channel) -> None:
+        """Drop a request that will not reach the Scheduler from admission's bookkeeping."""
+        if self._admitting.get(rid) is channel:
+            del self._admitting[rid]
+            self._in_flight.discard(rid)
+            self._abort_on_admit.discard(rid)
 
     async def _admit(self, msg: Submit) -> None:
+        """Check, resolve and bind one request, then hand it on. Whatever it raises fails this request only."""
         rid = msg.request_id
         lora = msg.lora_request
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
+        bound = False
         try:
-            prompt_ids = self._prompt_token_ids(msg)
+            prompt_ids = await self._prompt_token_ids(msg)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -129,46 +152,76 @@ class Admission:
                 await self._record_resume(msg, fingerprint)
             elif self._audit is not None:
                 await self._record_binding(msg, prompt_ids, ckpt)
-        except LoraLedgerError as exc:
-            log.info("request refused", error=str(exc), error_type=type(exc).__name__)
-            self._admitting.pop(rid, None)
-            self._in_flight.discard(rid)
-            self._abort_on_admit.discard(rid)
-            await _deliver(msg.channel, rid, exc)
+                bound = True
+        except Exception as exc:
+            error = request_error(exc, rid, "admission")
+            if error is exc:
+                log.info("request refused", error=str(exc), error_type=type(exc).__name__)
+            else:
+                log.error("admission failed", error=repr(exc), exc_info=exc)
+            self._forget(rid, msg.channel)
+            if bound:  # on record as admitted: its end must be on record too
+                await self._record_failed(rid, error)
+            await _deliver(msg.channel, rid, error)
             return
         queued = time.time()
-        await self._assembler.send(
-            TrackRequest(
-                request_id=rid,
-                prompt=msg.prompt,
-                prompt_token_ids=prompt_ids,
-                params=msg.params,
-                lora_request=lora,
-                adapter_fingerprint=fingerprint,
-                arrival_time=msg.arrival_time,
-                queued_time=queued,
-                channel=msg.channel,
+        tracked = False
+        try:
+            await self._assembler.send(
+                TrackRequest(
+                    request_id=rid,
+                    prompt=msg.prompt,
+                    prompt_token_ids=prompt_ids,
+                    params=msg.params,
+                    lora_request=lora,
+                    adapter_fingerprint=fingerprint,
+                    arrival_time=msg.arrival_time,
+                    queued_time=queued,
+                    channel=msg.channel,
+                )
             )
-        )
-        await _deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
-        await self._scheduler.send(
-            NewRequest(
-                request_id=rid,
-                prompt_token_ids=prompt_ids,
-                params=msg.params,
-                lora_request=lora,
-                checkpoint=ckpt,
-                arrival_time=msg.arrival_time,
-                queued_time=queued,
+            tracked = True
+            await _deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
+            await self._scheduler.send(
+                NewRequest(
+                    request_id=rid,
+                    prompt_token_ids=prompt_ids,
+                    params=msg.params,
+                    lora_request=lora,
+                    checkpoint=ckpt,
+                    arrival_time=msg.arrival_time,
+                    queued_time=queued,
+                )
             )
-        )
+        except Exception as exc:
+            error = request_error(exc, rid, "admission")
+            log.error("handing the request on failed", error=repr(exc), exc_info=exc)
+            self._forget(rid, msg.channel)
+            if tracked:  # the OutputAssembler ends it: records the failure, tells the caller, frees the id
+                with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await self._assembler.send(RequestFailed(request_id=rid, error=error))
+            else:
+                if bound:
+                    await self._record_failed(rid, error)
+                await _deliver(msg.channel, rid, error)
+            return
         self._admitting.pop(rid, None)
         if rid in self._abort_on_admit:
             self._abort_on_admit.discard(rid)
             await self._scheduler.send(Abort(request_ids=[rid]))
         log.debug("admitted", prompt_tokens=len(prompt_ids), fingerprint=(fingerprint or "")[:12])
 
-    def _prompt_token_ids(self, msg: Submit) -> list[int]:
+    async def _record_failed(self, rid: str, error: BaseException) -> None:
+        """A request_failed event for a request whose binding is on record but that never reached the Scheduler."""
+        if self._audit is None:
+            return
+        event = EventRecord(
+            kind=EventKind.REQUEST_FAILED, at=time.time(), request_id=rid, payload={"error": f"{type(error).__name__}: {error}"}, dedup_key=f"end:{rid}"
+        )
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._audit.send(AuditAppend(events=[event]))
+
+    async def _prompt_token_ids(self, msg: Submit) -> list[int]:
         rid = msg.request_id
         if msg.prompt_token_ids is not None:
             ids = msg.prompt_token_ids
@@ -183,7 +236,10 @@ class Admission:
                 raise PromptError(f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}")
             if msg.prompt == "":
                 raise PromptError(f"request {rid!r}: the prompt is empty")
-            ids = list(self._tokenizer(msg.prompt)["input_ids"])
+            if len(msg.prompt) > _INLINE_TOKENIZE_CHARS:  # a long text is tokenized off the event loop
+                ids = await anyio.to_thread.run_sync(self._tokenize, msg.prompt)
+            else:
+                ids = self._tokenize(msg.prompt)
             if not ids:
                 raise PromptError(f"request {rid!r}: the prompt tokenizes to no tokens")
         if len(ids) >= self._max_model_len:
@@ -193,6 +249,9 @@ class Admission:
                 "or raise max_model_len"
             )
         return ids
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self._tokenizer(text)["input_ids"])
 
     async def _resolve(self, lora):
         send, receive = anyio.create_memory_object_stream[AdapterResolved](1)

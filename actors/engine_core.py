@@ -36,6 +36,7 @@ class EngineSetup:
     make_runner: object  # () -> ModelRunner, called in the executor's worker thread
     store: object | None  # an opened AuditStore, or None with auditing off
     async_scheduling: bool = False  # EngineArgs.async_scheduling, resolved for the device
+    max_n: int = 128  # EngineArgs.max_n resolved for this cache (EngineArgs.resolved_max_n)
 
 
 class EngineCore:
@@ -44,7 +45,9 @@ class EngineCore:
         self._log = get_logger("engine_core")
         self._streams = {name: anyio.create_memory_object_stream[object](size) for name, size in INBOX.items()}
         self._done: dict[str, anyio.Event] = {name: anyio.Event() for name in INBOX}
+        self._scopes: dict[str, anyio.CancelScope] = {}
         self.runner = None
+        self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
     def sender(self, name: str) -> MemoryObjectSendStream:
         """A new handle on an actor's inbox (each holder closes its own clone)."""
@@ -116,8 +119,23 @@ class EngineCore:
         await self.record(EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)})
 
     async def _supervise(self, name: str, actor, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
+        """Run one actor. Each actor fails only the request whose message it could not handle; an exception
+        that escapes an actor is a broken engine invariant: the engine stops (every actor is cancelled, and
+        their clean-up ends every pending request with EngineDeadError), but the caller's code around the
+        engine is not cancelled, and new requests are refused with EngineDeadError naming the failure."""
+        started = _Started(task_status)
         try:
-            await actor.run(task_status=task_status)
+            with anyio.CancelScope() as scope:
+                self._scopes[name] = scope
+                await actor.run(task_status=started)
+        except Exception as exc:
+            if not started.done:
+                raise  # a failure to start is the caller's error, raised from start()
+            self._log.critical("actor failed; the engine stops", name=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            if self.fatal is None:
+                self.fatal = exc
+            for scope in self._scopes.values():
+                scope.cancel()
         finally:
             self._done[name].set()
             self._log.debug("actor stopped", name=name)
@@ -151,6 +169,18 @@ class EngineCore:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
         await self._done[name].wait()
+
+
+class _Started:
+    """A TaskStatus that remembers whether the actor reported ready."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.done = False
+
+    def started(self, value=None) -> None:
+        self.done = True
+        self._inner.started(value)
 
 
 def _eos_ids(model_config, tokenizer) -> tuple[int, ...]:

@@ -37,8 +37,10 @@ class Executor:
                 task_status.started(runner)
                 async for msg in self._inbox:
                     match msg:
-                        case ExecuteStep(plan=plan):
+                        case ExecuteStep(plan=plan, flush=flush):
                             steps.submit(plan)
+                            if flush:
+                                steps.flush()
                         case FlushSteps():
                             steps.flush()
                 tg.cancel_scope.cancel()

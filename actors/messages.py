@@ -140,9 +140,13 @@ class UnpinSlot(Msg):
 
 
 class ExecuteStep(Msg):
-    """Launch this step; its StepDone comes once the next step is launched (overlap) or a FlushSteps arrives."""
+    """Launch this step; its StepDone comes once the next step is launched (overlap) or a flush arrives.
+
+    flush: finish every launched step (this one included) right after launching it, as a FlushSteps would.
+    """
 
     plan: StepPlan
+    flush: bool = False
 
 
 class FlushSteps(Msg):

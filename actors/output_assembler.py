@@ -15,7 +15,9 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from loraledger.actors.detokenizer import Detokenizer
+from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
+    Abort,
     AuditAppend,
     AuditCommitted,
     AuditRefused,
@@ -83,6 +85,7 @@ class OutputAssembler:
         self._durable = durable and audit is not None
         self._reqs: dict[str, _ReqOut] = {}
         self._held: dict[str, _ReqOut] = {}
+        self._step_time = 0.0  # the time of the StepTokens being handled
         self._log = get_logger("output_assembler")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
@@ -91,30 +94,63 @@ class OutputAssembler:
             closing = False
             try:
                 async for msg in self._inbox:
-                    match msg:
-                        case Shutdown():
-                            closing = True
-                        case TrackRequest():
-                            self._track(msg)
-                        case StepTokens():
-                            await self._on_tokens(msg)
-                        case RequestFailed(request_id=rid, error=error):
-                            await self._fail(rid, error)
-                        case AuditRefused(request_ids=ids, error=error):
-                            for rid in ids:
-                                req = self._held.pop(rid, None)
-                                if req is not None:
-                                    await self._refused(rid, req, error)
-                        case AuditCommitted(request_ids=ids):
-                            for rid in ids:
-                                req = self._held.pop(rid, None)
-                                if req is not None:
-                                    await self._release(req)
+                    if isinstance(msg, Shutdown):
+                        closing = True
+                    else:
+                        try:
+                            await self._handle(msg)
+                        except Exception as exc:  # the failure boundary: this message's request fails, the assembler goes on
+                            rid = getattr(msg, "request_id", None)
+                            self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
+                            if rid is not None:
+                                await self._fail_quietly(rid, exc)
                     if closing and not self._held:
                         break  # every final output that was waiting for its audit commit is out
             finally:
                 with anyio.move_on_after(5, shield=True):
                     await self._fail_pending()
+
+    async def _handle(self, msg) -> None:
+        match msg:
+            case TrackRequest():
+                self._track(msg)
+            case StepTokens():
+                await self._on_tokens(msg)
+            case RequestFailed(request_id=rid, error=error):
+                await self._fail(rid, error)
+            case AuditRefused(request_ids=ids, error=error):
+                for rid in ids:
+                    req = self._held.pop(rid, None)
+                    if req is not None:
+                        await self._per_request(rid, self._refused(rid, req, error))
+            case AuditCommitted(request_ids=ids):
+                for rid in ids:
+                    req = self._held.pop(rid, None)
+                    if req is not None:
+                        await self._per_request(rid, self._release(req))
+
+    async def _per_request(self, rid: str, work) -> None:
+        """Await one request's part of a message: if it raises, that request fails and the rest of the message goes on."""
+        try:
+            await work
+        except Exception as exc:
+            self._log.exception("request not handled", request_id=rid)
+            await self._fail_quietly(rid, exc)
+
+    async def _fail_quietly(self, rid: str, exc: BaseException, req: "_ReqOut | None" = None) -> None:
+        """Fail request `rid` after `exc`: the caller gets a typed error, the Scheduler stops computing it.
+
+        Called from the failure boundary, so it must not raise itself: a request it cannot reach any more
+        (already released, or half torn down) is only logged."""
+        error = request_error(exc, rid, "output assembler")
+        try:
+            req = self._reqs.get(rid) or self._held.pop(rid, None) or req
+            if req is not None and rid not in self._reqs:
+                self._reqs[rid] = req  # held for its audit commit, or half finished: _fail ends it the same way
+            await self._fail(rid, error)
+            await _send_quietly(self._scheduler, Abort(request_ids=[rid]))
+        except Exception:
+            self._log.exception("request could not be failed", request_id=rid)
 
     def _track(self, msg: TrackRequest) -> None:
         params = msg.params
@@ -137,58 +173,81 @@ class OutputAssembler:
         )
 
     async def _on_tokens(self, msg: StepTokens) -> None:
+        # one request's update that raises fails that request; the others' tokens are handled as usual
         touched: dict[str, _ReqOut] = {}
+        failed: dict[str, tuple[_ReqOut, BaseException]] = {}
+        self._step_time = msg.time
         for timing in msg.timings:
             req = self._reqs.get(timing.request_id)
             if req is None:
                 continue
-            if timing.first_scheduled_time is not None and req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = timing.first_scheduled_time
-            if timing.num_cached_tokens is not None and req.num_cached_tokens is None:
-                req.num_cached_tokens = timing.num_cached_tokens
-            if timing.preempted:
-                req.metrics.num_preemptions += 1
-            if timing.prompt_logprobs is not None:
-                self._add_prompt_logprobs(req, timing.prompt_logprobs)
+            try:
+                self._on_timing(req, timing)
+            except Exception as exc:
+                failed.setdefault(timing.request_id, (req, exc))
         for update in msg.updates:
             req = self._reqs.get(update.request_id)
-            if req is None:
+            if req is None or update.request_id in failed:
                 continue
-            seq = req.seqs[update.seq_index]
-            if seq.finish_reason is not None:
-                continue  # a stop string already ended it; tokens of a step in flight are dropped
-            touched[update.request_id] = req
-            seq.dirty = True
-            if update.token_ids:
-                if req.metrics.first_token_time is None:
-                    req.metrics.first_token_time = msg.time
-                req.metrics.last_token_time = msg.time
-                req.metrics.num_generation_tokens += len(update.token_ids)
-                seq.token_ids.extend(update.token_ids)
-                seq.cumulative_logprob += sum(update.logprobs)
-                if seq.logprobs is not None:
-                    for i, (token, lp) in enumerate(zip(update.token_ids, update.logprobs)):
-                        entry = {token: lp}
-                        if update.top_logprobs is not None:
-                            for alt, alt_lp in update.top_logprobs[i]:
-                                entry.setdefault(alt, alt_lp)
-                        seq.logprobs.append(entry)
-                hide_last = update.finish_reason == "stop" and self._stop_token_hidden(req, update.stop_reason)
-                before = len(seq.text)
-                seq.text += seq.detok.add(update.token_ids[:-1] if hide_last else update.token_ids)
-                if req.params.stop and not (update.finish_reason == "stop" and update.stop_reason is not None):
-                    if self._apply_stop_strings(req, seq, before):
-                        await _send_quietly(self._scheduler, StopSeq(request_id=update.request_id, seq_index=seq.index))
-                        continue
-            if update.finish_reason is not None:
-                seq.finish_reason = update.finish_reason
-                seq.stop_reason = update.stop_reason
+            try:
+                await self._on_update(req, update, touched)
+            except Exception as exc:
+                failed.setdefault(update.request_id, (req, exc))
         now = time.time()
         for rid, req in touched.items():
-            if all(s.finish_reason is not None for s in req.seqs):
-                await self._finish(rid, req, now)
-            elif req.params.output_kind != RequestOutputKind.FINAL_ONLY:
-                await self._deliver(req, self._snapshot(req, final=False))
+            if rid in failed:
+                continue
+            try:
+                if all(s.finish_reason is not None for s in req.seqs):
+                    await self._finish(rid, req, now)
+                elif req.params.output_kind != RequestOutputKind.FINAL_ONLY:
+                    await self._deliver(req, self._snapshot(req, final=False))
+            except Exception as exc:
+                failed.setdefault(rid, (req, exc))
+        for rid, (req, exc) in failed.items():
+            self._log.error("request not handled", request_id=rid, error=repr(exc), exc_info=exc)
+            await self._fail_quietly(rid, exc, req)
+
+    def _on_timing(self, req: _ReqOut, timing) -> None:
+        if timing.first_scheduled_time is not None and req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = timing.first_scheduled_time
+        if timing.num_cached_tokens is not None and req.num_cached_tokens is None:
+            req.num_cached_tokens = timing.num_cached_tokens
+        if timing.preempted:
+            req.metrics.num_preemptions += 1
+        if timing.prompt_logprobs is not None:
+            self._add_prompt_logprobs(req, timing.prompt_logprobs)
+
+    async def _on_update(self, req: _ReqOut, update, touched: dict[str, _ReqOut]) -> None:
+        seq = req.seqs[update.seq_index]
+        if seq.finish_reason is not None:
+            return  # a stop string already ended it; tokens of a step in flight are dropped
+        touched[update.request_id] = req
+        seq.dirty = True
+        if update.token_ids:
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = self._step_time
+            req.metrics.last_token_time = self._step_time
+            req.metrics.num_generation_tokens += len(update.token_ids)
+            seq.token_ids.extend(update.token_ids)
+            seq.cumulative_logprob += sum(update.logprobs)
+            if seq.logprobs is not None:
+                for i, (token, lp) in enumerate(zip(update.token_ids, update.logprobs)):
+                    entry = {token: lp}
+                    if update.top_logprobs is not None:
+                        for alt, alt_lp in update.top_logprobs[i]:
+                            entry.setdefault(alt, alt_lp)
+                    seq.logprobs.append(entry)
+            hide_last = update.finish_reason == "stop" and self._stop_token_hidden(req, update.stop_reason)
+            before = len(seq.text)
+            seq.text += seq.detok.add(update.token_ids[:-1] if hide_last else update.token_ids)
+            if req.params.stop and not (update.finish_reason == "stop" and update.stop_reason is not None):
+                if self._apply_stop_strings(req, seq, before):
+                    await _send_quietly(self._scheduler, StopSeq(request_id=update.request_id, seq_index=seq.index))
+                    return
+        if update.finish_reason is not None:
+            seq.finish_reason = update.finish_reason
+            seq.stop_reason = update.stop_reason
 
     @staticmethod
     def _stop_token_hidden(req: _ReqOut, stop_reason) -> bool:

@@ -14,6 +14,12 @@ it in on the device). What step N's tokens decide is settled when they come back
 stops there (EOS, a stop id or string) had one step's work too many, which is dropped. A plan made
 ahead never preempts: when KV blocks run short, the Scheduler waits for the steps in flight and
 plans that step alone.
+
+Seats in the running batch are shared fairly between requests: waiting sequences are admitted
+round-robin by request, a request holds at most an equal share of max_num_seqs while others want
+seats, and when every seat is taken, a request above its share gives one up (its youngest sequence
+is preempted) to a waiting request that has none, so a request with a large n does not hold back
+the requests that arrive after it.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import bisect
 import contextlib
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 
 import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
     Abort,
     AuditAppend,
@@ -73,9 +80,9 @@ class Scheduler:
         eos_token_ids: tuple[int, ...],
         seed: int,
         max_head_skips: int = 8,
-        depth: int = 2,
+        depth: int = 1,
     ) -> None:
-        """depth: steps in flight at once; 2 plans each step while the one before it runs, 1 waits for it."""
+        """depth: steps in flight at once; 1 waits for each step's tokens, 2 plans each step while the one before it runs."""
         self._inbox = inbox
         self._executor = executor
         self._assembler = assembler
@@ -109,6 +116,7 @@ class Scheduler:
         self._slot_used_step: list[int] = [-1] * max_loras
         self._pinned: dict[str, object] = {}  # fingerprint -> checkpoint
         self._draining: str | None = None  # adapter taking no new requests so a starved head gets its slot
+        self._yielded_from: set[SchedRequest] = set()  # requests that gave a seat up in this step (fair share)
         self._stats = StepStats()
         self._log = get_logger("scheduler")
 
@@ -140,9 +148,10 @@ class Scheduler:
                 started = time.perf_counter()
                 plan, preempted = self._schedule(ahead=bool(self._inflight))
                 if plan is not None:
-                    await self._executor.send(ExecuteStep(plan=plan))
+                    # one step at a time: have it reported as soon as it is done
+                    await self._executor.send(ExecuteStep(plan=plan, flush=self._depth == 1))
                     self._inflight.append(_Inflight(plan, preempted, started, time.perf_counter() - started))
-                    self._flushed = False
+                    self._flushed = self._depth == 1
                     await self._flush_tokens()  # the last step's tokens: assembled while this step runs
                     continue
             if self._inflight and not self._flushed:
@@ -158,6 +167,19 @@ class Scheduler:
                 return
 
     async def _handle(self, msg) -> bool:
+        """Act on one message; False on Shutdown. A message that cannot be handled fails its request only."""
+        try:
+            return await self._handle_one(msg)
+        except Exception as exc:  # the failure boundary: this message's request fails, the scheduler goes on
+            rid = getattr(msg, "request_id", None)
+            self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
+            if isinstance(msg, NewRequest):  # _add enters a request whole or not at all: nothing to undo here
+                await self._to_assembler(RequestFailed(request_id=rid, error=request_error(exc, rid, "scheduler")))
+            elif isinstance(msg, (PinSlot, GetStats)):
+                await answer(msg.reply, request_error(exc, "-", "scheduler"))
+            return True
+
+    async def _handle_one(self, msg) -> bool:
         match msg:
             case NewRequest():
                 self._add(msg)
@@ -213,7 +235,6 @@ class Scheduler:
             stop_ids=stop_ids,
             eos_ids=eos,
         )
-        self._next_order += 1
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         for index in range(params.n):
             spec = SamplingSpec(
@@ -230,9 +251,11 @@ class Scheduler:
                 min_tokens=int(params.min_tokens),
                 stop_ids=sorted(eos | stop_ids),
             )
-            seq = Seq(seq_id=self._next_seq_id, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec)
-            self._next_seq_id += 1
-            req.seqs.append(seq)
+            req.seqs.append(Seq(seq_id=self._next_seq_id + index, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec))
+        # every sequence was built: only now does the request enter the scheduler's state (nothing half-added)
+        self._next_order += 1
+        self._next_seq_id += len(req.seqs)
+        for seq in req.seqs:
             self._seqs[seq.seq_id] = seq
             self._waiting.append(seq)
         self._requests[req.request_id] = req
@@ -294,12 +317,20 @@ class Scheduler:
         """The next plan (or None) and the sequences preempted for it.
 
         ahead: steps are in flight, whose sampled tokens are not known yet (they become PENDING_TOKEN
-        inputs). Such a plan never preempts: the sequences it would recompute are still being computed.
+        inputs). Such a plan never preempts (for KV blocks or for a fair seat): the sequences it would
+        recompute are still being computed; it returns None, and the step is planned once they are back.
         """
         budget = self._budget
         work: list[tuple[Seq, int]] = []
         active_fps: set[str] = set()
         preempted: list[Seq] = []
+        if ahead:
+            if self._seat_victims():
+                return None, []  # a fair seat needs a preemption: plan it once the steps in flight are back
+            self._yielded_from.clear()
+            yielded: list[Seq] = []
+        else:
+            yielded = self._make_room_for_waiting()  # fair share: seats for requests that have none
 
         running = list(self._running)
         i = 0
@@ -335,8 +366,8 @@ class Scheduler:
             self._admit_waiting(work, active_fps, budget)
 
         if not work:
-            return None, preempted
-        return self._build_plan(work), preempted
+            return None, yielded + preempted
+        return self._build_plan(work), yielded + preempted
 
     def _ends_in_flight(self, seq: Seq) -> bool:
         """The steps in flight will end this sequence by length whatever they sample: plan nothing more for it."""
@@ -345,51 +376,149 @@ class Scheduler:
         return seq.num_output + seq.pending >= seq.request.max_output or len(seq.token_ids) + seq.pending >= self._max_model_len
 
     def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
-        skipped: list[Seq] = []
-        head_blocked = False
+        """Move waiting sequences into the running set while seats, tokens and KV blocks last.
+
+        Fair across requests: waiting sequences are taken round-robin by request (every request's
+        first waiting sequence, in arrival order, then every request's second, ...), first for
+        requests that hold no seat, then for those below their share of the seats (max_num_seqs /
+        unfinished requests), then for anyone. A request with a large n therefore cannot hold back
+        the requests that arrive after it.
+        """
+        if not self._waiting or budget <= 0 or len(self._running) >= self._max_num_seqs:
+            return
+        seats = Counter(s.request for s in self._running)
+        share = self._fair_share()
+        admitted: list[Seq] = []
+        head_blocked = False  # the first sequence considered waits for an adapter slot
+        head_seen = False
         draining: str | None = None
-        while self._waiting and budget > 0 and len(self._running) < self._max_num_seqs:
-            seq = self._waiting.popleft()
+        stop = False
+        order = list(self._round_robin())
+        for cap in (1, share, None):  # seatless requests first, then those below their share, then anyone
+            for seq in order:
+                if stop or budget <= 0 or len(self._running) >= self._max_num_seqs:
+                    break
+                req = seq.request
+                if seq.status is not SeqStatus.WAITING:
+                    continue  # admitted in an earlier pass
+                if cap is not None and seats[req] >= cap:
+                    continue
+                if cap is None and req in self._yielded_from:
+                    continue  # it just gave a seat up for a request with none: not back in the same step
+                if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
+                    # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
+                    head_seen = True
+                    continue
+                is_head, head_seen = not head_seen, True
+                if req.salt and not self._slot_available(req.salt, active_fps):
+                    if is_head and not head_blocked:
+                        head_blocked = True
+                        req.blocked_steps += 1
+                        if req.blocked_steps > self._max_head_skips:
+                            # the head has waited long enough: one running adapter takes no new requests,
+                            # so its slot frees within one request's length and the head gets it next;
+                            # the other slots keep the batch full meanwhile
+                            draining = self._drain_target()
+                            if draining is None:
+                                stop = True
+                                break
+                    continue
+                if draining is not None and req.salt == draining:
+                    continue
+                use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
+                prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
+                num_new = min(len(seq.token_ids) - cached, budget)
+                if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
+                    stop = True  # out of KV blocks: admitting later (smaller) requests first would starve this one
+                    break
+                self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
+                seq.num_computed = seq.num_scheduled = cached
+                seq.status = SeqStatus.RUNNING
+                bisect.insort(self._running, seq, key=lambda s: s.key)
+                if req.num_cached_tokens is None:
+                    req.num_cached_tokens = cached
+                if req.salt:
+                    active_fps.add(req.salt)
+                work.append((seq, num_new))
+                budget -= num_new
+                seats[req] += 1
+                admitted.append(seq)
+        if admitted:
+            self._leave_waiting(admitted)
+
+    def _round_robin(self):
+        """The waiting sequences, one per request at a time: round k holds each request's k-th waiting
+        sequence, requests in the order they first appear in the queue (oldest, or preempted, first)."""
+        later: list[tuple[int, int, Seq]] = []
+        seen: Counter = Counter()
+        for position, seq in enumerate(list(self._waiting)):
+            k = seen[seq.request]
+            seen[seq.request] = k + 1
+            if k == 0:
+                yield seq
+            else:
+                later.append((k, position, seq))
+        later.sort(key=lambda item: item[:2])
+        for _, _, seq in later:
+            yield seq
+
+    def _leave_waiting(self, admitted: list[Seq]) -> None:
+        """Take the admitted sequences out of the waiting queue, the others keeping their order."""
+        n = len(admitted)
+        if n <= len(self._waiting) and all(self._waiting[i] is seq for i, seq in enumerate(admitted)):
+            for _ in range(n):  # the common case: the head of the queue, in order
+                self._waiting.popleft()
+            return
+        gone = {id(seq) for seq in admitted}
+        rest = [seq for seq in self._waiting if id(seq) not in gone]
+        self._waiting.clear()
+        self._waiting.extend(rest)
+
+    def _fair_share(self) -> int:
+        """Seats a request may hold while others want them: an equal part of max_num_seqs per unfinished request."""
+        return max(1, self._max_num_seqs // max(1, len(self._requests)))
+
+    def _seat_victims(self) -> list[Seq]:
+        """With every seat taken, the sequences of requests above their fair share to preempt so that waiting
+        requests with no seat at all get one in this step: each time the youngest sequence of the request
+        holding the most seats (the youngest request among equals)."""
+        if len(self._running) < self._max_num_seqs or not self._waiting:
+            return []
+        seats = Counter(s.request for s in self._running)
+        share = self._fair_share()
+        excess = sum(count - share for count in seats.values() if count > share)
+        if excess <= 0:
+            return []  # nobody holds more than a share (the usual case: one sequence per request)
+        seatless: list = []
+        for seq in self._waiting:
             req = seq.request
-            if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
-                # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
-                skipped.append(seq)
+            if seats[req] or req in seatless:
                 continue
-            if req.salt and not self._slot_available(req.salt, active_fps):
-                if not skipped and not head_blocked:
-                    head_blocked = True
-                    req.blocked_steps += 1
-                    if req.blocked_steps > self._max_head_skips:
-                        # the head has waited long enough: one running adapter takes no new requests,
-                        # so its slot frees within one request's length and the head gets it next;
-                        # the other slots keep the batch full meanwhile
-                        draining = self._drain_target()
-                        if draining is None:
-                            skipped.append(seq)
-                            break
-                skipped.append(seq)
-                continue
-            if draining is not None and req.salt == draining:
-                skipped.append(seq)
-                continue
-            use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
-            prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
-            num_new = min(len(seq.token_ids) - cached, budget)
-            if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
-                skipped.append(seq)
-                break  # out of KV blocks: admitting later (smaller) requests first would starve this one
-            self._blocks.allocate(seq.seq_id, cached + num_new, prefix_blocks)
-            seq.num_computed = seq.num_scheduled = cached
-            seq.status = SeqStatus.RUNNING
-            bisect.insort(self._running, seq, key=lambda s: s.key)
-            if req.num_cached_tokens is None:
-                req.num_cached_tokens = cached
-            if req.salt:
-                active_fps.add(req.salt)
-            work.append((seq, num_new))
-            budget -= num_new
-        # put back what we passed over, in its original order, ahead of the rest
-        self._waiting.extendleft(reversed(skipped))
+            if req.salt and not self._slot_available(req.salt, set()):
+                continue  # it could not run now anyway: no seat is taken from anyone for it
+            seatless.append(req)
+            if len(seatless) >= excess:
+                break
+        victims: list[Seq] = []
+        for _ in seatless:
+            richest = max(seats, key=lambda r: (seats[r], r.order))
+            if seats[richest] <= share:
+                break
+            victims.append(
+                max((s for s in self._running if s.request is richest and s not in victims), key=lambda s: s.index)
+            )
+            seats[richest] -= 1
+        return victims
+
+    def _make_room_for_waiting(self) -> list[Seq]:
+        """Preempt _seat_victims() (they go back to the queue, recomputed later with an unchanged output);
+        returns them."""
+        self._yielded_from.clear()  # one step's worth
+        victims = self._seat_victims()
+        for victim in victims:
+            self._preempt(victim)
+            self._yielded_from.add(victim.request)
+        return victims
 
     def _drain_target(self) -> str | None:
         """The running adapter to stop feeding so a slot frees: the one closest to done, kept until it is."""

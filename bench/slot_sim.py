@@ -27,7 +27,7 @@ import numpy as np
 from bench.churn import churn_serving_traffic, slot_steps_bound
 from bench.serving import ServingConfig
 from bench.workload import Workload
-from loraledger.actors.messages import FlushSteps, GetStats, NewRequest, Shutdown, StepDone, StepTokens
+from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler
 from loraledger.gpu.step import SampledToken, StepOutput, StepPlan
 from loraledger.sampling_params import SamplingParams
@@ -148,10 +148,7 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
             nxt = deliver_arrivals(clock[0], nxt)
             await settle()
             try:
-                msg = executor_inbox.receive_nowait()
-                while isinstance(msg, FlushSteps):  # each plan is answered at once: nothing to flush
-                    msg = executor_inbox.receive_nowait()
-                plan = msg.plan
+                plan = executor_inbox.receive_nowait().plan
             except anyio.WouldBlock:
                 if nxt >= len(workload):
                     break

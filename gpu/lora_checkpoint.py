@@ -1,9 +1,15 @@
 """LoraCheckpoint: one PEFT adapter read from disk, validated against the base model, fingerprinted.
 
 An adapter folder holds ``adapter_config.json`` and ``adapter_model.safetensors`` (the
-``adapter_model.bin`` pickle format is refused). The file is read ONCE into memory; the
-fingerprint and the weights both come from that one snapshot, so the weights an engine
-applies are exactly the bytes the fingerprint names, even if the folder changes meanwhile.
+``adapter_model.bin`` pickle format is refused). Nothing is read whole before it is checked:
+the config's size is checked before it is read, then the safetensors header (a length and a
+JSON object at the start of the file) is read and every tensor's name, dtype, shape and byte
+range is checked against the base model and ``max_lora_rank``, and the file's size against the
+header (its data section must be exactly the tensors' bytes, as the format requires), before a
+single tensor byte is read. Only then are the tensors read, each ONCE, into memory; the
+fingerprint and the weights both come from that one snapshot, so the weights an engine applies
+are exactly the bytes the fingerprint names, even if the folder changes meanwhile. A file of
+any size with a header that does not fit the base model is refused after reading its header.
 
 Fingerprint (version 1) -- what an auditor recomputes to check an adapter on disk
 ---------------------------------------------------------------------------------
@@ -35,10 +41,12 @@ Validation (``load_lora_checkpoint`` only) raises the typed errors of
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import types
 from collections.abc import Mapping
@@ -70,7 +78,8 @@ _DTYPES = {
     "F16": (torch.float16, 2),
     "BF16": (torch.bfloat16, 2),
 }
-_MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
+_MAX_HEADER_BYTES = 16 << 20  # ~100,000 tensors' entries: far above any LoRA (the safetensors library allows 100 MB)
+_MAX_CONFIG_BYTES = 1 << 20  # adapter_config.json is a few hundred bytes
 _BLOCK_OF = {m: ("mlp" if m in ("gate_proj", "up_proj", "down_proj") else "self_attn") for m in LORA_TARGETS}
 # base_model.model.model.layers.3.self_attn.q_proj.lora_A[.default].weight
 _TENSOR_NAME = re.compile(
@@ -125,7 +134,9 @@ class _RawTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: memoryview  # the bytes as stored
+    begin: int  # byte range in the data section (after the header)
+    end: int
+    data: bytearray | None = None  # the bytes as stored, once read (_read_tensors)
 
 
 class _Errors:
@@ -141,28 +152,36 @@ class _Errors:
 def fingerprint_adapter(path: str) -> str:
     """The adapter folder's fingerprint (see the module docstring); no validation beyond readability."""
     err = _Errors(None, path)
-    config_bytes, weights_bytes = _read_files(Path(path), err)
-    config = _parse_config(config_bytes, err)
-    return _fingerprint(config, _parse_safetensors(weights_bytes, err))
+    config_path, weights_path = _adapter_files(Path(path), err)
+    config = _parse_config(_read_config(config_path, err), err)
+    with _open_weights(weights_path, err) as f:
+        raw = _read_tensors(f, _read_header(f, err), err)
+    return _fingerprint(config, raw)
 
 
 def load_lora_checkpoint(
     path: str, *, lora_name: str, lora_int_id: int, model_config: ModelConfig, max_lora_rank: int
 ) -> LoraCheckpoint:
-    """Read, validate and fingerprint one PEFT LoRA adapter folder. Touches no global state (thread-safe)."""
-    err = _Errors(lora_name, path)
-    config_bytes, weights_bytes = _read_files(Path(path), err)
-    config = _parse_config(config_bytes, err)
-    raw = _parse_safetensors(weights_bytes, err)
-    fingerprint = _fingerprint(config, raw)
+    """Read, validate and fingerprint one PEFT LoRA adapter folder. Touches no global state (thread-safe).
 
+    Everything is checked before the tensors are read (see the module docstring): the memory a load
+    takes is bounded by what the base model and max_lora_rank allow, whatever the file's size.
+    """
+    err = _Errors(lora_name, path)
+    config_path, weights_path = _adapter_files(Path(path), err)
+    config = _parse_config(_read_config(config_path, err), err)
     _check_supported(config, err)
     rank, alpha, use_rslora = _rank_and_alpha(config, err)
     if rank > max_lora_rank:
         raise _rank_error(err, f"adapter rank r={rank}", rank, max_lora_rank)
     declared = _declared_targets(config, model_config, err)
+    with _open_weights(weights_path, err) as f:
+        entries = _read_header(f, err)
+        _check_tensors(_group_tensors(entries, err), rank, declared, model_config, max_lora_rank, err)
+        raw = _read_tensors(f, entries, err)
+    fingerprint = _fingerprint(config, raw)
     pairs = _group_tensors(raw, err)
-    weights = _build_weights(pairs, rank, declared, model_config, max_lora_rank, err)
+    weights = _build_weights(pairs, err)
 
     present = {module for _, module in weights}
     ckpt = LoraCheckpoint(
@@ -189,11 +208,16 @@ def load_lora_checkpoint(
 # ---- reading and fingerprinting -------------------------------------------------------------
 
 
-def _read_files(folder: Path, err: _Errors) -> tuple[bytes, bytes]:
-    if not folder.exists():
+def _adapter_files(folder: Path, err: _Errors) -> tuple[Path, Path]:
+    """The config and weights files of an adapter folder, or AdapterNotFoundError saying which is missing."""
+    try:
+        exists, is_dir = folder.exists(), folder.is_dir()
+    except (OSError, ValueError) as exc:  # ValueError: a path with NUL
+        raise err(AdapterNotFoundError, f"adapter folder {str(folder)!r} cannot be opened ({exc}); check the LoRARequest's lora_path") from exc
+    if not exists:
         raise err(AdapterNotFoundError, f"adapter folder {str(folder)!r} does not exist; "
                                         "check the LoRARequest's lora_path")
-    if not folder.is_dir():
+    if not is_dir:
         raise err(AdapterNotFoundError, f"{str(folder)!r} is not a directory; lora_path must name the "
                                         f"folder holding {CONFIG_FILE} and {WEIGHTS_FILE}")
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
@@ -207,40 +231,61 @@ def _read_files(folder: Path, err: _Errors) -> tuple[bytes, bytes]:
                                             "save_file(torch.load('adapter_model.bin'), 'adapter_model.safetensors')\"")
         raise err(AdapterNotFoundError, f"{WEIGHTS_FILE} is missing from {str(folder)!r}; "
                                         "save the adapter with peft's save_pretrained()")
+    return config_path, weights_path
+
+
+def _read_config(path: Path, err: _Errors) -> bytes:
     try:
-        return config_path.read_bytes(), weights_path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(_MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise err(AdapterNotFoundError, f"cannot read the adapter files: {exc}; check the folder's permissions") from exc
+        raise err(AdapterNotFoundError, f"cannot read {CONFIG_FILE}: {exc}; check the folder's permissions") from exc
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise err(AdapterFormatError, f"{CONFIG_FILE} is larger than {_MAX_CONFIG_BYTES} bytes; it is not a PEFT adapter config, re-save the adapter")
+    return data
 
 
-def _parse_config(data: bytes, err: _Errors) -> dict:
+@contextlib.contextmanager
+def _open_weights(path: Path, err: _Errors):
     try:
-        config = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise err(AdapterFormatError, f"{CONFIG_FILE} is not valid JSON ({exc}); re-save the adapter") from exc
-    if not isinstance(config, dict):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} must hold a JSON object, got {type(config).__name__}; re-save the adapter")
-    return config
+        f = open(path, "rb")
+    except OSError as exc:
+        raise err(AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions") from exc
+    with f:
+        yield f
 
 
-def _parse_safetensors(data: bytes, err: _Errors) -> list[_RawTensor]:
-    """The tensors of a safetensors file, sorted by name; corrupt or truncated files raise AdapterFormatError."""
+def _corrupt(err: _Errors, why: str) -> Exception:
+    return err(AdapterFormatError, f"{WEIGHTS_FILE} is corrupt or truncated ({why}); re-save or re-download the adapter")
 
-    def corrupt(why: str) -> Exception:
-        return err(AdapterFormatError, f"{WEIGHTS_FILE} is corrupt or truncated ({why}); re-save or re-download the adapter")
 
-    if len(data) < 8:
-        raise corrupt(f"{len(data)} bytes, shorter than the 8-byte header length")
-    header_len = int.from_bytes(data[:8], "little")
-    if header_len > _MAX_HEADER_BYTES or 8 + header_len > len(data):
-        raise corrupt(f"header length {header_len} does not fit the {len(data)}-byte file")
+def _read_header(f, err: _Errors) -> list[_RawTensor]:
+    """The tensors the safetensors header declares, sorted by name, without their bytes.
+
+    Reads the 8-byte header length and the header only. Refuses a header longer than the file or than
+    _MAX_HEADER_BYTES, a malformed entry, and a data section that is not exactly its tensors' bytes
+    (the format allows no holes and nothing after the last tensor), so the file's size is checked
+    against the header here, before any tensor byte is read.
+    """
     try:
-        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise corrupt(f"header is not JSON: {exc}") from exc
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(8)
+    except OSError as exc:
+        raise err(AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions") from exc
+    if len(head) < 8:
+        raise _corrupt(err, f"{size} bytes, shorter than the 8-byte header length")
+    header_len = int.from_bytes(head, "little")
+    if header_len > _MAX_HEADER_BYTES or 8 + header_len > size:
+        raise _corrupt(err, f"header length {header_len} does not fit the {size}-byte file")
+    try:
+        header = json.loads(f.read(header_len).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise _corrupt(err, f"header is not JSON: {exc}") from exc
+    except OSError as exc:
+        raise err(AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions") from exc
     if not isinstance(header, dict):
-        raise corrupt("header is not a JSON object")
-    body = memoryview(data)[8 + header_len :]
+        raise _corrupt(err, "header is not a JSON object")
+    data_len = size - 8 - header_len
     tensors = []
     for name in sorted(header):
         if name == "__metadata__":
@@ -254,11 +299,45 @@ def _parse_safetensors(data: bytes, err: _Errors) -> list[_RawTensor]:
         except (TypeError, KeyError, ValueError):
             ok = False
         if not ok:
-            raise corrupt(f"malformed header entry for {name!r}")
-        if not 0 <= begin <= end <= len(body):
-            raise corrupt(f"tensor {name!r} spans bytes {begin}..{end} of a {len(body)}-byte data section")
-        tensors.append(_RawTensor(name, dtype, tuple(shape), body[begin:end]))
+            raise _corrupt(err, f"malformed header entry for {name!r}")
+        if not 0 <= begin <= end <= data_len:
+            raise _corrupt(err, f"tensor {name!r} spans bytes {begin}..{end} of a {data_len}-byte data section")
+        tensors.append(_RawTensor(name, dtype, tuple(shape), begin, end))
+    covered = 0
+    for t in sorted(tensors, key=lambda t: (t.begin, t.end)):
+        if t.begin != covered:
+            raise _corrupt(err, f"the data section has bytes {covered}..{t.begin} that belong to no tensor (or tensors that overlap)")
+        covered = t.end
+    if covered != data_len:
+        raise _corrupt(err, f"the data section has {data_len - covered} bytes after the last tensor (the file is {size} bytes, its tensors end at byte {8 + header_len + covered})")
     return tensors
+
+
+def _read_tensors(f, tensors: list[_RawTensor], err: _Errors) -> list[_RawTensor]:
+    """`tensors` with their bytes, each read once from the open file (the header's size checks came first)."""
+    data_start = f.tell()
+    out = []
+    for t in tensors:
+        buf = bytearray(t.end - t.begin)
+        try:
+            f.seek(data_start + t.begin)
+            got = f.readinto(buf)
+        except OSError as exc:
+            raise err(AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions") from exc
+        if got != len(buf):
+            raise _corrupt(err, f"tensor {t.name!r}: the file ended after {got} of its {len(buf)} bytes")
+        out.append(dataclasses.replace(t, data=buf))
+    return out
+
+
+def _parse_config(data: bytes, err: _Errors) -> dict:
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise err(AdapterFormatError, f"{CONFIG_FILE} is not valid JSON ({exc}); re-save the adapter") from exc
+    if not isinstance(config, dict):
+        raise err(AdapterFormatError, f"{CONFIG_FILE} must hold a JSON object, got {type(config).__name__}; re-save the adapter")
+    return config
 
 
 def _frame(h: "hashlib._Hash", data: bytes | memoryview) -> None:
@@ -419,17 +498,12 @@ def _some(names: list[str], shown: int = 3) -> str:
 
 
 def _to_fp32(t: _RawTensor, err: _Errors) -> torch.Tensor:
-    if t.dtype not in _DTYPES:
-        raise err(AdapterFormatError, f"tensor {t.name!r} has dtype {t.dtype}; only F32, F16, BF16 and F64 are supported")
-    dtype, itemsize = _DTYPES[t.dtype]
-    numel = math.prod(t.shape)
-    if numel * itemsize != len(t.data):
-        raise err(AdapterFormatError, f"tensor {t.name!r}: shape {list(t.shape)} of {t.dtype} needs {numel * itemsize} bytes, "
-                                      f"the file holds {len(t.data)}; the file is corrupt, re-save the adapter")
-    if numel == 0:
+    _check_dtype_and_size(t, len(t.data), err)
+    dtype = _DTYPES[t.dtype][0]
+    if not t.data:
         return torch.zeros(t.shape, dtype=torch.float32)
-    # bytearray copy: an aligned, writable buffer, so frombuffer is safe; the .to() makes the fp32 tensor own its memory
-    flat = torch.frombuffer(bytearray(t.data), dtype=dtype)
+    # the buffer is our own (aligned, writable) bytearray, so frombuffer is safe; .to() makes the fp32 tensor own its memory
+    flat = torch.frombuffer(t.data, dtype=dtype)
     return flat.to(torch.float32, copy=True).reshape(t.shape).contiguous()
 
 
@@ -458,14 +532,18 @@ def _check_finite(
                                   "the adapter is broken, re-train or re-export it")
 
 
-def _build_weights(
+def _check_tensors(
     pairs: dict[tuple[int, str], dict[str, _RawTensor]],
     rank: int,
     declared: set[str] | None,
     model_config: ModelConfig,
     max_lora_rank: int,
     err: _Errors,
-) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+) -> None:
+    """Every tensor's dtype, shape and byte length against the base model, the config and max_lora_rank.
+
+    Works on the header's entries alone: passing it bounds the bytes the tensors hold by what the
+    base model allows, before they are read."""
     shapes = model_config.module_shapes()
     n_layers = model_config.num_hidden_layers
 
@@ -502,7 +580,24 @@ def _build_weights(
         if missing := sorted(declared - have):
             raise err(AdapterShapeError, f"adapter_config.json targets {_some(missing)} but the weights file has no "
                                          "tensors for them; the file is incomplete, re-save the adapter")
+    for slot in pairs.values():
+        for t in slot.values():
+            _check_dtype_and_size(t, t.end - t.begin, err)
 
+
+def _check_dtype_and_size(t: _RawTensor, nbytes: int, err: _Errors) -> None:
+    if t.dtype not in _DTYPES:
+        raise err(AdapterFormatError, f"tensor {t.name!r} has dtype {t.dtype}; only F32, F16, BF16 and F64 are supported")
+    numel = math.prod(t.shape)
+    if numel * _DTYPES[t.dtype][1] != nbytes:
+        raise err(AdapterFormatError, f"tensor {t.name!r}: shape {list(t.shape)} of {t.dtype} needs {numel * _DTYPES[t.dtype][1]} bytes, "
+                                      f"the file holds {nbytes}; the file is corrupt, re-save the adapter")
+
+
+def _build_weights(
+    pairs: dict[tuple[int, str], dict[str, _RawTensor]], err: _Errors
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """(A, B) fp32 tensors per (layer, module), in layer then LORA_TARGETS order (checked by _check_tensors)."""
     order = {m: i for i, m in enumerate(LORA_TARGETS)}
     return {
         key: (_to_fp32(pairs[key]["lora_A"], err), _to_fp32(pairs[key]["lora_B"], err))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from loraledger.actors.engine_core import EngineCore
@@ -26,11 +28,22 @@ from loraledger.actors.messages import (
     Submit,
 )
 from loraledger.engine_args import EngineArgs
-from loraledger.errors import EngineDeadError, LoRADisabledError
+from loraledger.errors import (
+    ConfigError,
+    EngineDeadError,
+    LoRADisabledError,
+    LoRARequestError,
+    RequestIdError,
+    SamplingParamsError,
+    TenantError,
+)
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import parse_prompt
 from loraledger.sampling_params import SamplingParams
+from loraledger.text import storable_text
+
+MAX_ID_CHARS = 1024  # request ids and tenants: keys of the audit log
 
 
 class AsyncEngine:
@@ -67,7 +80,11 @@ class AsyncEngine:
             raise
         self._admission = self._core.sender("admission")
         if setup.store is not None:
-            await self._recover()
+            try:
+                await self._recover()
+            except BaseException:
+                await self.__aexit__(None, None, None)
+                raise
         return self
 
     async def _recover(self) -> None:
@@ -85,7 +102,9 @@ class AsyncEngine:
         await self._resume_done.wait()
         return self.resumed
 
-    async def __aexit__(self, *exc_info) -> bool | None:
+    async def __aexit__(self, *exc_info) -> None:
+        """Stop the engine. An exception from the `async with` body goes on as itself: it is not handed to the
+        actors' task group, which would wrap it in an ExceptionGroup (`except DuplicateRequestError` must work)."""
         core, stack = self._core, self._stack
         if core is None or stack is None:
             return None
@@ -95,10 +114,14 @@ class AsyncEngine:
             await core.stop()
         finally:
             self._core = None
+            # whatever is left (a resume of interrupted requests, an actor past the stop deadline) is cancelled;
+            # the actors have returned, so the task group ends without an error of its own
+            self._tg.cancel_scope.cancel()
             try:
-                return await stack.__aexit__(*exc_info)
+                await stack.aclose()
             finally:
                 _close_store(core.setup.store)
+        return None
 
     @property
     def tokenizer(self):
@@ -121,6 +144,17 @@ class AsyncEngine:
             raise EngineDeadError("the engine is not running; use it inside `async with AsyncEngine.from_engine_args(args) as engine:`")
         return self._core
 
+    def _dead_error(self, message: str, cause: BaseException | None = None) -> EngineDeadError:
+        """EngineDeadError for `message`, naming (and chaining) the failure that stopped the engine, if one did."""
+        fatal = self._core.fatal if self._core is not None else None
+        if fatal is None:
+            error = EngineDeadError(message)
+            error.__cause__ = cause
+            return error
+        error = EngineDeadError(f"{message}: the engine stopped after a fatal error ({type(fatal).__name__}: {fatal}); start a new engine")
+        error.__cause__ = fatal
+        return error
+
     # --- requests -----------------------------------------------------------------------------
 
     def new_request_id(self) -> str:
@@ -129,7 +163,8 @@ class AsyncEngine:
 
     def _channel_size(self, params: SamplingParams) -> int:
         # a request delivers at most one item per generated token, plus acceptance and the final
-        return (params.max_tokens or self.max_model_len) + 8
+        room = self.max_model_len
+        return min(params.max_tokens or room, room) + 8
 
     async def submit(
         self,
@@ -143,41 +178,76 @@ class AsyncEngine:
         resume: bool = False,
         bound_fingerprint: str | None = None,
     ) -> MemoryObjectReceiveStream:
-        """Admit one request; returns its output channel once the request is accepted, or raises why not."""
-        self._live()
-        text, ids = parse_prompt(prompt)
-        if lora_request is not None and not isinstance(lora_request, LoRARequest):
-            raise TypeError(f"lora_request must be a LoRARequest or None, got {type(lora_request).__name__}")
-        if lora_request is not None and not self.args.enable_lora:
-            raise LoRADisabledError(
-                f"request {request_id!r} names adapter {lora_request.lora_name!r} but the engine was built with enable_lora=False; "
-                "pass enable_lora=True to serve adapters"
-            )
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(params))
-        msg = Submit(
-            request_id=str(request_id),
-            prompt=text,
-            prompt_token_ids=ids,
-            params=params,
-            lora_request=lora_request,
-            tenant=tenant,
-            arrival_time=arrival_time if arrival_time is not None else time.time(),
-            channel=send,
-            resume=resume,
-            bound_fingerprint=bound_fingerprint,
-        )
+        """Admit one request; returns its output channel once the request is accepted, or raises why not.
+
+        The API edge of every entry point (LLM.generate, LLMEngine.add_request, generate): each argument's
+        type and value is checked here and the engine keeps its own immutable copy, so a value the
+        caller changes afterwards changes nothing; what only the model can tell (token ids in its
+        vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
+        """
+        core = self._live()
+        if core.fatal is not None:
+            raise self._dead_error("the engine has stopped and takes no new requests")
+        submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
+        send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
+        msg = msgspec.structs.replace(submit, channel=send)
         try:
             await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise EngineDeadError("the engine has stopped and takes no new requests") from exc
-        first = await receive.receive()
+            send.close()
+            receive.close()
+            raise self._dead_error("the engine has stopped and takes no new requests", exc) from None
+        try:
+            first = await receive.receive()
+        except anyio.EndOfStream:
+            receive.close()
+            raise self._dead_error(f"the engine stopped while admitting request {submit.request_id!r}")
         if isinstance(first.item, BaseException):
             receive.close()
             raise first.item
         assert isinstance(first.item, Accepted)
         return receive
+
+    def _checked_submit(self, request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core) -> Submit:
+        """The Submit message for these arguments, every one checked and copied (see submit)."""
+        rid = storable_text(request_id, "the request id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False)
+        if not rid:
+            raise RequestIdError("the request id is empty; give a non-empty str (or leave it out to have one made)")
+        if tenant is not None:
+            tenant = storable_text(tenant, "the tenant", TenantError, max_chars=MAX_ID_CHARS)
+        text, ids = parse_prompt(prompt, max_model_len=core.setup.max_model_len)
+        if lora_request is not None:
+            if not isinstance(lora_request, LoRARequest):
+                raise LoRARequestError(
+                    f"lora_request must be a LoRARequest or None, got {type(lora_request).__name__}; "
+                    "use LoRARequest(lora_name, lora_int_id, lora_path)"
+                )
+            if not self.args.enable_lora:
+                raise LoRADisabledError(
+                    f"request {rid!r} names adapter {lora_request.lora_name!r} but the engine was built with enable_lora=False; "
+                    "pass enable_lora=True to serve adapters"
+                )
+        if not isinstance(params, SamplingParams):
+            raise SamplingParamsError(
+                f"sampling params must be a SamplingParams, got {type(params).__name__}; build one with SamplingParams(...)"
+            )
+        frozen = params.frozen(max_n=core.setup.max_n, max_logprobs=self.args.max_logprobs)
+        if arrival_time is None:
+            arrival_time = time.time()
+        elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
+            raise ConfigError(f"arrival_time must be a finite number of seconds (time.time()), got {type(arrival_time).__name__}")
+        return Submit(
+            request_id=rid,
+            prompt=text,
+            prompt_token_ids=ids,
+            params=frozen,
+            lora_request=lora_request,
+            tenant=tenant,
+            arrival_time=float(arrival_time),
+            channel=None,
+            resume=bool(resume),
+            bound_fingerprint=bound_fingerprint,
+        )
 
     async def generate(
         self,
@@ -261,7 +331,15 @@ class AsyncEngine:
         return results  # type: ignore[return-value]
 
     async def abort(self, request_id: str | list[str]) -> None:
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        """Abort requests by id; ids that are not in flight are ignored."""
+        if isinstance(request_id, str):
+            ids = [request_id]
+        elif isinstance(request_id, (list, tuple, set, frozenset)) and all(isinstance(rid, str) for rid in request_id):
+            ids = list(request_id)
+        else:
+            raise RequestIdError(f"abort takes a request id (str) or a list of them, got {type(request_id).__name__}")
+        if self._admission is None:
+            return
         try:
             await self._admission.send(Abort(request_ids=ids))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -283,9 +361,22 @@ class AsyncEngine:
         if not self.args.enable_lora:
             raise LoRADisabledError("adapters need an engine built with enable_lora=True")
 
+    @staticmethod
+    def _check_lora(lora_request: object) -> LoRARequest:
+        if not isinstance(lora_request, LoRARequest):
+            raise LoRARequestError(f"expected a LoRARequest, got {type(lora_request).__name__}; use LoRARequest(lora_name, lora_int_id, lora_path)")
+        return lora_request
+
+    @staticmethod
+    def _check_int_id(lora_int_id: object) -> int:
+        if isinstance(lora_int_id, bool) or not isinstance(lora_int_id, int):
+            raise LoRARequestError(f"lora_int_id must be an int, got {type(lora_int_id).__name__}")
+        return int(lora_int_id)
+
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register and load an adapter now (validated and fingerprinted); raises its typed error if it is bad."""
         self._need_lora()
+        lora_request = self._check_lora(lora_request)
         answer: AdapterResolved = await self._ask("loader", lambda reply: AddLora(lora_request=lora_request, reply=reply))
         if answer.error is not None:
             raise answer.error
@@ -293,11 +384,13 @@ class AsyncEngine:
 
     async def remove_lora(self, lora_int_id: int) -> bool:
         self._need_lora()
+        lora_int_id = self._check_int_id(lora_int_id)
         return bool(await self._ask("loader", lambda reply: RemoveLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def pin_lora(self, lora_int_id: int) -> bool:
         """Keep an adapter in host memory and in a device slot until it is removed."""
         self._need_lora()
+        lora_int_id = self._check_int_id(lora_int_id)
         lora: LoRARequest = await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply))
         answer: AdapterResolved = await self._ask("loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply))
         if answer.error is not None:

@@ -12,6 +12,21 @@ DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(
 
 
 class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
+    """Every knob of the engine (fields below, each with a comment); checked when built (ConfigError).
+
+    max_n bounds SamplingParams.n, the completions one request may ask for; admission refuses a
+    request above it with SamplingParamsError. Its default (None) is resolved when the engine starts
+    to the smallest of 128, max_num_seqs and the number of KV-cache blocks. Each of a request's
+    sequences takes a seat in the running batch and needs at least one KV block of its own for what
+    it generates, so a request at the limit can still run all its sequences in one step; the KV
+    cache is what ties the bound to the model: a larger model (more layers, more KV heads) fits
+    fewer blocks in the same kv_cache_bytes, so its default is lower. 128 (the OpenAI API's bound on
+    n) caps the work and output of one request at a few hundred completions whatever the cache.
+    Seats are shared between requests (actors/scheduler.py), so a request with many sequences does
+    not hold back those that arrive after it. max_logprobs bounds SamplingParams.logprobs and
+    prompt_logprobs (20, vLLM's default).
+    """
+
     model: str
     tokenizer: str | None = None  # default: the model folder
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
@@ -39,11 +54,23 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     # the device then never waits for the engine's Python; off on the CPU, where a step's launch is its whole
     # computation and the overlap only adds a thread competing for the cores (0.90x-1.03x: bench.overlap)
     async_scheduling: bool | None = None
+    max_n: int | None = None  # most completions per request (SamplingParams.n); None: see the class docstring
+    max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default)
 
     def __post_init__(self) -> None:
+        try:
+            self._check()
+        except TypeError as exc:  # a comparison with a value of the wrong type
+            raise ConfigError(f"an EngineArgs value has the wrong type ({exc}); see loraledger.EngineArgs for each field's type") from exc
+
+    def _check(self) -> None:
         def need(cond: bool, message: str) -> None:
             if not cond:
                 raise ConfigError(message)
+
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank", "seed", "max_logprobs"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
 
         need(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "EngineArgs.model must name a model folder")
         need(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
@@ -60,6 +87,14 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         need(self.audit_prompts in ("text", "hash", "none"), f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}")
         need(self.audit_on_failure in ("reject", "block"), f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
+        need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
+        need(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+
+    def resolved_max_n(self, num_kv_blocks: int) -> int:
+        """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the class docstring)."""
+        if self.max_n is not None:
+            return self.max_n
+        return max(1, min(128, self.max_num_seqs, num_kv_blocks))
 
     @property
     def tokenizer_path(self) -> str:

@@ -105,6 +105,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         make_runner=make_runner,
         store=store,
         async_scheduling=args.async_scheduling if args.async_scheduling is not None else device.type == "cuda",
+        max_n=args.resolved_max_n(num_blocks),
     )
 
 

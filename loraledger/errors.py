@@ -83,6 +83,14 @@ class DuplicateRequestError(LoraLedgerError, ValueError):
     """The request id is already in use (in flight, or already in the audit log)."""
 
 
+class RequestIdError(LoraLedgerError, ValueError):
+    """The request id is not a usable key: not a str, empty, too long, not valid Unicode, or holding NUL."""
+
+
+class TenantError(LoraLedgerError, ValueError):
+    """The tenant is neither None nor a usable str (too long, not valid Unicode)."""
+
+
 class UnknownRequestError(LoraLedgerError, KeyError):
     """No request with that id is known."""
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import msgspec
 
 from loraledger.engine_args import EngineArgs
-from loraledger.errors import ConfigError
+from loraledger.errors import ConfigError, LoRARequestError, SamplingParamsError
 from loraledger.llm_engine import LLMEngine
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
@@ -39,10 +39,11 @@ class LLM:
         del use_tqdm  # accepted for vLLM compatibility; outputs arrive in one batch here
         prompt_list = as_prompt_list(prompts)
         n = len(prompt_list)
-        params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(), n, "sampling_params", SamplingParams)
+        params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(), n, "sampling_params", SamplingParams, SamplingParamsError)
         # only the final output is returned here: do not have the engine build and stream the others
+        # (replace checks the values again, and the engine keeps a frozen copy of its own)
         params = [msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
-        loras = _per_prompt(lora_request, n, "lora_request", LoRARequest)
+        loras = _per_prompt(lora_request, n, "lora_request", LoRARequest, LoRARequestError)
         engine = self.llm_engine.engine
         requests = [(engine.new_request_id(), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
         return self.llm_engine._portal.call(engine.generate_many, requests)
@@ -75,13 +76,16 @@ class LLM:
         self.close()
 
 
-def _per_prompt(value, n: int, name: str, kind: type) -> list:
+def _per_prompt(value, n: int, name: str, kind: type, error: type[Exception]) -> list:
+    """One value for every prompt: `value` itself, or the entries of a list of them (one per prompt)."""
     if value is None or isinstance(value, kind):
         return [value] * n
+    if not isinstance(value, (list, tuple)):
+        raise error(f"{name} must be a {kind.__name__}, None, or a list of them (one per prompt), got {type(value).__name__}")
     values = list(value)
     if len(values) != n:
-        raise ConfigError(f"{name} has {len(values)} entries for {n} prompts; give one, or one per prompt")
+        raise error(f"{name} has {len(values)} entries for {n} prompts; give one, or one per prompt")
     for v in values:
         if v is not None and not isinstance(v, kind):
-            raise TypeError(f"{name} entries must be {kind.__name__} or None, got {type(v).__name__}")
+            raise error(f"{name} entries must be {kind.__name__} or None, got {type(v).__name__}")
     return values

@@ -59,8 +59,8 @@ class LLMEngine:
     ) -> None:
         """Admit a request (its binding is on record when this returns) or raise the typed reason it was refused."""
         params = params if params is not None else SamplingParams()
-        with self._lock:
-            if request_id in self._unfinished:
+        with self._lock:  # the id itself is checked by the engine (AsyncEngine.submit), like every other argument
+            if isinstance(request_id, str) and request_id in self._unfinished:
                 raise DuplicateRequestError(f"request id {request_id!r} is already in flight; use a new id")
         channel = self._portal.call(lambda: self.engine.submit(request_id, prompt, params, lora_request, tenant=tenant, arrival_time=arrival_time))
         with self._lock:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import msgspec
 
 from loraledger.errors import LoRARequestError
+from loraledger.text import storable_text
+
+MAX_NAME_CHARS = 256
+MAX_PATH_CHARS = 4096  # Linux's PATH_MAX
 
 
 class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=True):
@@ -19,12 +23,15 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
     lora_path: str = ""
 
     def __post_init__(self) -> None:
+        # the fields are recorded in the audit log as given: they must be text it can store exactly
         if not isinstance(self.lora_name, str) or not self.lora_name:
             raise LoRARequestError("LoRARequest.lora_name must be a non-empty string")
-        if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or self.lora_int_id < 1:
-            raise LoRARequestError(f"LoRARequest.lora_int_id must be an integer > 0, got {self.lora_int_id!r}")
+        storable_text(self.lora_name, "LoRARequest.lora_name", LoRARequestError, max_chars=MAX_NAME_CHARS, allow_nul=False)
+        if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or not 1 <= self.lora_int_id < 1 << 63:
+            raise LoRARequestError(f"LoRARequest.lora_int_id must be an integer in [1, 2**63), got {_shown(self.lora_int_id)}")
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise LoRARequestError("LoRARequest.lora_path must name the adapter folder")
+            raise LoRARequestError("LoRARequest.lora_path must name the adapter folder (a non-empty string)")
+        storable_text(self.lora_path, "LoRARequest.lora_path", LoRARequestError, max_chars=MAX_PATH_CHARS, allow_nul=False)
 
     @property
     def adapter_id(self) -> int:
@@ -37,3 +44,8 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
     @property
     def path(self) -> str:
         return self.lora_path
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 256 else f"<int of {value.bit_length()} bits>"
+    return text if len(text) <= 200 else text[:200] + "..."

@@ -64,6 +64,13 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
 
     async def one(record) -> None:
         rid = record.request_id
+        try:
+            await run(record)
+        except Exception as exc:  # one request that cannot be resumed is that request's outcome, not the engine's
+            results[rid] = exc if isinstance(exc, LoraLedgerError) else LoraLedgerError(f"request {rid!r} cannot be resumed: {type(exc).__name__}: {exc}")
+
+    async def run(record) -> None:
+        rid = record.request_id
         payload = payloads.get(rid) or {}
         prompt_ids = payload.get("prompt_token_ids")
         if prompt_ids is None:
@@ -73,19 +80,15 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
         if record.lora_int_id is not None:
             lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
         params = msgspec.convert(record.sampling_params, SamplingParams)
-        try:
-            channel = await engine.submit(
-                rid,
-                {"prompt_token_ids": prompt_ids},
-                params,
-                lora,
-                tenant=record.tenant,
-                resume=True,
-                bound_fingerprint=record.adapter_fingerprint,
-            )
-        except LoraLedgerError as exc:
-            results[rid] = exc
-            return
+        channel = await engine.submit(
+            rid,
+            {"prompt_token_ids": prompt_ids},
+            params,
+            lora,
+            tenant=record.tenant,
+            resume=True,
+            bound_fingerprint=record.adapter_fingerprint,
+        )
         async with channel:
             async for delivery in channel:
                 if isinstance(delivery.item, BaseException) or delivery.item.finished:

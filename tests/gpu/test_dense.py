@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu.dense import Dense, prepack_supported
+from loraledger.gpu.dense import CHUNK_ROWS, Dense, padded_rows, prepack_supported
 
 needs_prepack = pytest.mark.skipif(
     not prepack_supported("cpu", torch.float32), reason="this torch build has no oneDNN linear on the CPU"
@@ -14,7 +14,7 @@ needs_prepack = pytest.mark.skipif(
 
 
 @needs_prepack
-@pytest.mark.parametrize("rows", [0, 1, 3, 32, 257])
+@pytest.mark.parametrize("rows", [0, 1, 3, 5, 17, 32, 255, 256, 257, 600])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_prepacked_matches_f_linear(rows, with_bias):
     g = torch.Generator().manual_seed(rows)
@@ -56,3 +56,12 @@ def test_prepack_is_refused_where_unsupported():
         Dense(torch.randn(4), prepack=False)
     with pytest.raises(ValueError, match="bias shape"):
         Dense(torch.randn(4, 2), torch.randn(3))
+
+
+def test_only_a_fixed_set_of_row_counts_reaches_onednn():
+    """oneDNN compiles and caches one primitive per shape: whatever the batch, Dense runs one of 37 row
+    counts (bounded memory), never more than an eighth above the rows it was given past 16 rows."""
+    sizes = {padded_rows(rows) for rows in range(1, CHUNK_ROWS + 1)}
+    assert len(sizes) == 37 and max(sizes) == CHUNK_ROWS
+    for rows in range(1, CHUNK_ROWS + 1):
+        assert rows <= padded_rows(rows) <= max(16, rows * 1.125)

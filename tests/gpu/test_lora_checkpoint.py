@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 import struct
+import time
 from pathlib import Path
 
 import peft
@@ -366,3 +368,80 @@ def test_config_and_tensors_must_agree(adapter, model_config, tmp_path):
     cfg["target_modules"] = ["q_proj", "down_proj"]
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
     _raises(AdapterFormatError, folder, model_config, "model.layers.0.self_attn.v_proj", "does not declare")
+
+
+# ---- nothing is read whole before it is checked ------------------------------------------------
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def _rewrite(path: Path, header: dict, data: bytes) -> None:
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def _header(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def test_a_64_gib_sparse_weights_file_is_refused_from_its_header(adapter, model_config, tmp_path):
+    """`truncate -s 64G` on a real adapter: its header is fine, the file is not; refused without reading it."""
+    folder = _copy(adapter[0], tmp_path / "sparse")
+    os.truncate(folder / "adapter_model.safetensors", 64 << 30)
+    before = _resident_mib()
+    started = time.perf_counter()
+    _raises(AdapterFormatError, folder, model_config, "after the last tensor", "68719476736 bytes")
+    with pytest.raises(AdapterFormatError):
+        fingerprint_adapter(str(folder))
+    assert time.perf_counter() - started < 5  # upper bound for a loaded machine; it reads a few kB
+    assert _resident_mib() - before < 64
+
+
+def test_a_header_declaring_huge_tensors_is_refused_before_they_are_read(adapter, model_config, tmp_path):
+    """A well-formed file whose tensors are 8 GiB (sparse): the shapes fail against the base model first."""
+    folder = _copy(adapter[0], tmp_path / "huge")
+    path = folder / "adapter_model.safetensors"
+    header, _ = _header(path)
+    name = sorted(k for k in header if k.endswith("q_proj.lora_A.weight"))[0]
+    begin = 0
+    for key in sorted(k for k in header if k != "__metadata__"):
+        shape = [4, 1 << 29] if key == name else header[key]["shape"]
+        size = 4 * math.prod(shape)
+        header[key] = {"dtype": "F32", "shape": shape, "data_offsets": [begin, begin + size]}
+        begin += size
+    _rewrite(path, header, b"")
+    os.truncate(path, path.stat().st_size + begin)  # exactly the declared data section, all holes
+    before = _resident_mib()
+    _raises(AdapterShapeError, folder, model_config, name.split(".lora_A")[0].split("model.layers.")[1].split(".")[0], "[4, 536870912]")
+    assert _resident_mib() - before < 64
+
+
+@pytest.mark.parametrize("damage", ["gap", "overlap", "trailing"])
+def test_the_data_section_must_be_exactly_the_tensors(adapter, model_config, tmp_path, damage):
+    folder = _copy(adapter[0], tmp_path / damage)
+    path = folder / "adapter_model.safetensors"
+    header, data = _header(path)
+    names = sorted(k for k in header if k != "__metadata__")
+    if damage == "gap":
+        for key in names:
+            begin, end = header[key]["data_offsets"]
+            header[key]["data_offsets"] = [begin + 4, end + 4]
+        data = b"\0" * 4 + data
+    elif damage == "overlap":
+        header[names[1]]["data_offsets"] = list(header[names[0]]["data_offsets"])
+    else:
+        data += b"\0" * 4
+    _rewrite(path, header, data)
+    _raises(AdapterFormatError, folder, model_config, "corrupt")
+
+
+def test_an_oversized_config_is_refused_before_it_is_read(adapter, model_config, tmp_path):
+    folder = _copy(adapter[0], tmp_path / "big-config")
+    with open(folder / "adapter_config.json", "ab") as f:
+        f.truncate(8 << 30)  # sparse
+    _raises(AdapterFormatError, folder, model_config, "larger than")
