@@ -38,6 +38,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     torch_dtype: str | None  # as saved, e.g. "bfloat16"
+    # per layer, the attention window (None: full attention), as transformers' layer_types give it: Mistral's
+    # window on every layer; Qwen2's (use_sliding_window) only on layers >= max_window_layers
+    layer_windows: tuple[int | None, ...] = ()
+
+    def window(self, layer: int) -> int | None:
+        """The attention window of one layer (None: the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else self.sliding_window
 
     @property
     def q_size(self) -> int:
@@ -104,6 +111,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         sliding = raw.get("sliding_window")
         if arch == "qwen2" and not raw.get("use_sliding_window", False):
             sliding = None
+        sliding = int(sliding) if sliding else None
+        layers = int(raw["num_hidden_layers"])
+        layer_windows = _layer_windows(raw, arch, layers, sliding, source)
         return cls(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -119,8 +129,28 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-            sliding_window=int(sliding) if sliding else None,
+            sliding_window=sliding,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(int(e) for e in eos_ids),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            layer_windows=layer_windows,
         )
+
+
+def _layer_windows(raw: dict, arch: str, layers: int, sliding: int | None, source: str) -> tuple[int | None, ...]:
+    """Each layer's attention window as transformers decides it: `layer_types` when the config lists them
+    ("sliding_attention" layers get the window), else Qwen2's rule (layers at or above max_window_layers,
+    with use_sliding_window) or, for the others, the window on every layer."""
+    types = raw.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or not set(types) <= {"full_attention", "sliding_attention"}:
+            raise ModelLoadError(
+                f"{source}: layer_types must list 'full_attention' or 'sliding_attention' for each of the {layers} layers"
+            )
+        return tuple(sliding if t == "sliding_attention" else None for t in types)
+    if sliding is None:
+        return (None,) * layers
+    if arch == "qwen2":
+        first = int(raw.get("max_window_layers", 28))  # transformers' Qwen2Config default
+        return tuple(sliding if i >= first else None for i in range(layers))
+    return (sliding,) * layers

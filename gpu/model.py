@@ -107,7 +107,7 @@ class Model:
         k_cache, v_cache = kv_cache.k_caches[layer], kv_cache.v_caches[layer]
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         n_dec = batch.num_decode
-        window = cfg.sliding_window
+        window = cfg.window(layer)
         decode_out = prefill_out = None
         if n_dec:
             decode_out = ops.paged_attention_decode(

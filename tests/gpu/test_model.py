@@ -153,19 +153,31 @@ def test_logits_only_at_requested_rows(tiny_llama):
     torch.testing.assert_close(logits[0], expect[-1], rtol=0, atol=1e-4)
 
 
-def test_mistral_sliding_window_matches_hf(tmp_path):
-    from transformers import MistralConfig, MistralForCausalLM
+def _windowed_model(tmp_path, arch: str):
+    """A tiny Mistral (window 5 on every layer) or Qwen2 (use_sliding_window, window 5 from layer 2 of 3 on,
+    max_window_layers=2: transformers' per-layer layer_types) saved by transformers."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(3)
-    hf_cfg = MistralConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    common = dict(
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=128, max_position_embeddings=64, sliding_window=5, initializer_range=0.1,
     )
-    MistralForCausalLM(hf_cfg).save_pretrained(tmp_path)
+    if arch == "mistral":
+        MistralForCausalLM(MistralConfig(num_hidden_layers=2, **common)).save_pretrained(tmp_path)
+    else:
+        hf_cfg = Qwen2Config(num_hidden_layers=3, use_sliding_window=True, max_window_layers=2, **common)
+        Qwen2ForCausalLM(hf_cfg).save_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("arch, windows", [("mistral", (5, 5)), ("qwen2", (None, None, 5))])
+def test_sliding_window_layers_match_hf(tmp_path, arch, windows):
+    """transformers' rule: Mistral's window on every layer, Qwen2's only on layers >= max_window_layers."""
+    _windowed_model(tmp_path, arch)
     from loraledger.gpu.config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(tmp_path)
-    assert (cfg.architecture, cfg.sliding_window) == ("mistral", 5)
+    assert (cfg.architecture, cfg.sliding_window, cfg.layer_windows) == (arch, 5, windows)
     tokens = [1, 9, 17, 33, 8, 42, 96, 11, 30, 45, 7, 12, 5]
     expect = hf_reference_logits(tmp_path, None, tokens)
     ops = TorchOps()
@@ -179,3 +191,20 @@ def test_mistral_sliding_window_matches_hf(tmp_path):
             ordered, num_decode, block_size=BLOCK_SIZE, device=torch.device("cpu"), ops=ops, lora_slots=None
         )
         torch.testing.assert_close(model.forward(batch, kv), expect[lo:hi], rtol=0, atol=1e-4)
+
+
+def test_layer_windows_from_a_config_without_layer_types():
+    """Older config.json files carry no layer_types: Qwen2 windows layers >= max_window_layers (default 28), only
+    with use_sliding_window; Mistral every layer; a malformed layer_types list is refused."""
+    from loraledger.errors import ModelLoadError
+    from loraledger.gpu.config import ModelConfig
+
+    base = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=30, num_attention_heads=4, vocab_size=128)
+    qwen = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 7, "use_sliding_window": True})
+    assert qwen.layer_windows == (None,) * 28 + (7, 7)
+    off = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 7})
+    assert off.layer_windows == (None,) * 30 and off.sliding_window is None
+    mistral = ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 7})
+    assert mistral.layer_windows == (7,) * 30
+    with pytest.raises(ModelLoadError, match="layer_types must list"):
+        ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 7, "layer_types": ["full_attention"]})
