@@ -113,6 +113,14 @@ class LoraCheckpoint:
     nbytes: int  # host memory the checkpoint's tensors hold
     # the weights laid out as a device slot holds them, built while loading so a slot load is a copy
     slot_stacks: SlotStacks | None = None
+    # PEFT's rank_pattern / alpha_pattern: each (layer, module)'s own scale where it differs from `scale`
+    module_scales: Mapping[tuple[int, str], float] = dataclasses.field(default_factory=dict)
+    max_rank: int = 0  # the largest rank of any module (rank_pattern may exceed r); 0: `rank`
+
+    @property
+    def slot_rank(self) -> int:
+        """The rank a device slot must keep for this adapter: rows past it are zero padding."""
+        return self.max_rank or self.rank
 
     def to_record(self, base_model_fingerprint: str, first_seen: float) -> AdapterRecord:
         return AdapterRecord(
@@ -172,17 +180,27 @@ def load_lora_checkpoint(
     config = _parse_config(_read_config(config_path, err), err)
     _check_supported(config, err)
     rank, alpha, use_rslora = _rank_and_alpha(config, err)
-    if rank > max_lora_rank:
+    patterns = _patterns(config, err)
+    if rank > max_lora_rank and not patterns.ranks:
         raise _rank_error(err, f"adapter rank r={rank}", rank, max_lora_rank)
     declared = _declared_targets(config, model_config, err)
     with _open_weights(weights_path, err) as f:
         entries = _read_header(f, err)
-        _check_tensors(_group_tensors(entries, err), rank, declared, model_config, max_lora_rank, err)
+        _check_tensors(_group_tensors(entries, err), patterns.rank_of(rank), declared, model_config, max_lora_rank, err)
         raw = _read_tensors(f, entries, err)
     fingerprint = _fingerprint(config, raw)
     pairs = _group_tensors(raw, err)
     weights = _build_weights(pairs, err)
 
+    def scale_of(r: int, a: float) -> float:
+        return a / math.sqrt(r) if use_rslora else a / r
+
+    scale = scale_of(rank, alpha)
+    module_scales = {}
+    for key, (a_w, _) in weights.items():
+        own = scale_of(a_w.shape[0], patterns.alpha_of(alpha)(key))
+        if own != scale:
+            module_scales[key] = own
     present = {module for _, module in weights}
     ckpt = LoraCheckpoint(
         name=lora_name,
@@ -192,11 +210,13 @@ def load_lora_checkpoint(
         rank=rank,
         alpha=alpha,
         use_rslora=use_rslora,
-        scale=alpha / math.sqrt(rank) if use_rslora else alpha / rank,
+        scale=scale,
         target_modules=tuple(m for m in LORA_TARGETS if m in present),
         config=config,
         weights=types.MappingProxyType(weights),
         nbytes=sum(a.nbytes + b.nbytes for a, b in weights.values()),
+        module_scales=types.MappingProxyType(module_scales),
+        max_rank=max(a_w.shape[0] for a_w, _ in weights.values()),
     )
     stacks = stack_for_slots(model_config, max_lora_rank, ckpt)
     _check_finite(pairs, weights, stacks, err)
@@ -374,11 +394,6 @@ def _check_supported(config: dict, err: _Errors) -> None:
         problems.append(f"bias={config['bias']!r} (trained biases)")
     if config.get("lora_bias"):
         problems.append("lora_bias=true (a bias on lora_B)")
-    for key in ("rank_pattern", "alpha_pattern"):
-        if config.get(key):
-            problems.append(f"a non-empty {key} (per-module ranks or alphas)")
-    if config.get("layers_to_transform") not in (None, []):
-        problems.append(f"layers_to_transform={config['layers_to_transform']!r}")
     for key in ("fan_in_fan_out", "layer_replication", "target_parameters", "trainable_token_indices", "alora_invocation_tokens"):
         if config.get(key):
             problems.append(f"{key}={config[key]!r}")
@@ -420,6 +435,86 @@ def _matches(pattern: object, key: str) -> bool:
     return any(key == t or key.endswith("." + t) for t in pattern)
 
 
+def _in_transformed_layers(config: dict, key: str, err: _Errors) -> bool:
+    """PEFT's layers_to_transform / layers_pattern rule for one module name (a list of target names only):
+    the module's layer index, found after a layers_pattern segment (any segment when there is none),
+    must be the given index or one of the given list."""
+    indexes, pattern = config.get("layers_to_transform"), config.get("layers_pattern")
+    if indexes is None or indexes == []:
+        return True
+    ok_indexes = (type(indexes) is int and indexes >= 0) or (
+        isinstance(indexes, list) and all(type(i) is int and i >= 0 for i in indexes)
+    )
+    ok_pattern = pattern is None or isinstance(pattern, str) or (isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))
+    if not (ok_indexes and ok_pattern):
+        raise err(AdapterFormatError, f"{CONFIG_FILE} has layers_to_transform={indexes!r} / layers_pattern={pattern!r}; "
+                                      "they must be a layer index or a list of them / a name or a list of names")
+    if not pattern:
+        match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)
+    else:
+        match = None
+        for p in [pattern] if isinstance(pattern, str) else pattern:
+            try:
+                match = re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", key)
+            except re.error as exc:
+                raise err(AdapterFormatError, f"{CONFIG_FILE} layers_pattern {p!r} is not a valid regex: {exc}") from exc
+            if match is not None:
+                break
+    if match is None:
+        return False
+    layer = int(match["idx"])
+    return layer == indexes if type(indexes) is int else layer in indexes
+
+
+@dataclass(frozen=True)
+class _Patterns:
+    """PEFT's rank_pattern and alpha_pattern: per-module r and lora_alpha, matched by peft's rule (the first key,
+    in the config's order, that matches the end of the module's name after a dot, as a regex)."""
+
+    ranks: dict
+    alphas: dict
+
+    @staticmethod
+    def _key(pattern: dict, name: str) -> str | None:
+        return next((k for k in pattern if re.match(rf"(.*\.)?({k})$", name)), None)
+
+    def rank_of(self, default: int):
+        def rank(key: tuple[int, str]) -> int:
+            found = self._key(self.ranks, _module_name(key))
+            return default if found is None else self.ranks[found]
+
+        return rank
+
+    def alpha_of(self, default: float):
+        def alpha(key: tuple[int, str]) -> float:
+            found = self._key(self.alphas, _module_name(key))
+            return default if found is None else float(self.alphas[found])
+
+        return alpha
+
+
+def _module_name(key: tuple[int, str]) -> str:
+    layer, module = key
+    return f"model.layers.{layer}.{_BLOCK_OF[module]}.{module}"
+
+
+def _patterns(config: dict, err: _Errors) -> _Patterns:
+    ranks, alphas = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+    if not isinstance(ranks, dict) or not all(isinstance(k, str) and type(v) is int and v >= 1 for k, v in ranks.items()):
+        raise err(AdapterFormatError, f"{CONFIG_FILE} rank_pattern must map module names to positive integer ranks, got {ranks!r}")
+    if not isinstance(alphas, dict) or not all(
+        isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        for k, v in alphas.items()
+    ):
+        raise err(AdapterFormatError, f"{CONFIG_FILE} alpha_pattern must map module names to finite numbers, got {alphas!r}")
+    for k in (*ranks, *alphas):
+        try:
+            re.compile(k)
+        except re.error as exc:
+            raise err(AdapterFormatError, f"{CONFIG_FILE} rank_pattern/alpha_pattern key {k!r} is not a valid regex: {exc}") from exc
+    return _Patterns(ranks, alphas)
+
+
 def _declared_targets(config: dict, model_config: ModelConfig, err: _Errors) -> set[str] | None:
     """The full module names adapter_config.json targets (None: not declared), refusing unsupported ones."""
     targets, exclude = config.get("target_modules"), config.get("exclude_modules")
@@ -436,6 +531,8 @@ def _declared_targets(config: dict, model_config: ModelConfig, err: _Errors) -> 
                     if _matches(targets, k) and not (exclude and _matches(exclude, k))}
     except re.error as exc:
         raise err(AdapterFormatError, f"{CONFIG_FILE} target_modules/exclude_modules is not a valid regex: {exc}") from exc
+    if not isinstance(targets, str):  # PEFT applies layers_to_transform to a list of targets only
+        declared = {k for k in declared if _in_transformed_layers(config, k, err)}
     bad = sorted({k.rsplit(".", 1)[-1] for k in declared} - set(LORA_TARGETS))
     if bad:
         raise err(AdapterTargetError, f"target_modules {targets!r} selects {', '.join(bad)}, which LoRA cannot be applied to here; "
@@ -520,7 +617,7 @@ def _check_finite(
     will hold); only when one fails are the tensors searched for the culprit.
     """
     finite = all(bool(torch.isfinite(t).all()) for pair in stacks.groups.values() for t in pair)
-    if finite and all(bool(torch.isfinite(b.abs().amax() * stacks.scale)) for _, b in stacks.groups.values()):
+    if finite and all(bool(torch.isfinite(b.abs().amax() * stacks.largest_scale(group))) for group, (_, b) in stacks.groups.items()):
         return
     for key, (a, b) in weights.items():
         for raw, tensor in ((pairs[key]["lora_A"], a), (pairs[key]["lora_B"], b)):
@@ -534,7 +631,7 @@ def _check_finite(
 
 def _check_tensors(
     pairs: dict[tuple[int, str], dict[str, _RawTensor]],
-    rank: int,
+    rank_of,  # (layer, module) -> the rank adapter_config.json gives it (r, or its rank_pattern entry)
     declared: set[str] | None,
     model_config: ModelConfig,
     max_lora_rank: int,
@@ -564,8 +661,9 @@ def _check_tensors(
             raise _rank_error(err, f"layer {layer} {module} has rank {max(a_rank, b_rank)}", max(a_rank, b_rank), max_lora_rank)
         if a_rank != b_rank:
             raise bad(f"layer {layer} {module}: lora_A has rank {a_rank} but lora_B has rank {b_rank}")
+        rank = rank_of((layer, module))
         if a_rank != rank:
-            raise bad(f"layer {layer} {module} has rank {a_rank} but adapter_config.json says r={rank}")
+            raise bad(f"layer {layer} {module} has rank {a_rank} but adapter_config.json gives it r={rank} (r or rank_pattern)")
         in_f, out_f = shapes[module]
         got_a, got_b = slot["lora_A"].shape, slot["lora_B"].shape
         if got_a[1] != in_f or got_b[0] != out_f:

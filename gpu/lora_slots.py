@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,9 +42,17 @@ class SlotStacks:
     # each (layer, module) of the adapter as views into `groups`: (A [r, in], B [out, r]), the
     # adapter's own tensors without a second copy of them (what LoraCheckpoint.weights become)
     module_views: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    # PEFT rank_pattern / alpha_pattern adapters: per fused module, the scale of each (layer, slice)
+    # [L, n_slices] fp32, used instead of `scale` for that module's B
+    slice_scales: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.groups.values())
+
+    def largest_scale(self, group: str) -> float:
+        """The largest scale any slice of `group`'s B is multiplied by."""
+        scales = self.slice_scales.get(group)
+        return self.scale if scales is None else float(scales.abs().max())
 
 
 def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> SlotStacks:
@@ -70,8 +78,10 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
         )
     shapes = config.module_shapes()
     layers, r, scale = config.num_hidden_layers, max_lora_rank, float(ckpt.scale)
+    module_scales = getattr(ckpt, "module_scales", None) or {}
     groups: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     views: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    slice_scales: dict[str, torch.Tensor] = {}
     for group, modules in FUSED_MODULES.items():
         if not any(module in ckpt.target_modules for module in modules):
             continue
@@ -101,7 +111,12 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
                 b_view.copy_(b)
                 views[layer, module] = (a_view, b_view)
         groups[group] = (a_host, b_host)
-    return SlotStacks(rank=max_lora_rank, scale=scale, groups=groups, module_views=views)
+        if any((layer, module) in module_scales for layer in range(layers) for module in modules):
+            slice_scales[group] = torch.tensor(
+                [[module_scales.get((layer, module), scale) for module in modules] for layer in range(layers)],
+                dtype=torch.float32,
+            )
+    return SlotStacks(rank=max_lora_rank, scale=scale, groups=groups, module_views=views, slice_scales=slice_scales)
 
 
 @dataclass
@@ -178,10 +193,18 @@ class LoraSlots:
                 stack.b[:, slot].zero_()
             else:
                 stack.a[:, slot].copy_(pair[0])
-                _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
+                scales = stacked.slice_scales.get(group)
+                if scales is None:
+                    _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
+                else:  # per-module scales (PEFT alpha_pattern / rank_pattern): each slice its own, per layer
+                    offsets = stack.slice_offsets
+                    for m in range(len(offsets) - 1):
+                        lo, hi = offsets[m], offsets[m + 1]
+                        _copy_scaled(stack.b[:, slot, lo:hi], pair[1][:, lo:hi], scales[:, m, None, None])
         self._targets[slot] = frozenset(stacked.groups)
         self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
-        self.ranks[slot] = min(int(getattr(ckpt, "rank", self.max_lora_rank)), self.max_lora_rank)
+        rank = getattr(ckpt, "slot_rank", None) or getattr(ckpt, "rank", self.max_lora_rank)
+        self.ranks[slot] = min(int(rank), self.max_lora_rank)
 
     def clear(self, slot: int) -> None:
         """Free `slot`: zero its tensors so a stale adapter can never leak into a later step."""
@@ -198,8 +221,9 @@ class LoraSlots:
             raise ConfigError(f"adapter slot {slot} is out of range: the engine has max_loras={self.max_loras} slots")
 
 
-def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
-    """dst = src * scale, the product taken in src's fp32 and rounded once into dst's dtype.
+def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float | torch.Tensor) -> None:
+    """dst = src * scale (a number, or a host fp32 tensor that broadcasts over src), the product taken in
+    src's fp32 and rounded once into dst's dtype.
 
     On one device the product is written straight into dst (torch computes in fp32 and casts on the
     store); across devices it is formed on src's side, as the scaled host copy was before.

@@ -328,8 +328,6 @@ def test_missing_half_of_a_pair(adapter, model_config, tmp_path):
         ({"use_dora": True}, ("DoRA", "not supported yet")),
         ({"modules_to_save": ["lm_head"]}, ("modules_to_save", "not supported yet")),
         ({"bias": "lora_only"}, ("bias='lora_only'", "not supported yet")),
-        ({"rank_pattern": {"q_proj": 2}}, ("rank_pattern", "not supported yet")),
-        ({"layers_to_transform": [0]}, ("layers_to_transform", "not supported yet")),
     ],
 )
 def test_unsupported_features(lora_kwargs, words, model_config, tmp_path):
@@ -445,3 +443,30 @@ def test_an_oversized_config_is_refused_before_it_is_read(adapter, model_config,
     with open(folder / "adapter_config.json", "ab") as f:
         f.truncate(8 << 30)  # sparse
     _raises(AdapterFormatError, folder, model_config, "larger than")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("rank_pattern", {"q_proj": 0}, ("rank_pattern must map module names to positive integer ranks",)),
+        ("rank_pattern", ["q_proj"], ("rank_pattern must map",)),
+        ("alpha_pattern", {"q_proj": float("inf")}, ("alpha_pattern must map module names to finite numbers",)),
+        ("alpha_pattern", {"q_proj(": 2}, ("is not a valid regex",)),
+        ("layers_to_transform", "0", ("layers_to_transform='0'",)),
+        ("layers_pattern", 3, ("layers_pattern=3",)),
+    ],
+)
+def test_malformed_per_module_options_are_refused(adapter, model_config, tmp_path, key, value, words):
+    folder = _copy(adapter[0], tmp_path / "bad-options")
+    cfg = json.loads((folder / "adapter_config.json").read_text())
+    cfg[key] = value
+    if key == "layers_pattern":
+        cfg["layers_to_transform"] = [0]
+    (folder / "adapter_config.json").write_text(json.dumps(cfg))
+    _raises(AdapterFormatError, folder, model_config, *words)
+
+
+def test_a_rank_pattern_above_max_lora_rank_is_refused_at_its_module(model_config, tmp_path):
+    folder, _ = _save_adapter(tmp_path / "pattern32", r=4, lora_alpha=8, rank_pattern={"q_proj": 32})
+    _raises(AdapterRankError, folder, model_config, "q_proj has rank 32", "max_lora_rank to at least 32", max_lora_rank=16)
+    assert _load(folder, model_config, max_lora_rank=32).slot_rank == 32
