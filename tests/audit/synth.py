@@ -114,8 +114,8 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
         EventRecord(kind=EventKind.ADAPTER_LOADED, at=START + 1, payload={"fingerprint": a.fingerprint, "name": a.name})
         for a in ADAPTERS
     ]
-    store.write(AuditBatch(adapters=list(ADAPTERS), events=pending_events))
-    log.events += len(pending_events)
+    # the adapters' rows enter the chain with them: one adapter_registered event each, before these
+    log.events = store.write(AuditBatch(adapters=list(ADAPTERS), events=pending_events)).sequence
     times = sorted(START + rng.random() * days * DAY for _ in range(n_requests))
     for start in range(0, n_requests, batch):
         requests: list[RequestRecord] = []
@@ -165,6 +165,5 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
                 )
             completions += mine
             log.requests.append(SynthRequest(binding=binding, completions=mine, outcome=outcome))
-        store.write(AuditBatch(requests=requests, completions=completions, events=events))
-        log.events += len(events)
+        log.events = store.write(AuditBatch(requests=requests, completions=completions, events=events)).sequence
     return log
