@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +156,7 @@ class AuditLog:
         if limit is not None and limit <= 0:
             return
         n = 0
-        with self._connect() as conn, unavailable_as_error(self.url):
+        with self.snapshot() as conn:
             groups = q.request_groups(
                 conn,
                 flt,
@@ -206,10 +206,16 @@ class AuditLog:
             return verify_log(conn, checkpoint)
 
 
-def request_row(request: Any, completions: Sequence[Any]) -> RequestRow:
-    """A listing line from a request_groups() item."""
-    reasons = sorted({c.c_finish_reason for c in completions})
-    finished = [c.c_finished_at for c in completions]
+def request_row(request: Any, completions: Iterable[Any]) -> RequestRow:
+    """A listing line from a request_groups() item (its completions read as they stream)."""
+    reasons: set[str] = set()
+    count = generated = 0
+    finished = None
+    for c in completions:
+        count += 1
+        reasons.add(c.c_finish_reason)
+        generated += c.c_generated_token_count
+        finished = c.c_finished_at if finished is None else max(finished, c.c_finished_at)
     return RequestRow(
         request_id=request.request_id,
         received_at=request.received_at.timestamp(),
@@ -218,11 +224,11 @@ def request_row(request: Any, completions: Sequence[Any]) -> RequestRow:
         lora_name=request.lora_name,
         lora_int_id=request.lora_int_id,
         prompt_token_count=request.prompt_token_count,
-        num_completions=len(completions),
-        generated_tokens=sum(c.c_generated_token_count for c in completions),
-        finish_reasons=",".join(reasons) if reasons else None,
+        num_completions=count,
+        generated_tokens=generated,
+        finish_reasons=",".join(sorted(reasons)) if reasons else None,
         status=q.status_of(request.status_kind),
-        finished_at=max(finished).timestamp() if finished else None,
+        finished_at=finished.timestamp() if finished is not None else None,
     )
 
 

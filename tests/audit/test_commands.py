@@ -71,7 +71,7 @@ def test_verify_checkpoint_and_tampering(migrated_db_url: str, synth: SynthLog, 
     bad = event_seq(url, rid, "request_finished")
     tamper(url, "UPDATE completions SET finish_reason = 'length' WHERE request_id = :r", r=rid)
     code, out, _ = run(capsys, "audit", "verify", "--url", url)
-    assert code == 1 and out.startswith(f"FAILED at sequence {bad}:")
+    assert code == 1 and out.startswith(f"FAILED at sequence {bad} (`completions` row request_id={rid!r}):"), out
 
 
 def test_report_and_verify_report(migrated_db_url: str, synth: SynthLog, capsys, tmp_path, monkeypatch):
