@@ -186,7 +186,7 @@ def _emit(
 ) -> None:
     """Write rows as they stream in: a fixed-width table of (field, header, width), or CSV / JSON lines of fields."""
     if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a bare \r in a value is quoted too
         writer.writerow(fields)
         for row in rows:
             c = cells(row)

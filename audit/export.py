@@ -76,7 +76,9 @@ class RowWriter:
         self.rows = 0
         self._sink = _HashingSink(path)
         self._text = io.TextIOWrapper(io.BufferedWriter(self._sink, _CHUNK), encoding="utf-8", newline="")
-        self._csv = csv.writer(self._text, lineterminator="\n") if fmt == "csv" else None
+        # CRLF line ends (RFC 4180): csv quotes a field holding a character of the line terminator, so a
+        # bare \r inside a value is quoted too (with "\n" alone it was not, and split the row)
+        self._csv = csv.writer(self._text, lineterminator="\r\n") if fmt == "csv" else None
         if self._csv is not None:
             self._csv.writerow(self.columns)
 

@@ -13,7 +13,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Boolean, Column, Dialect, Double, Integer, String, Table, column
+from sqlalchemy import Boolean, Column, DateTime, Dialect, Double, Integer, String, Table, TypeDecorator, column
 from sqlalchemy import table as sa_table
 from sqlalchemy.sql.expression import ColumnElement, TableClause
 from sqlalchemy.types import JSON
@@ -32,7 +32,7 @@ def _processor(col: Column[Any], dialect: Dialect) -> Callable[[Any], Any] | Non
 
 def _python_check(col: Column[Any]) -> Callable[[Any], str | None]:
     """What a decoded value of col must be: returns why not, or None."""
-    kind = col.type
+    kind = col.type.impl if isinstance(col.type, TypeDecorator) else col.type
 
     def check(value: Any) -> str | None:
         if value is None:
@@ -47,7 +47,7 @@ def _python_check(col: Column[Any]) -> Callable[[Any], str | None]:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif isinstance(kind, String):
             ok = isinstance(value, str)
-        elif kind.python_type is dt.datetime:
+        elif isinstance(kind, DateTime):
             ok = isinstance(value, dt.datetime) and value.tzinfo is not None
         else:  # pragma: no cover - every audit column is one of the above
             ok = True

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loraledger.cli import main
-from tests.audit.synth import ADAPTERS, SynthLog
+from tests.audit.synth import ADAPTERS, SynthLog, build_formula_log
 from tests.audit.tampering import event_seq, tamper
 
 
@@ -95,3 +95,13 @@ def test_report_and_verify_report(migrated_db_url: str, synth: SynthLog, capsys,
         f.write("forged,0,globex,,stop,,1,1,,,,x\n")
     code, out, _ = run(capsys, "audit", "verify-report", str(tmp_path / "r"), "--key-file", str(tmp_path / "p.pem"))
     assert code == 1 and "completions.csv does not match its sha256" in out
+
+
+def test_listings_in_csv_cannot_start_a_formula_and_jsonl_stays_exact(migrated_db_url: str, capsys):
+    values = build_formula_log(migrated_db_url)
+    code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out, newline="")))
+    assert [r["tenant"] for r in rows] == ["'" + v for v in values]
+    code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl")
+    assert code == 0 and [json.loads(line)["tenant"] for line in out.splitlines()] == values
