@@ -151,6 +151,14 @@ def _head(conn: Connection) -> Checkpoint:
     return Checkpoint(sequence=row.seq, hash=row.hash, at=row.at.timestamp())
 
 
+def _root_reason(exc: BaseException) -> str:
+    """The first line of what the driver said, under the wrappers."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def write_batch(conn: Connection, batch: AuditBatch) -> Checkpoint:
     """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that).
 
@@ -244,7 +252,7 @@ class AuditStore:
                     raise
                 raise AuditUnavailableError(
                     f"the audit store at {display_url(self.url)} did not answer within {seconds:g} s "
-                    f"(audit_timeout), so it is treated as unreachable: {exc}"
+                    f"(audit_timeout), so it is treated as unreachable ({_root_reason(exc)})"
                 ) from exc
 
     @contextlib.contextmanager
@@ -264,22 +272,32 @@ class AuditStore:
 
         Adapters, requests and completions already on record are skipped (a request id on record
         with a different binding raises DuplicateRequestError); events whose dedup_key is on
-        record are skipped. So a batch retried after an ambiguous failure is written once.
+        record are skipped. So a batch retried after an ambiguous failure is written once. An
+        AuditUnavailableError says whether the failure was ambiguous: `maybe_committed` is False
+        when it came before the commit was sent.
         """
         engine = self.engine
-        with self._operation(self.timeout) as op:
-            try:
-                with write_transaction(engine) as conn:
-                    return write_batch(conn, batch)
-            except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
-                if op is not None and op.expired:
-                    raise  # the watchdog cut the connection: not a refusal of the batch
-                # a guard, a constraint or a value the column cannot hold refused a row: retrying the same
-                # batch cannot help (unlike an outage), and nothing of it is on record
-                raise AuditIntegrityError(
-                    f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
-                    f"{str(exc.orig).strip()}"
-                ) from exc
+        committing = False
+        try:
+            with self._operation(self.timeout) as op:
+                try:
+                    with write_transaction(engine) as conn:
+                        head = write_batch(conn, batch)
+                        committing = True  # leaving the block sends COMMIT
+                    return head
+                except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
+                    if op is not None and op.expired:
+                        raise  # the watchdog cut the connection: not a refusal of the batch
+                    # a guard, a constraint or a value the column cannot hold refused a row: retrying the same
+                    # batch cannot help (unlike an outage), and nothing of it is on record
+                    raise AuditIntegrityError(
+                        f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
+                        f"{str(exc.orig).strip()}"
+                    ) from exc
+        except AuditUnavailableError as exc:
+            # False: it failed before COMMIT was sent, so nothing of the batch can be on record
+            exc.maybe_committed = committing  # type: ignore[attr-defined]
+            raise
 
     # -- reading ---------------------------------------------------------------------------
 

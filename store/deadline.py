@@ -79,6 +79,7 @@ class Watchdog:
         finally:
             with self._cond:
                 self._ops.discard(op)
+                self._cond.notify()
             self._local.op = outer
 
     def close(self) -> None:
@@ -90,7 +91,7 @@ class Watchdog:
 
     def _watch(self) -> None:
         with self._cond:
-            while not self._closed:
+            while not (self._closed and not self._ops):  # an operation still running keeps its deadline
                 now = time.monotonic()
                 for op in self._ops:
                     if op.ends <= now:
