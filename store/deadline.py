@@ -52,6 +52,7 @@ class Watchdog:
         self._ops: set[Operation] = set()
         self._local = threading.local()  # the operation the current thread runs
         self._thread: threading.Thread | None = None
+        self._wake_at = 0.0  # when the watching thread wakes next (monotonic); it re-plans from the operations left
         self._closed = False
         event.listen(engine, "do_connect", self._before_connect)
         event.listen(engine, "connect", self._on_connect)
@@ -73,13 +74,15 @@ class Watchdog:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._watch, name="loraledger-db-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if op.ends < self._wake_at:  # the watching thread would sleep past this deadline: wake it
+                self._cond.notify()
         try:
             yield op
         finally:
             with self._cond:
                 self._ops.discard(op)
-                self._cond.notify()
+                if self._closed:  # the watching thread ends once no operation is left
+                    self._cond.notify()
             self._local.op = outer
 
     def close(self) -> None:
@@ -99,10 +102,13 @@ class Watchdog:
                 if any(op.expired for op in self._ops):
                     for conn in list(self._conns.values()):
                         self._cut(conn)
+                    self._wake_at = now + RECUT_S
                     self._cond.wait(RECUT_S)
                     continue
-                nearest = min((op.ends for op in self._ops), default=None)
-                self._cond.wait(None if nearest is None else max(0.0, nearest - now))
+                # a finished operation's deadline may still be the one slept to: waking then is harmless and
+                # spares a wake-up per operation (the common case: one short operation after another)
+                self._wake_at = min((op.ends for op in self._ops), default=math.inf)
+                self._cond.wait(None if self._wake_at == math.inf else max(0.0, self._wake_at - now))
 
     def _cut(self, conn: Any) -> None:
         """Make every wait on conn fail now (called with the lock held: the pool cannot close it meanwhile)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 
 from loraledger.audit import AuditLog
 from loraledger.cli import main
