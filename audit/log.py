@@ -15,7 +15,7 @@ from loraledger.audit import rows
 from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
 from loraledger.audit.timefmt import Instant, to_unix
 from loraledger.audit.verify import read_checkpoint, verify_log
-from loraledger.errors import AuditSchemaError, AuditUnavailableError, UnknownRequestError
+from loraledger.errors import AuditCorruptError, AuditSchemaError, AuditUnavailableError, LoraLedgerError, UnknownRequestError
 from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
@@ -93,6 +93,20 @@ class AuditLog:
             with conn.begin():
                 yield conn
 
+    @contextlib.contextmanager
+    def _readable(self) -> Iterator[None]:
+        """A value that cannot be read (a row edited behind the guards) is AuditCorruptError, not a traceback;
+        `verify` reads such rows defensively and names them."""
+        try:
+            yield
+        except LoraLedgerError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise AuditCorruptError(
+                f"the audit log at {display_url(self.url)} holds a value that cannot be read ({type(exc).__name__}: {exc}); "
+                "`loraledger audit verify` names the row"
+            ) from exc
+
     def _connect(self) -> Connection:
         with unavailable_as_error(self.url):
             return self.engine.connect()
@@ -101,7 +115,7 @@ class AuditLog:
 
     def request(self, request_id: str) -> RequestLineage:
         """The full lineage of one request: binding, adapter, completions in index order, events in seq order."""
-        with self.snapshot() as conn:
+        with self.snapshot() as conn, self._readable():
             binding_row = conn.execute(select(q.R).where(q.R.c.request_id == request_id)).first()
             if binding_row is None:
                 raise UnknownRequestError(f"request {request_id!r} is not in the audit log at {display_url(self.url)}")
@@ -155,19 +169,18 @@ class AuditLog:
     def _request_rows(self, flt: q.RequestFilter, limit: int | None) -> Iterator[RequestRow]:
         if limit is not None and limit <= 0:
             return
-        n = 0
-        with self.snapshot() as conn:
+        with self.snapshot() as conn, self._readable():
             groups = q.request_groups(
                 conn,
                 flt,
                 request_columns=[q.R.c[name] for name in _LISTING_REQUEST_COLUMNS],
                 completion_columns=[q.completion_column(name) for name in _LISTING_COMPLETION_COLUMNS],
             )
-            for request, completions in groups:
-                yield request_row(request, completions)
-                n += 1
-                if limit is not None and n >= limit:
-                    return
+            with contextlib.closing(groups):  # the cursors close while their connection is open
+                for n, (request, completions) in enumerate(groups, start=1):
+                    yield request_row(request, completions)
+                    if limit is not None and n >= limit:
+                        return
 
     def usage(
         self,
@@ -189,7 +202,7 @@ class AuditLog:
 
     def adapters(self, fingerprints: Sequence[str] | None = None) -> Iterator[AdapterInfo]:
         """The adapter inventory (all, or those fingerprints) with request counts and first / last use."""
-        with self._connect() as conn, unavailable_as_error(self.url):
+        with self._connect() as conn, unavailable_as_error(self.url), self._readable():
             for row in q.stream(conn, q.adapters_statement(fingerprints)):
                 yield adapter_info(row)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -128,7 +129,8 @@ def export_rows(conn: Connection, flt: q.RequestFilter, out: Path, fmt: str, tal
     requests_name, completions_name = row_files(fmt)
     jsonl = fmt == "jsonl"
     groups = q.request_groups(conn, flt, request_columns=_REQUEST_SELECT, completion_columns=_COMPLETION_SELECT)
-    with RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests, RowWriter(
+    # closing: on an error the cursors are closed here, while their connection is still open
+    with contextlib.closing(groups), RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests, RowWriter(
         out / completions_name, COMPLETION_COLUMNS, fmt
     ) as completions:
         for request, rows in groups:
