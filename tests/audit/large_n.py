@@ -92,19 +92,26 @@ def peak(fn: Callable[[], Any]) -> tuple[Any, int, float]:
 
 
 def measure(url: str, out: Path) -> dict[str, tuple[Any, int, float]]:
-    """Peak memory of verify, of a report bundle (CSV, which verifies too) and of `audit requests --format csv`."""
+    """Peak memory of verify, of report bundles in CSV and JSONL (each verifies too, and writes the HTML page),
+    and of `audit requests --format csv|jsonl`."""
     from loraledger.cli import main
 
     figures: dict[str, tuple[Any, int, float]] = {}
     with AuditLog(url) as log:
         figures["verify"] = peak(log.verify)
-        figures["report"] = peak(lambda: write_report(log, out, since=START, until=START + 86_400, progress=False, unsigned=True))
+        for fmt in ("csv", "jsonl"):
+            bundle = lambda: write_report(  # noqa: E731
+                log, out / fmt, since=START, until=START + 86_400, fmt=fmt, progress=False, unsigned=True
+            )
+            figures[f"report_{fmt}"] = peak(bundle)
 
-    def listing() -> int:
-        with redirect_stdout(io.StringIO()):
-            return main(["audit", "requests", "--url", url, "--format", "csv"])
+    for fmt in ("csv", "jsonl"):
 
-    figures["requests_csv"] = peak(listing)
+        def listing() -> int:
+            with redirect_stdout(io.StringIO()):
+                return main(["audit", "requests", "--url", url, "--format", fmt])
+
+        figures[f"requests_{fmt}"] = peak(listing)
     return figures
 
 
@@ -121,7 +128,7 @@ def _main(argv: list[str]) -> int:
         build(url, args.n)
         print(f"n={args.n}: log written in {time.perf_counter() - started:.1f} s")
         for name, (_, top, seconds) in measure(url, Path(tmp) / "report").items():
-            print(f"{name:>13}: peak {top / 1e6:8.1f} MB traced, {seconds:6.2f} s")
+            print(f"{name:>14}: peak {top / 1e6:8.1f} MB traced, {seconds:6.2f} s")
     return 0
 
 

@@ -22,13 +22,14 @@ def test_verify_and_exports_of_a_large_n_request_stay_flat(migrated_db_url: str,
     result, _, _ = figures["verify"]
     assert result.ok, result.problems
     assert result.completions == N
-    manifest, _, _ = figures["report"]
-    assert manifest["verification"]["ok"] and manifest["counts"]["completions"] == N
-    rows = list(read_rows(tmp_path / "report" / "completions.csv", "csv"))
-    assert len(rows) == N and {r["request_id"] for r in rows} == {rid}
-    assert [int(r["completion_index"]) for r in rows] == list(range(N))
-    code, _, _ = figures["requests_csv"]
-    assert code == 0
+    for fmt in ("csv", "jsonl"):
+        manifest, _, _ = figures[f"report_{fmt}"]
+        assert manifest["verification"]["ok"] and manifest["counts"]["completions"] == N
+        rows = list(read_rows(tmp_path / "report" / fmt / f"completions.{fmt}", fmt))
+        assert len(rows) == N and {r["request_id"] for r in rows} == {rid}
+        assert [int(r["completion_index"]) for r in rows] == list(range(N))
+        code, _, _ = figures[f"requests_{fmt}"]
+        assert code == 0
     for name, (_, top, seconds) in figures.items():
         print(f"{name}: peak {top / 1e6:.1f} MB traced in {seconds:.2f} s at n={N}")
         assert top < BOUND, f"{name} peaked at {top / 1e6:.1f} MB traced for one request with n={N}"
