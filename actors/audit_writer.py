@@ -154,7 +154,6 @@ class AuditWriter:
             if self._writing.is_set():
                 # an abandoned write has still not returned: do not start a second one beside it
                 raise AuditUnavailableError("the previous write to the audit store has still not returned")
-            self._writing.set()
             with anyio.move_on_after(self._give_up_after) as scope:
                 refused = await anyio.to_thread.run_sync(self._write_once, pending, abandon_on_cancel=True)
             if scope.cancelled_caught:
@@ -214,6 +213,9 @@ class AuditWriter:
                 pass
 
     def _write_once(self, pending: list[AuditAppend]) -> dict[int, Exception]:
+        # set here, in the thread: a write cancelled before its thread started never runs, and must not
+        # keep the next one from starting
+        self._writing.set()
         try:
             return self._write(pending)
         finally:

@@ -319,13 +319,15 @@ class _Walk:
                 continue
             if bound_row and not wrong_adapter and record.adapter_fingerprint != bound:
                 wrong_adapter = True
-                found.add(seq, f"completion {index} of {rid!r} names adapter {record.adapter_fingerprint} but the request is bound to {bound}",
+                named = record.adapter_fingerprint
+                found.add(seq, f"completion {index} of {rid!r} names adapter {named} but the request is bound to {bound}",
                           rid, table="completions", key=key)  # fmt: skip
             sha.add(rows.completion_builtins(record))
         key = {"request_id": rid}
         if "completions_sha256" not in payload:
             if kind == EventKind.REQUEST_FINISHED:
-                found.add(seq, f"the request_finished event of {rid!r} carries no completions_sha256", rid, table="events", key={"seq": seq})
+                found.add(seq, f"the request_finished event of {rid!r} carries no completions_sha256", rid,
+                          table="events", key={"seq": seq})  # fmt: skip
             elif count:
                 found.add(seq, f"request {rid!r} was aborted before any output, yet {count} `completions` rows are on record for it",
                           rid, table="completions", key=key)  # fmt: skip
