@@ -4,10 +4,18 @@ Everything that arrives while a commit is running goes into the next one, so the
 (one fsync on SQLite, one round trip on PostgreSQL) is shared by many records. When the store is
 unreachable nothing is dropped: held records are retried with backoff until they commit; new
 admissions are refused at once (audit_on_failure="reject", fail closed) or wait ("block").
+
+A store that hangs is unreachable too: each store operation has a deadline (audit_timeout,
+enforced by the store), and a write that still has not returned well past it is abandoned here.
+Cancelled (the engine's stop ran past its shutdown timeout), the writer answers every message it
+still holds with AuditUnavailableError; what was not committed is not on record, and the next
+start records those requests as interrupted.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 
 import anyio
@@ -21,6 +29,7 @@ from loraledger.logging import get_logger
 from loraledger.store.records import AuditBatch
 
 MAX_BATCH_MESSAGES = 1024
+PG_CONNECT_FLOOR_S = 2  # libpq waits at least this long for a connection, whatever the deadline
 
 
 class AuditWriter:
@@ -33,6 +42,7 @@ class AuditWriter:
         on_failure: str = "reject",
         retry_initial: float = 0.05,
         retry_max: float = 2.0,
+        timeout: float | None = None,
     ) -> None:
         self._inbox = inbox
         self._assembler = assembler
@@ -42,11 +52,21 @@ class AuditWriter:
         self._retry_max = retry_max
         self._attempted: set[str] = set()  # request ids already sent in a write that may have committed
         self._down = False
+        # a write runs two store operations, each bounded by timeout (and a new connection by libpq's floor)
+        self._give_up_after = math.inf if timeout is None else 2 * (timeout + max(timeout, PG_CONNECT_FLOOR_S)) + 1
+        self._writing = threading.Event()  # set while a write runs in its worker thread (abandoned ones included)
         self.commits = 0
         self._log = get_logger("audit_writer")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         pending: list[AuditAppend] = []
+        try:
+            await self._run(pending, task_status)
+        finally:
+            if pending:  # cancelled with records not on record: nobody waits on them forever
+                await self._abandon(pending)
+
+    async def _run(self, pending: list[AuditAppend], task_status: TaskStatus) -> None:
         closing = False
         async with self._inbox, self._assembler:
             task_status.started()
@@ -64,7 +84,7 @@ class AuditWriter:
                 if not pending:
                     continue
                 if await self._commit(pending):
-                    pending = []
+                    pending.clear()
                     backoff = self._retry_initial
                     continue
                 # the store is down: keep what we hold, refuse (or keep) new admissions, retry later
@@ -114,10 +134,32 @@ class AuditWriter:
                 keep.append(msg)
         pending[:] = keep
 
+    async def _abandon(self, pending: list[AuditAppend]) -> None:
+        error = AuditUnavailableError(
+            "the engine stopped before these records were committed (the audit store did not answer in time); "
+            "they are not on record"
+        )
+        self._log.error(
+            "engine stopped with audit records not committed",
+            requests=[r.request_id for m in pending for r in m.requests] + [rid for m in pending for rid in m.commit_notify],
+        )
+        with anyio.move_on_after(1, shield=True):
+            for msg in pending:
+                await answer(msg.reply, error)
+        pending.clear()
+
     async def _commit(self, pending: list[AuditAppend]) -> bool:
         started = time.perf_counter()
         try:
-            refused = await anyio.to_thread.run_sync(self._write, pending)
+            if self._writing.is_set():
+                # an abandoned write has still not returned: do not start a second one beside it
+                raise AuditUnavailableError("the previous write to the audit store has still not returned")
+            with anyio.move_on_after(self._give_up_after) as scope:
+                refused = await anyio.to_thread.run_sync(self._write_once, pending, abandon_on_cancel=True)
+            if scope.cancelled_caught:
+                raise AuditUnavailableError(
+                    f"the audit store did not answer within {self._give_up_after:g} s: the write is abandoned"
+                )
         except AuditUnavailableError as exc:
             if not self._down:
                 self._log.error("audit store unreachable; holding records and retrying", error=str(exc))
@@ -170,6 +212,15 @@ class AuditWriter:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
+    def _write_once(self, pending: list[AuditAppend]) -> dict[int, Exception]:
+        # set here, in the thread: a write cancelled before its thread started never runs, and must not
+        # keep the next one from starting
+        self._writing.set()
+        try:
+            return self._write(pending)
+        finally:
+            self._writing.clear()  # also when the actor stopped waiting for this thread
+
     def _write(self, pending: list[AuditAppend]) -> dict[int, Exception]:
         """One transaction for the whole group (worker thread). Returns refusals by message id()."""
         refused: dict[int, Exception] = {}
@@ -188,7 +239,15 @@ class AuditWriter:
             completions=[c for m in pending if id(m) not in refused for c in m.completions],
             events=[e for m in pending if id(m) not in refused for e in m.events],
         )
-        self._attempted.update(r.request_id for r in batch.requests)
+        sent = {r.request_id for r in batch.requests} - self._attempted
+        self._attempted.update(sent)
         if batch.adapters or batch.requests or batch.completions or batch.events:
-            self._store.write(batch)
+            try:
+                self._store.write(batch)
+            except AuditUnavailableError as exc:
+                if not getattr(exc, "maybe_committed", True):
+                    # it failed before its commit was sent: nothing of it is on record, a retry is no duplicate,
+                    # and its admissions can be refused at once
+                    self._attempted.difference_update(sent)
+                raise
         return refused

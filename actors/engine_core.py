@@ -45,7 +45,7 @@ class EngineCore:
         self._log = get_logger("engine_core")
         self._streams = {name: anyio.create_memory_object_stream[object](size) for name, size in INBOX.items()}
         self._done: dict[str, anyio.Event] = {name: anyio.Event() for name in INBOX}
-        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}  # each actor's own: cancelling them leaves the caller's code running
         self.runner = None
         self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
@@ -61,7 +61,9 @@ class EngineCore:
         recv = {name: pair[1] for name, pair in self._streams.items()}
 
         if audit_on:
-            writer = AuditWriter(recv["audit"], send("assembler"), s.store, on_failure=args.audit_on_failure)
+            writer = AuditWriter(
+                recv["audit"], send("assembler"), s.store, on_failure=args.audit_on_failure, timeout=args.audit_timeout
+            )
             await tg.start(self._supervise, "audit", writer)
         executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
         self.runner = await tg.start(self._supervise, "executor", executor)
@@ -146,8 +148,16 @@ class EngineCore:
         async with self.sender("audit") as audit:
             await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
 
-    async def stop(self, timeout: float = 30.0) -> None:
-        """Stop in dependency order: nothing new comes in, running requests end with an error, records are flushed."""
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop in dependency order: nothing new comes in, running requests end with an error, records are flushed.
+
+        Bounded by timeout (default: the shutdown_timeout engine argument). Past it, every actor still
+        waiting (on an audit store that does not answer, say) is cancelled: a final output whose
+        records were not committed is withheld and its caller gets an error, and the next start
+        records those requests as interrupted, as after a crash.
+        """
+        if timeout is None:
+            timeout = getattr(self.setup.args, "shutdown_timeout", 30.0)
         with anyio.move_on_after(timeout, shield=True) as scope:
             for name in ("admission", "scheduler", "loader", "assembler"):
                 await self._shutdown(name)
@@ -155,7 +165,10 @@ class EngineCore:
                 await self.record(EventKind.ENGINE_STOPPED, {})
                 await self._shutdown("audit")
         if scope.cancelled_caught:
-            self._log.error("engine stop timed out", timeout=timeout)
+            waiting = sorted(name for name, done in self._done.items() if not done.is_set())
+            self._log.error("engine stop timed out: cancelling the actors still running", timeout=timeout, actors=waiting)
+            for scope in self._scopes.values():
+                scope.cancel()
         # our own inbox handles: with them gone the Executor (whose only other sender was the Scheduler) ends too
         for send, _ in self._streams.values():
             send.close()

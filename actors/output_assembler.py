@@ -7,6 +7,7 @@ audit store (audit_durable, the default): it is held here until the AuditWriter 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import anyio
@@ -359,10 +360,11 @@ class OutputAssembler:
             kind=EventKind.REQUEST_ABORTED if aborted else EventKind.REQUEST_FINISHED,
             at=now,
             request_id=rid,
+            # digests and counts only: a payload that grew with n would be read back with every completion
             payload={
                 "completions_sha256": digest([msgspec.to_builtins(r) for r in records]),
                 "num_completions": len(records),
-                "finish_reasons": reasons,
+                "finish_reason_counts": dict(sorted(Counter(reasons).items())),
                 "num_preemptions": req.metrics.num_preemptions,
             },
             dedup_key=f"end:{rid}",

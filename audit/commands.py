@@ -12,8 +12,9 @@ from typing import Any, TextIO
 
 import msgspec
 
+from loraledger.audit.export import csv_cell
 from loraledger.audit.log import AuditLog
-from loraledger.audit.records import AdapterInfo, RequestLineage, RequestRow, VerifyResult
+from loraledger.audit.records import AdapterInfo, Problem, RequestLineage, RequestRow, VerifyResult
 from loraledger.audit.timefmt import iso
 from loraledger.errors import ConfigError
 from loraledger.store.records import AdapterRecord
@@ -200,7 +201,7 @@ def _emit(
 ) -> None:
     """Write rows as they stream in: a fixed-width table of (field, header, width), or CSV / JSON lines of fields."""
     if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\n")
+        writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a bare \r in a value is quoted too
         writer.writerow(fields)
         for row in rows:
             c = cells(row)
@@ -224,8 +225,8 @@ def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, (list, dict)):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return value
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return csv_cell(value)  # no cell a spreadsheet would run as a formula
 
 
 def _text(name: str, value: Any) -> str:
@@ -342,12 +343,20 @@ def format_verify(result: VerifyResult) -> str:
     first = result.first_problem
     assert first is not None
     where = f"sequence {first.sequence}" if first.sequence is not None else "no event"
-    lines = [f"FAILED at {where}: {first.message}"]
+    lines = [f"FAILED at {where}{_row(first)}: {first.message}"]
     for p in result.problems[1:SHOWN_PROBLEMS]:
-        lines.append(f"  also at {p.sequence if p.sequence is not None else '-'}: {p.message}")
+        lines.append(f"  also at {p.sequence if p.sequence is not None else '-'}{_row(p)}: {p.message}")
     if result.problem_count > SHOWN_PROBLEMS:
         lines.append(f"  ... {result.problem_count - SHOWN_PROBLEMS} more problems")
     return "\n".join(lines) + "\n"
+
+
+def _row(problem: Problem) -> str:
+    """ (`table` row key=value, ...) of a problem that names a row."""
+    if problem.table is None:
+        return ""
+    key = ", ".join(f"{k}={v!r}" for k, v in (problem.key or {}).items())
+    return f" (`{problem.table}` row {key})" if key else f" (`{problem.table}`)"
 
 
 def _checkpoint(args: argparse.Namespace) -> int:

@@ -15,6 +15,22 @@ from loraledger.errors import ConfigError
 
 FORMATS = ("csv", "jsonl")
 _CHUNK = 1 << 20
+# A text cell starting with one of these is run as a formula by spreadsheets (OWASP: CSV injection);
+# it is written with a single quote in front. A cell that starts with a quote already gets one too,
+# so that reading back (csv_text) drops exactly one and every value comes back as it was.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+def csv_cell(value: Any) -> Any:
+    """value as a CSV cell a spreadsheet shows as text: a str that would start a formula gets a leading '."""
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def csv_text(cell: str) -> str:
+    """The text a CSV cell written through csv_cell holds."""
+    return cell[1:] if cell.startswith("'") else cell
 
 
 def check_format(fmt: str) -> str:
@@ -49,7 +65,8 @@ class _HashingSink(io.RawIOBase):
 class RowWriter:
     """Writes rows with a fixed column list to one CSV (with a header row) or JSONL file.
 
-    CSV cells are str, int, float or None (an empty cell); JSON lines take any JSON value.
+    CSV cells are str, int, float or None (an empty cell); text that a spreadsheet would run as a
+    formula is neutralised (csv_cell). JSON lines take any JSON value and keep it exact.
     """
 
     def __init__(self, path: Path, columns: Sequence[str], fmt: str):
@@ -59,13 +76,15 @@ class RowWriter:
         self.rows = 0
         self._sink = _HashingSink(path)
         self._text = io.TextIOWrapper(io.BufferedWriter(self._sink, _CHUNK), encoding="utf-8", newline="")
-        self._csv = csv.writer(self._text, lineterminator="\n") if fmt == "csv" else None
+        # CRLF line ends (RFC 4180): csv quotes a field holding a character of the line terminator, so a
+        # bare \r inside a value is quoted too (with "\n" alone it was not, and split the row)
+        self._csv = csv.writer(self._text, lineterminator="\r\n") if fmt == "csv" else None
         if self._csv is not None:
             self._csv.writerow(self.columns)
 
     def write(self, row: Sequence[Any]) -> None:
         if self._csv is not None:
-            self._csv.writerow(row)
+            self._csv.writerow([csv_cell(value) for value in row])
         else:
             self._text.write(json.dumps(dict(zip(self.columns, row)), ensure_ascii=False, separators=(",", ":")))
             self._text.write("\n")
@@ -84,7 +103,8 @@ class RowWriter:
 
 
 def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
-    """The rows of a file RowWriter wrote, as column -> value; CSV cells come back as text, empty as None."""
+    """The rows of a file RowWriter wrote, as column -> value; CSV cells come back as the text written
+    (neutralised formulas restored), empty as None."""
     if check_format(fmt) == "csv":
         with open(path, encoding="utf-8", newline="") as file:
             reader = csv.reader(file)
@@ -94,7 +114,7 @@ def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
             for line, cells in enumerate(reader, start=2):
                 if len(cells) != len(header):
                     raise ValueError(f"{path.name} row {line} has {len(cells)} cells, the header has {len(header)}")
-                yield {k: (v if v != "" else None) for k, v in zip(header, cells)}
+                yield {k: (csv_text(v) if v != "" else None) for k, v in zip(header, cells)}
     else:
         with open(path, encoding="utf-8") as file:
             for line, text in enumerate(file, start=1):

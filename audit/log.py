@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,14 @@ from loraledger.audit import rows
 from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
 from loraledger.audit.timefmt import Instant, to_unix
 from loraledger.audit.verify import read_checkpoint, verify_log
-from loraledger.errors import AmbiguousRequestIdError, AuditSchemaError, AuditUnavailableError, UnknownRequestError
+from loraledger.errors import (
+    AmbiguousRequestIdError,
+    AuditCorruptError,
+    AuditSchemaError,
+    AuditUnavailableError,
+    LoraLedgerError,
+    UnknownRequestError,
+)
 from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
@@ -94,6 +101,20 @@ class AuditLog:
             with conn.begin():
                 yield conn
 
+    @contextlib.contextmanager
+    def _readable(self) -> Iterator[None]:
+        """A value that cannot be read (a row edited behind the guards) is AuditCorruptError, not a traceback;
+        `verify` reads such rows defensively and names them."""
+        try:
+            yield
+        except LoraLedgerError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise AuditCorruptError(
+                f"the audit log at {display_url(self.url)} holds a value that cannot be read ({type(exc).__name__}: {exc}); "
+                "`loraledger audit verify` names the row"
+            ) from exc
+
     def _connect(self) -> Connection:
         with unavailable_as_error(self.url):
             return self.engine.connect()
@@ -102,7 +123,7 @@ class AuditLog:
 
     def request(self, request_id: str) -> RequestLineage:
         """The full lineage of one request: binding, adapter, completions in index order, events in seq order."""
-        with self.snapshot() as conn:
+        with self.snapshot() as conn, self._readable():
             binding_row = conn.execute(select(q.R).where(q.R.c.request_id == request_id)).first()
             if binding_row is None:
                 raise UnknownRequestError(f"request {request_id!r} is not in the audit log at {display_url(self.url)}")
@@ -177,19 +198,18 @@ class AuditLog:
     def _request_rows(self, flt: q.RequestFilter, limit: int | None) -> Iterator[RequestRow]:
         if limit is not None and limit <= 0:
             return
-        n = 0
-        with self._connect() as conn, unavailable_as_error(self.url):
+        with self.snapshot() as conn, self._readable():
             groups = q.request_groups(
                 conn,
                 flt,
                 request_columns=[q.R.c[name] for name in _LISTING_REQUEST_COLUMNS],
                 completion_columns=[q.completion_column(name) for name in _LISTING_COMPLETION_COLUMNS],
             )
-            for request, completions in groups:
-                yield request_row(request, completions)
-                n += 1
-                if limit is not None and n >= limit:
-                    return
+            with contextlib.closing(groups):  # the cursors close while their connection is open
+                for n, (request, completions) in enumerate(groups, start=1):
+                    yield request_row(request, completions)
+                    if limit is not None and n >= limit:
+                        return
 
     def usage(
         self,
@@ -211,7 +231,7 @@ class AuditLog:
 
     def adapters(self, fingerprints: Sequence[str] | None = None) -> Iterator[AdapterInfo]:
         """The adapter inventory (all, or those fingerprints) with request counts and first / last use."""
-        with self._connect() as conn, unavailable_as_error(self.url):
+        with self._connect() as conn, unavailable_as_error(self.url), self._readable():
             for row in q.stream(conn, q.adapters_statement(fingerprints)):
                 yield adapter_info(row)
 
@@ -228,10 +248,16 @@ class AuditLog:
             return verify_log(conn, checkpoint)
 
 
-def request_row(request: Any, completions: Sequence[Any]) -> RequestRow:
-    """A listing line from a request_groups() item."""
-    reasons = sorted({c.c_finish_reason for c in completions})
-    finished = [c.c_finished_at for c in completions]
+def request_row(request: Any, completions: Iterable[Any]) -> RequestRow:
+    """A listing line from a request_groups() item (its completions read as they stream)."""
+    reasons: set[str] = set()
+    count = generated = 0
+    finished = None
+    for c in completions:
+        count += 1
+        reasons.add(c.c_finish_reason)
+        generated += c.c_generated_token_count
+        finished = c.c_finished_at if finished is None else max(finished, c.c_finished_at)
     return RequestRow(
         request_id=request.request_id,
         received_at=request.received_at.timestamp(),
@@ -240,11 +266,11 @@ def request_row(request: Any, completions: Sequence[Any]) -> RequestRow:
         lora_name=request.lora_name,
         lora_int_id=request.lora_int_id,
         prompt_token_count=request.prompt_token_count,
-        num_completions=len(completions),
-        generated_tokens=sum(c.c_generated_token_count for c in completions),
-        finish_reasons=",".join(reasons) if reasons else None,
+        num_completions=count,
+        generated_tokens=generated,
+        finish_reasons=",".join(sorted(reasons)) if reasons else None,
         status=q.status_of(request.status_kind),
-        finished_at=max(finished).timestamp() if finished else None,
+        finished_at=finished.timestamp() if finished is not None else None,
     )
 
 

@@ -148,33 +148,65 @@ def request_groups(
     *,
     request_columns: Sequence[ColumnElement[Any]],
     completion_columns: Sequence[ColumnElement[Any]],
-) -> Iterator[tuple[Row[Any], list[Row[Any]]]]:
-    """Each matching request and its completions, in received order, one request at a time.
+) -> Iterator[tuple[Row[Any], Iterator[Row[Any]]]]:
+    """Each matching request, in received order, with an iterator over its completions in index order.
 
-    Every row has `request_id`, `status_kind` and `c_completion_index` besides the columns asked
-    for (completion columns labelled with COMPLETION_PREFIX). One joined, ordered stream: a
-    request's completion rows arrive together, so nothing but the current request is held in
-    memory however many rows match.
+    A request row has `request_id`, `status_kind` and the request columns asked for; a completion
+    row has `request_id`, `c_completion_index` and the completion columns (labelled with
+    COMPLETION_PREFIX). Two cursors in the same order, read side by side: a request's columns come
+    once however many completions it has, and nothing but the current row of each is held, so a
+    request with a large n streams like many small ones. Read the completions of a request before
+    asking for the next request (what is left unread is skipped); run it in one snapshot
+    (AuditLog.snapshot), so that both cursors see the same rows.
     """
-    columns = [R.c.request_id, *request_columns, status_kind().label("status_kind")]
-    columns += [completion_column("completion_index"), *completion_columns]
-    stmt = (
-        select(*columns)
-        .select_from(R.outerjoin(C, C.c.request_id == R.c.request_id))
+    order = (R.c.received_at, R.c.request_id)
+    requests = (
+        select(R.c.request_id, *request_columns, status_kind().label("status_kind"))
         .where(*flt.clauses())
-        .order_by(R.c.received_at, R.c.request_id, C.c.completion_index)
+        .order_by(*order)
     )
-    current: Row[Any] | None = None
-    completions: list[Row[Any]] = []
-    for row in stream(conn, stmt):
-        if current is None or row.request_id != current.request_id:
-            if current is not None:
-                yield current, completions
-            current, completions = row, []
-        if row.c_completion_index is not None:
-            completions.append(row)
-    if current is not None:
-        yield current, completions
+    completions = (
+        select(R.c.request_id, completion_column("completion_index"), *completion_columns)
+        .select_from(R.join(C, C.c.request_id == R.c.request_id))
+        .where(*flt.clauses())
+        .order_by(*order, C.c.completion_index)
+    )
+    rows = _Cursor(stream(conn, completions))
+    try:
+        for request in stream(conn, requests):
+            yield request, rows.take(request.request_id)
+            rows.skip(request.request_id)
+    finally:
+        rows.close()
+
+
+class _Cursor:
+    """A stream of completion rows consumed one request at a time."""
+
+    def __init__(self, rows: Iterator[Row[Any]]):
+        self._rows = rows
+        self._next: Row[Any] | None = None
+        self._started = False
+
+    def _peek(self) -> Row[Any] | None:
+        if not self._started:
+            self._started = True
+            self._next = next(self._rows, None)
+        return self._next
+
+    def take(self, request_id: str) -> Iterator[Row[Any]]:
+        while (row := self._peek()) is not None and row.request_id == request_id:
+            self._next = next(self._rows, None)
+            yield row
+
+    def skip(self, request_id: str) -> None:
+        for _ in self.take(request_id):
+            pass
+
+    def close(self) -> None:
+        close = getattr(self._rows, "close", None)
+        if close is not None:
+            close()
 
 
 def count_requests(conn: Connection, flt: RequestFilter) -> int:

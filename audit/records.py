@@ -75,6 +75,8 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
     sequence: int | None  # the first event sequence number concerned, when there is one
     message: str
     request_id: str | None = None
+    table: str | None = None  # the audit table whose row is wrong: adapters, requests, completions or events
+    key: dict | None = None  # that row's key, column -> value (for completions, request_id alone: all its rows)
 
 
 class VerifyResult(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,7 +26,7 @@ from loraledger.audit.report_rows import Tally, export_rows
 from loraledger.audit.signing import UNSIGNED, Signature, Signer, signer_for
 from loraledger.audit.timefmt import Instant, iso, to_unix
 from loraledger.audit.verify import verify_log
-from loraledger.errors import ConfigError
+from loraledger.errors import AuditCorruptError, ConfigError, LoraLedgerError
 from loraledger.store.canonical import canonical_json
 from loraledger.store.db import display_url
 from loraledger.store.records import Checkpoint
@@ -99,11 +99,20 @@ def _write_bundle(
         with Progress("verifying the audit log", head.sequence if head else 0, enabled=progress) as bar:
             verification = verify_log(conn, previous_head, on_event=bar.advance)
         tally = Tally()
-        with Progress("exporting requests", q.count_requests(conn, flt), enabled=progress) as bar:
-            files = export_rows(conn, flt, out, fmt, tally, bar)
-        first_seq, last_seq = conn.execute(q.events_window(flt)).one()
-        fingerprints = [fp for fp in tally.by_adapter if fp is not None]
-        adapters = [adapter_info(row) for row in q.stream(conn, q.adapters_statement(fingerprints))]
+        try:
+            with Progress("exporting requests", q.count_requests(conn, flt), enabled=progress) as bar:
+                files = export_rows(conn, flt, out, fmt, tally, bar)
+            first_seq, last_seq = conn.execute(q.events_window(flt)).one()
+            fingerprints = [fp for fp in tally.by_adapter if fp is not None]
+            adapters = [adapter_info(row) for row in q.stream(conn, q.adapters_statement(fingerprints))]
+        except (TypeError, ValueError, AttributeError) as exc:
+            first = verification.first_problem
+            if first is None or isinstance(exc, LoraLedgerError):
+                raise  # the log verified: not a malformed row
+            raise AuditCorruptError(
+                f"the audit log holds values the report cannot export ({type(exc).__name__}: {exc}); it did not verify: "
+                f"{verification.problem_count} problem(s), the first at sequence {first.sequence}: {first.message}"
+            ) from exc
 
     manifest: dict[str, Any] = {
         "format": REPORT_FORMAT,

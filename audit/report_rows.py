@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -45,16 +46,17 @@ _COMPLETION_SELECT = (
     q.iso_text(q.C.c.finished_at).label("c_finished_iso"),
     q.completion_column("text"),
 )  # fmt: skip
-# A joined row (see queries.request_groups) is request_id, _REQUEST_SELECT, status_kind,
-# c_completion_index, _COMPLETION_SELECT: positions by name, found once.
-_LAYOUT = ["request_id", *(c.name for c in _REQUEST_SELECT), "status_kind", "c_completion_index",
-           *(c.name for c in _COMPLETION_SELECT)]  # fmt: skip
-_RECEIVED, _TENANT, _ADAPTER = _LAYOUT.index("received_iso"), _LAYOUT.index("tenant"), _LAYOUT.index("adapter_fingerprint")
-_PROMPT_TOKENS, _SAMPLING = _LAYOUT.index("prompt_token_count"), _LAYOUT.index("sampling_params_json")
+# A request row (see queries.request_groups) is request_id, _REQUEST_SELECT, status_kind; a
+# completion row is request_id, c_completion_index, _COMPLETION_SELECT: positions by name, found once.
+_REQUEST_LAYOUT = ["request_id", *(c.name for c in _REQUEST_SELECT), "status_kind"]
+_RECEIVED, _TENANT = _REQUEST_LAYOUT.index("received_iso"), _REQUEST_LAYOUT.index("tenant")
+_ADAPTER, _PROMPT_TOKENS = _REQUEST_LAYOUT.index("adapter_fingerprint"), _REQUEST_LAYOUT.index("prompt_token_count")
+_SAMPLING = _REQUEST_LAYOUT.index("sampling_params_json")
 _REQUEST_END = _SAMPLING + 1
-_INDEX = _LAYOUT.index("c_completion_index")
+_COMPLETION_LAYOUT = ["request_id", "c_completion_index", *(c.name for c in _COMPLETION_SELECT)]
+_INDEX = _COMPLETION_LAYOUT.index("c_completion_index")
 _COMPLETION_START = _INDEX + 1
-_FINISH_REASON, _GENERATED = _LAYOUT.index("c_finish_reason"), _LAYOUT.index("c_generated_token_count")
+_FINISH_REASON, _GENERATED = _COMPLETION_LAYOUT.index("c_finish_reason"), _COMPLETION_LAYOUT.index("c_generated_token_count")
 
 
 def group_counts(table: Mapping[str | None, list[int]], key: str) -> list[dict[str, Any]]:
@@ -79,8 +81,8 @@ class Tally:
         self.daily: dict[tuple[str | None, str], list[int]] = defaultdict(lambda: [0, 0])
 
     def add(self, adapter: str | None, tenant: str | None, day: str, status: str, prompt_tokens: int,
-            reasons: list[str], generated: int) -> None:  # fmt: skip
-        n = len(reasons)
+            reasons: Mapping[str, int], generated: int) -> None:  # fmt: skip
+        n = sum(reasons.values())
         self.requests += 1
         self.completions += n
         self.prompt_tokens += prompt_tokens
@@ -127,21 +129,24 @@ def export_rows(conn: Connection, flt: q.RequestFilter, out: Path, fmt: str, tal
     requests_name, completions_name = row_files(fmt)
     jsonl = fmt == "jsonl"
     groups = q.request_groups(conn, flt, request_columns=_REQUEST_SELECT, completion_columns=_COMPLETION_SELECT)
-    with RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests, RowWriter(
+    # closing: on an error the cursors are closed here, while their connection is still open
+    with contextlib.closing(groups), RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests, RowWriter(
         out / completions_name, COMPLETION_COLUMNS, fmt
     ) as completions:
         for request, rows in groups:
             request_id, tenant = request[0], request[_TENANT]
-            reasons, generated = [], 0
-            for row in rows:
-                reasons.append(row[_FINISH_REASON])
+            reasons: Counter[str] = Counter()
+            count = generated = 0
+            for row in rows:  # written as they stream: a request with a large n holds nothing
+                count += 1
+                reasons[row[_FINISH_REASON]] += 1
                 generated += row[_GENERATED]
                 completions.write((request_id, row[_INDEX], tenant, *row[_COMPLETION_START:]))
             status = q.status_of(request.status_kind)
             line = list(request[:_REQUEST_END])
             if jsonl:  # a JSON value in JSON lines; the stored JSON text in a CSV cell
                 line[_SAMPLING] = json.loads(line[_SAMPLING])
-            requests.write((*line, status, len(rows), generated))
+            requests.write((*line, status, count, generated))
             tally.add(request[_ADAPTER], tenant, request[_RECEIVED][:10], status, request[_PROMPT_TOKENS], reasons, generated)
             bar.advance()
         return [requests.close(), completions.close()]

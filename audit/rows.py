@@ -13,8 +13,8 @@ import msgspec
 
 from loraledger.store.canonical import digest
 from loraledger.store.models import utc_from_unix
-from loraledger.store.records import AdapterRecord, CompletionRecord, RequestRecord
-from loraledger.store.rows import request_record  # noqa: F401  (re-exported: one reader of a requests row)
+from loraledger.store.records import CompletionRecord, RequestRecord
+from loraledger.store.rows import adapter_record, request_record  # noqa: F401  (re-exported: one reader of each row)
 
 _COMPLETION_TIMES = ("first_token_at", "finished_at")
 
@@ -22,21 +22,6 @@ _COMPLETION_TIMES = ("first_token_at", "finished_at")
 def stored_time(unix: float | None) -> float | None:
     """unix seconds as they read back from the store (rounded to the microsecond)."""
     return None if unix is None else utc_from_unix(unix).timestamp()
-
-
-def adapter_record(row: Any) -> AdapterRecord:
-    return AdapterRecord(
-        fingerprint=row.fingerprint,
-        name=row.name,
-        int_id=row.int_id,
-        path=row.path,
-        rank=row.rank,
-        alpha=row.alpha,
-        target_modules=list(row.target_modules),
-        base_model_fingerprint=row.base_model_fingerprint,
-        use_rslora=bool(row.use_rslora),
-        first_seen=row.first_seen.timestamp(),
-    )
 
 
 def completion_record(row: Any, prefix: str = "") -> CompletionRecord:

@@ -1,31 +1,40 @@
-"""Audit log verification: the hash chain, sequence gaps, bindings, completions, and checkpoints.
+"""Audit log verification: the hash chain, sequence gaps, and every row of every table against the event that vouches for it.
 
-One ordered pass over `events`, joined to the binding and completions of each admitted or
-finished request, so the whole log is checked while only one event is held in memory.
+One ordered pass over `events`: each request_admitted event is joined to its `requests` row, each
+adapter_registered event looks up its `adapters` row, and the completions of finished and
+aborted requests come from a second cursor read alongside (merged by sequence number), their
+digest computed as they stream. Then a few queries find rows that no event vouches for. One
+event and one completion row are held at a time, so memory stays flat whatever the log's size
+(a request with n completions included). Rows are read untyped and decoded column by column
+(audit/raw_rows.py): a malformed value is a problem reported at its row, never an exception.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Row, and_, func, not_, select
+from sqlalchemy import Connection, Dialect, Row, and_, func, not_, select
 
 from loraledger.audit import rows
 from loraledger.audit.queries import A, C, E, R, stream
+from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.errors import ConfigError
-from loraledger.store.canonical import digest
+from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash
-from loraledger.store.records import Checkpoint, EventKind
+from loraledger.store.records import Checkpoint, CompletionRecord, EventKind
+from loraledger.store.registration import is_registered, registration_key
 
 _R, _C = "r_", "c_"
 # Events that end a request with completions on record; the engine puts their digest in the payload.
 _ENDING_KINDS = (EventKind.REQUEST_FINISHED, EventKind.REQUEST_ABORTED)
-_CHECKED_KINDS = (EventKind.REQUEST_ADMITTED, *_ENDING_KINDS)
+_JOINED_KINDS = (EventKind.REQUEST_ADMITTED, *_ENDING_KINDS)
+_UPGRADE_HINT = "a log written before revision 0004 needs `loraledger db upgrade`"
 
 
 def verify_log(
@@ -36,47 +45,38 @@ def verify_log(
     checkpoint: a head from an earlier export that the log must still contain unchanged.
     on_event: called once per event checked (progress display).
     """
+    tables = _Tables(conn.dialect)
     found = _Problems()
-    head: Checkpoint | None = None
-    expected, prev = 1, GENESIS_HASH
-    events = 0
-    for event, completions in _event_groups(conn):
-        events += 1
-        if on_event is not None:
-            on_event()
-        seq = event.seq
-        if seq != expected:
-            missing = f"{expected}" if seq == expected + 1 else f"{expected} to {seq - 1}"
-            found.add(expected, f"event seq {missing} is missing (the next event on record is seq {seq}): rows were deleted")
-        elif event.prev_hash != prev:
-            found.add(seq, f"prev_hash does not match the hash of event {seq - 1}: event {seq - 1} or {seq} was rewritten")
-        fields = EventFields(seq, event.at, event.kind, event.request_id, event.payload, event.dedup_key)
-        if event_hash(event.prev_hash, fields) != event.hash:
-            found.add(seq, f"the hash of event {seq} ({event.kind}) does not match its contents: the row was altered")
-        if checkpoint is not None and seq == checkpoint.sequence and event.hash != checkpoint.hash:
-            found.add(seq, f"event {seq}'s hash differs from the checkpoint's: the log up to the checkpoint was rewritten")
-        if event.kind == EventKind.REQUEST_ADMITTED:
-            _check_admitted(event, found)
-        elif event.kind in _ENDING_KINDS:
-            _check_ending(event, completions, found)
-        expected, prev = seq + 1, event.hash
-        head = Checkpoint(sequence=seq, hash=event.hash, at=event.at.timestamp())
+    walk = _Walk(conn, tables, found, checkpoint)
+    completions = stream(conn, _ending_completions(tables))
+    try:
+        walk.completions = _Merge(completions)
+        for row in stream(conn, _events(tables)):
+            walk.event(row)
+            if on_event is not None:
+                on_event()
+    finally:
+        completions.close()
     if checkpoint is not None:
-        last = head.sequence if head is not None else 0
+        last = walk.head.sequence if walk.head is not None else 0
         if last < checkpoint.sequence:
             found.add(
                 last + 1,
                 f"the log ends at seq {last} but the checkpoint is at seq {checkpoint.sequence}: "
                 f"events {last + 1} to {checkpoint.sequence} were removed",
+                table="events",
+                key={"seq": last + 1},
             )
     _check_unbound(conn, found)
+    _check_unregistered(conn, tables, found)
+    _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
     n_completions = conn.execute(select(func.count()).select_from(C)).scalar_one()
     return VerifyResult(
         ok=found.count == 0,
-        head=head,
-        events=events,
+        head=walk.head,
+        events=walk.events,
         requests=int(n_requests),
         completions=int(n_completions),
         problems=found.sorted(),
@@ -91,9 +91,19 @@ class _Problems:
         self.count = 0
         self._kept: list[Problem] = []
 
-    def add(self, sequence: int | None, message: str, request_id: str | None = None) -> None:
+    def add(
+        self,
+        sequence: Any,
+        message: str,
+        request_id: Any = None,
+        *,
+        table: str | None = None,
+        key: dict[str, Any] | None = None,
+    ) -> None:
         self.count += 1
-        self._kept.append(Problem(sequence=sequence, message=message, request_id=request_id))
+        sequence = sequence if _is_int(sequence) else None  # a malformed seq is named in the message and key
+        request_id = request_id if isinstance(request_id, str) else None
+        self._kept.append(Problem(sequence=sequence, message=message, request_id=request_id, table=table, key=key))
         if len(self._kept) > 2 * VerifyResult.MAX_PROBLEMS:
             self._kept = self.sorted()
 
@@ -102,104 +112,277 @@ class _Problems:
         return sorted(self._kept, key=key)[: VerifyResult.MAX_PROBLEMS]
 
 
-def _event_groups(conn: Connection) -> Iterator[tuple[Row[Any], list[Row[Any]]]]:
-    """Each event in seq order with, for admitted / finished / aborted events, its binding and its completions."""
-    checked = E.c.kind.in_(_CHECKED_KINDS)
-    ending = E.c.kind.in_(_ENDING_KINDS)
-    stmt = (
-        select(
-            *E.c,
-            *[col.label(_R + col.name) for col in R.c],
-            *[col.label(_C + col.name) for col in C.c],
-        )
-        .select_from(
-            E.outerjoin(R, and_(R.c.request_id == E.c.request_id, checked)).outerjoin(
-                C, and_(C.c.request_id == E.c.request_id, ending)
-            )
-        )
-        .order_by(E.c.seq, C.c.completion_index)
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _Tables:
+    """The four audit tables, read untyped and decoded column by column."""
+
+    def __init__(self, dialect: Dialect):
+        self.adapters = RawTable(A, dialect)
+        self.requests = RawTable(R, dialect)
+        self.completions = RawTable(C, dialect)
+        self.events = RawTable(E, dialect)
+
+
+def _events(t: _Tables) -> Any:
+    """Every event in seq order; admitted, finished and aborted ones with their `requests` row (prefixed r_)."""
+    e, r = t.events.untyped, t.requests.untyped
+    joined = and_(r.c.request_id == e.c.request_id, e.c.kind.in_(_JOINED_KINDS))
+    return select(*t.events.columns(), *t.requests.columns(_R)).select_from(e.outerjoin(r, joined)).order_by(e.c.seq)
+
+
+def _ending_completions(t: _Tables) -> Any:
+    """The completions of every finished or aborted request, in the order of its ending event's seq."""
+    e, c = t.events.untyped, t.completions.untyped
+    return (
+        select(e.c.seq.label("end_seq"), *t.completions.columns(_C))
+        .select_from(e.join(c, c.c.request_id == e.c.request_id))
+        .where(e.c.kind.in_(_ENDING_KINDS))
+        .order_by(e.c.seq, c.c.completion_index)
     )
-    current: Row[Any] | None = None
-    completions: list[Row[Any]] = []
-    for row in stream(conn, stmt):
-        if current is None or row.seq != current.seq:
-            if current is not None:
-                yield current, completions
-            current, completions = row, []
-        if getattr(row, _C + "completion_index") is not None:
-            completions.append(row)
-    if current is not None:
-        yield current, completions
 
 
-def _binding_row(event: Row[Any]) -> dict[str, Any] | None:
-    m = event._mapping
-    if m[_R + "request_id"] is None:
+class _Merge:
+    """The completions cursor, consumed in step with the events: take(seq) yields the rows of the event at seq."""
+
+    def __init__(self, rows: Iterator[Row[Any]]):
+        self._rows = rows
+        self._next: Row[Any] | None = None
+        self._started = False
+
+    def _peek(self) -> Row[Any] | None:
+        if not self._started:
+            self._started = True
+            self._next = next(self._rows, None)
+        return self._next
+
+    def take(self, seq: int) -> Iterator[Row[Any]]:
+        while (row := self._peek()) is not None and _is_number(row.end_seq) and row.end_seq <= seq:
+            self._next = next(self._rows, None)
+            if row.end_seq == seq:
+                yield row
+            # rows of an event before seq belong to one whose seq the walk could not place: skipped
+
+
+class _ListDigest:
+    """sha256 of the canonical JSON of a list, fed one item at a time (canonical_json writes "[a,b]")."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256(b"[")
+        self._first = True
+
+    def add(self, item: Any) -> None:
+        if not self._first:
+            self._sha.update(b",")
+        self._first = False
+        self._sha.update(canonical_json(item))
+
+    def hexdigest(self) -> str:
+        done = self._sha.copy()
+        done.update(b"]")
+        return done.hexdigest()
+
+
+def _safe_digest(value: Any) -> str | None:
+    try:
+        return digest(value)
+    except (TypeError, ValueError):  # e.g. NaN read back from a JSON column: no canonical form
         return None
-    return rows.binding_builtins(rows.request_record(_Prefixed(m, _R)))
 
 
-class _Prefixed:
-    """Attribute access to the prefixed columns of a joined row."""
-
-    def __init__(self, mapping: Any, prefix: str):
-        self._m, self._p = mapping, prefix
-
-    def __getattr__(self, name: str) -> Any:
-        return self._m[self._p + name]
+def _differences(expected: Mapping[str, Any], on_record: Mapping[str, Any]) -> list[str]:
+    return sorted(k for k in set(expected) | set(on_record) if expected.get(k) != on_record.get(k))
 
 
-def _check_admitted(event: Row[Any], found: _Problems) -> None:
-    seq, rid, payload = event.seq, event.request_id, event.payload
-    binding = payload.get("binding") if isinstance(payload, dict) else None
-    if not isinstance(binding, dict):
-        found.add(seq, f"request_admitted event for {rid!r} carries no binding", rid)
-        return
-    if digest(binding) != payload.get("binding_sha256"):
-        found.add(seq, f"the binding in the request_admitted event for {rid!r} does not match its binding_sha256", rid)
-    if binding.get("request_id") != rid:
-        found.add(seq, f"the request_admitted event for {rid!r} carries the binding of {binding.get('request_id')!r}", rid)
-    on_record = _binding_row(event)
-    if on_record is None:
-        found.add(seq, f"request {rid!r} was admitted but its binding row in `requests` is missing", rid)
-        return
-    expected = rows.binding_builtins(binding)
-    differ = sorted(k for k in set(expected) | set(on_record) if expected.get(k) != on_record.get(k))
-    if differ:
-        found.add(seq, f"the `requests` row of {rid!r} differs from its admitted binding in: {', '.join(differ)}", rid)
+class _Walk:
+    """The ordered pass over the events: chain, gaps, checkpoint, and each event's rows."""
+
+    def __init__(self, conn: Connection, tables: _Tables, found: _Problems, checkpoint: Checkpoint | None):
+        self.conn, self.t, self.found, self.checkpoint = conn, tables, found, checkpoint
+        self.completions: _Merge | None = None
+        self.expected, self.prev = 1, GENESIS_HASH
+        self.head: Checkpoint | None = None
+        self.events = 0
+
+    def event(self, row: Row[Any]) -> None:
+        self.events += 1
+        m = row._mapping
+        ev, bad = self.t.events.decode(m)
+        seq = ev.get("seq")
+        if seq is None:  # not an integer: the row has no place in the chain
+            raw = m["seq"]
+            self.found.add(None, f"`events` row with seq {raw!r} cannot be placed in the chain: {describe(bad)}",
+                           table="events", key={"seq": raw if isinstance(raw, (str, int, float)) else repr(raw)})  # fmt: skip
+            return
+        found, key = self.found, {"seq": seq}
+        if seq != self.expected:
+            missing = f"{self.expected}" if seq == self.expected + 1 else f"{self.expected} to {seq - 1}"
+            found.add(self.expected, f"event seq {missing} is missing (the next event on record is seq {seq}): rows were deleted",
+                      table="events", key={"seq": self.expected})  # fmt: skip
+        elif "prev_hash" in ev and ev["prev_hash"] != self.prev:
+            found.add(seq, f"prev_hash does not match the hash of event {seq - 1}: event {seq - 1} or {seq} was rewritten",
+                      table="events", key=key)  # fmt: skip
+        if bad:
+            found.add(seq, f"`events` row seq={seq} cannot be verified: {describe(bad)}", ev.get("request_id"), table="events", key=key)
+        else:
+            self._check_hash(seq, ev)
+        if self.checkpoint is not None and seq == self.checkpoint.sequence and ev.get("hash") != self.checkpoint.hash:
+            found.add(seq, f"event {seq}'s hash differs from the checkpoint's: the log up to the checkpoint was rewritten",
+                      table="events", key=key)  # fmt: skip
+        if not bad:
+            kind = ev["kind"]
+            if kind == EventKind.REQUEST_ADMITTED:
+                self._check_admitted(seq, ev, m)
+            elif kind in _ENDING_KINDS:
+                self._check_ending(seq, ev, m)
+            elif kind == EventKind.ADAPTER_REGISTERED:
+                self._check_registered(seq, ev)
+        self.expected, self.prev = seq + 1, ev.get("hash")
+        if isinstance(ev.get("hash"), str) and "at" in ev:
+            self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
+
+    def _check_hash(self, seq: int, ev: dict[str, Any]) -> None:
+        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"])
+        try:
+            intact = event_hash(ev["prev_hash"], fields) == ev["hash"]
+        except (TypeError, ValueError, UnicodeEncodeError):  # a payload with no canonical form cannot be what was hashed
+            intact = False
+        if not intact:
+            self.found.add(seq, f"the hash of event {seq} ({ev['kind']}) does not match its contents: the row was altered",
+                           ev["request_id"], table="events", key={"seq": seq})  # fmt: skip
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _check_admitted(self, seq: int, ev: dict[str, Any], m: Mapping[str, Any]) -> None:
+        found, rid, payload = self.found, ev["request_id"], ev["payload"]
+        binding = payload.get("binding") if isinstance(payload, dict) else None
+        if not isinstance(binding, dict):
+            found.add(seq, f"request_admitted event for {rid!r} carries no binding", rid, table="events", key={"seq": seq})
+            return
+        if _safe_digest(binding) != payload.get("binding_sha256"):
+            found.add(seq, f"the binding in the request_admitted event for {rid!r} does not match its binding_sha256", rid,
+                      table="events", key={"seq": seq})  # fmt: skip
+        if binding.get("request_id") != rid:
+            found.add(seq, f"the request_admitted event for {rid!r} carries the binding of {binding.get('request_id')!r}", rid,
+                      table="events", key={"seq": seq})  # fmt: skip
+        key = {"request_id": rid}
+        if m[_R + "request_id"] is None:
+            found.add(seq, f"request {rid!r} was admitted but its binding row in `requests` is missing", rid, table="requests", key=key)
+            return
+        values, bad = self.t.requests.decode(m, _R)
+        if bad:
+            found.add(seq, f"the `requests` row of {rid!r} cannot be read: {describe(bad)}", rid, table="requests", key=key)
+            return
+        try:
+            expected = rows.binding_builtins(binding)
+        except (TypeError, ValueError, OverflowError):
+            expected = binding
+        differ = _differences(expected, unix_times(values))
+        if differ:
+            found.add(seq, f"the `requests` row of {rid!r} differs from its admitted binding in: {', '.join(differ)}", rid,
+                      table="requests", key=key)  # fmt: skip
+
+    # -- completions ------------------------------------------------------------------------
+
+    def _check_ending(self, seq: int, ev: dict[str, Any], m: Mapping[str, Any]) -> None:
+        """A finished (or aborted) request: its completions name its adapter and match the event's digest.
+
+        request_finished must carry completions_sha256 and num_completions; request_aborted is checked
+        when it carries them (an abort before any output has nothing to vouch for, and then no rows).
+        """
+        found, rid, kind = self.found, ev["request_id"], ev["kind"]
+        payload = ev["payload"] if isinstance(ev["payload"], dict) else {}
+        bound_row = m[_R + "request_id"] is not None
+        bound = m[_R + "adapter_fingerprint"]
+        if not bound_row:
+            found.add(seq, f"request {rid!r} ended ({kind}) but its binding row in `requests` is missing", rid,
+                      table="requests", key={"request_id": rid})  # fmt: skip
+        count, readable, wrong_adapter = 0, True, False
+        sha = _ListDigest()
+        assert self.completions is not None
+        for row in self.completions.take(seq):
+            count += 1
+            values, bad = self.t.completions.decode(row._mapping, _C)
+            index = values.get("completion_index", row._mapping[_C + "completion_index"])
+            key = {"request_id": rid, "completion_index": index}
+            record = _completion(values) if not bad else describe(bad)
+            if isinstance(record, str):
+                readable = False
+                found.add(seq, f"the `completions` row ({rid!r}, {index!r}) cannot be read: {record}", rid,
+                          table="completions", key=key)  # fmt: skip
+                continue
+            if bound_row and not wrong_adapter and record.adapter_fingerprint != bound:
+                wrong_adapter = True
+                named = record.adapter_fingerprint
+                found.add(seq, f"completion {index} of {rid!r} names adapter {named} but the request is bound to {bound}",
+                          rid, table="completions", key=key)  # fmt: skip
+            sha.add(rows.completion_builtins(record))
+        key = {"request_id": rid}
+        if "completions_sha256" not in payload:
+            if kind == EventKind.REQUEST_FINISHED:
+                found.add(seq, f"the request_finished event of {rid!r} carries no completions_sha256", rid,
+                          table="events", key={"seq": seq})  # fmt: skip
+            elif count:
+                found.add(seq, f"request {rid!r} was aborted before any output, yet {count} `completions` rows are on record for it",
+                          rid, table="completions", key=key)  # fmt: skip
+            return
+        expected_n = payload.get("num_completions")
+        if expected_n is not None and expected_n != count:
+            found.add(seq, f"request {rid!r} ended ({kind}) with {expected_n} completions but {count} are on record", rid,
+                      table="completions", key=key)  # fmt: skip
+            return
+        if readable and sha.hexdigest() != payload["completions_sha256"]:
+            found.add(seq, f"the completions of {rid!r} on record do not match the {kind} event's completions_sha256", rid,
+                      table="completions", key=key)  # fmt: skip
+
+    # -- adapters ---------------------------------------------------------------------------
+
+    def _check_registered(self, seq: int, ev: dict[str, Any]) -> None:
+        found, payload = self.found, ev["payload"]
+        adapter = payload.get("adapter") if isinstance(payload, dict) else None
+        if not isinstance(adapter, dict) or not isinstance(adapter.get("fingerprint"), str):
+            found.add(seq, "an adapter_registered event carries no adapter row", table="events", key={"seq": seq})
+            return
+        fp = adapter["fingerprint"]
+        key = {"fingerprint": fp}
+        if ev["dedup_key"] != registration_key(fp):
+            found.add(seq, f"the adapter_registered event of {fp} has dedup_key {ev['dedup_key']!r}, not {registration_key(fp)!r}",
+                      table="events", key={"seq": seq})  # fmt: skip
+        if "adapter_sha256" in payload and _safe_digest(adapter) != payload["adapter_sha256"]:
+            found.add(seq, f"the adapter in the adapter_registered event of {fp} does not match its adapter_sha256",
+                      table="events", key={"seq": seq})  # fmt: skip
+        t = self.t.adapters
+        row = self.conn.execute(select(*t.columns()).where(t.c.fingerprint == fp)).first()
+        if row is None:
+            found.add(seq, f"adapter {fp} was registered (event {seq}) but its row in `adapters` is missing", table="adapters", key=key)
+            return
+        values, bad = t.decode(row._mapping)
+        if bad:
+            found.add(seq, f"the `adapters` row of {fp} cannot be read: {describe(bad)}", table="adapters", key=key)
+            return
+        differ = _differences(adapter, unix_times(values))
+        if differ:
+            found.add(seq, f"the `adapters` row of {fp} differs from its adapter_registered event (seq {seq}) in: {', '.join(differ)}",
+                      table="adapters", key=key)  # fmt: skip
 
 
-def _check_ending(event: Row[Any], completion_rows: list[Row[Any]], found: _Problems) -> None:
-    """A finished (or aborted) request: its completions name its adapter and match the event's digest.
+def _completion(values: dict[str, Any]) -> CompletionRecord | str:
+    """A decoded completions row as the record its digest is taken over, or why it is not one."""
+    fields = unix_times(values)
+    fields["index"] = fields.pop("completion_index")
+    try:
+        return msgspec.convert(fields, CompletionRecord)
+    except msgspec.ValidationError as exc:
+        return f"it does not hold a completion ({exc})"
 
-    request_finished must carry completions_sha256 and num_completions; request_aborted is checked
-    when it carries them (an abort before any output has nothing to vouch for).
-    """
-    seq, rid, kind = event.seq, event.request_id, event.kind
-    payload = event.payload if isinstance(event.payload, dict) else {}
-    if kind != EventKind.REQUEST_FINISHED and "completions_sha256" not in payload and not completion_rows:
-        return
-    bound = event._mapping[_R + "adapter_fingerprint"]
-    if event._mapping[_R + "request_id"] is None:
-        found.add(seq, f"request {rid!r} ended ({kind}) but its binding row in `requests` is missing", rid)
-    else:
-        for row in completion_rows:
-            got = row._mapping[_C + "adapter_fingerprint"]
-            if got != bound:
-                index = row._mapping[_C + "completion_index"]
-                found.add(seq, f"completion {index} of {rid!r} names adapter {got} but the request is bound to {bound}", rid)
-                break
-    if "completions_sha256" not in payload:
-        if kind == EventKind.REQUEST_FINISHED:
-            found.add(seq, f"the request_finished event of {rid!r} carries no completions_sha256", rid)
-        return
-    expected_n = payload.get("num_completions")
-    if expected_n is not None and expected_n != len(completion_rows):
-        found.add(seq, f"request {rid!r} ended ({kind}) with {expected_n} completions but {len(completion_rows)} are on record", rid)
-        return
-    records = [rows.completion_record(row, _C) for row in completion_rows]
-    if rows.completions_digest(records) != payload["completions_sha256"]:
-        found.add(seq, f"the completions of {rid!r} on record do not match the {kind} event's completions_sha256", rid)
+
+# -- rows no event vouches for ---------------------------------------------------------------
 
 
 def _first_seq(request_id: Any) -> Any:
@@ -216,37 +399,60 @@ def _check_unbound(conn: Connection, found: _Problems) -> None:
         return
     stmt = select(R.c.request_id, _first_seq(R.c.request_id).label("seq")).where(not_(admitted)).order_by(R.c.request_id)
     for row in stream(conn, stmt.limit(VerifyResult.MAX_PROBLEMS)):
-        found.add(row.seq, f"request {row.request_id!r} is in `requests` but has no request_admitted event", row.request_id)
+        found.add(row.seq, f"request {row.request_id!r} is in `requests` but has no request_admitted event", row.request_id,
+                  table="requests", key={"request_id": row.request_id})  # fmt: skip
     found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
 
 
-def _check_completion_adapters(conn: Connection, found: _Problems) -> None:
-    """Completions of requests with no ending event whose adapter differs from their request's binding
-    (the ordered pass checks those of finished and aborted requests)."""
-    ended = select(E.c.seq).where(E.c.request_id == R.c.request_id, E.c.kind.in_(_ENDING_KINDS)).exists()
+def _check_unregistered(conn: Connection, t: _Tables, found: _Problems) -> None:
+    """`adapters` rows that no adapter_registered event vouches for."""
+    registered = is_registered(A, E)
+    total = conn.execute(select(func.count()).select_from(A).where(not_(registered))).scalar_one()
+    if not total:
+        return
+    stmt = select(A.c.fingerprint).where(not_(registered)).order_by(A.c.fingerprint).limit(VerifyResult.MAX_PROBLEMS)
+    for fp in conn.execute(stmt).scalars():
+        found.add(None, f"adapter {fp} is in `adapters` but no adapter_registered event vouches for it ({_UPGRADE_HINT})",
+                  table="adapters", key={"fingerprint": fp})  # fmt: skip
+    found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
+
+
+def _check_unvouched_completions(conn: Connection, found: _Problems) -> None:
+    """Completions of requests with no request_finished or request_aborted event: nothing vouches for them."""
+    ended = select(E.c.seq).where(E.c.request_id == C.c.request_id, E.c.kind.in_(_ENDING_KINDS)).exists()
+    total = conn.execute(select(func.count()).select_from(C).where(not_(ended))).scalar_one()
+    if not total:
+        return
     stmt = (
-        select(C.c.request_id, C.c.completion_index, C.c.adapter_fingerprint, R.c.adapter_fingerprint.label("bound"),
-               _first_seq(C.c.request_id).label("seq"))
-        .select_from(C.join(R, R.c.request_id == C.c.request_id))
-        .where(C.c.adapter_fingerprint.is_distinct_from(R.c.adapter_fingerprint), not_(ended))
+        select(C.c.request_id, C.c.completion_index, _first_seq(C.c.request_id).label("seq"))
+        .where(not_(ended))
         .order_by(C.c.request_id, C.c.completion_index)
         .limit(VerifyResult.MAX_PROBLEMS)
     )
     for row in stream(conn, stmt):
         found.add(
             row.seq,
-            f"completion {row.completion_index} of {row.request_id!r} names adapter {row.adapter_fingerprint} "
-            f"but the request is bound to {row.bound}",
+            f"the `completions` row ({row.request_id!r}, {row.completion_index!r}) has no request_finished or "
+            "request_aborted event vouching for it",
             row.request_id,
+            table="completions",
+            key={"request_id": row.request_id, "completion_index": row.completion_index},
         )
+    found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
+
+
+def _check_completion_adapters(conn: Connection, found: _Problems) -> None:
+    """Completions naming an adapter that is not in `adapters`."""
     orphans = (
-        select(C.c.request_id, C.c.adapter_fingerprint)
+        select(C.c.request_id, C.c.completion_index, C.c.adapter_fingerprint)
         .select_from(C.outerjoin(A, A.c.fingerprint == C.c.adapter_fingerprint))
         .where(C.c.adapter_fingerprint.is_not(None), A.c.fingerprint.is_(None))
         .limit(VerifyResult.MAX_PROBLEMS)
     )
     for row in stream(conn, orphans):
-        found.add(None, f"a completion of {row.request_id!r} names adapter {row.adapter_fingerprint}, which is not in `adapters`", row.request_id)
+        found.add(None, f"a completion of {row.request_id!r} names adapter {row.adapter_fingerprint}, which is not in `adapters`",
+                  row.request_id, table="completions",
+                  key={"request_id": row.request_id, "completion_index": row.completion_index})  # fmt: skip
 
 
 # -- checkpoint files ----------------------------------------------------------------------

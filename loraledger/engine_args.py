@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import msgspec
@@ -47,6 +48,10 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     audit_prompts: str = "text"  # "text" | "hash" | "none"
     audit_durable: bool = True  # release a final output only after its audit rows are committed
     audit_on_failure: str = "reject"  # "reject": refuse new requests while the store is down; "block": wait for it
+    audit_timeout: float = 5.0  # seconds: the deadline of each audit-store operation (connect, statements, commit);
+    # a database that does not answer within it is unavailable, as if it refused the connection (audit_on_failure)
+    shutdown_timeout: float = 30.0  # seconds close() waits for running work and pending audit records; then what is
+    # not on record is withheld (its callers get an error) and the next start records those requests as interrupted
     resume_interrupted: bool = False
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
@@ -87,6 +92,8 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         need(self.audit_prompts in ("text", "hash", "none"), f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}")
         need(self.audit_on_failure in ("reject", "block"), f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}")
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
+        need(_positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}")
+        need(_positive(self.shutdown_timeout), f"shutdown_timeout must be a number of seconds > 0, got {self.shutdown_timeout!r}")
         need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
         need(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
 
@@ -103,3 +110,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def cpu_lora_capacity(self) -> int:
         return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0

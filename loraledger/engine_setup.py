@@ -117,6 +117,6 @@ def open_store(args: EngineArgs):
     from loraledger.paths import default_audit_url
 
     url = default_audit_url() if args.audit_url == DEFAULT_AUDIT_URL else args.audit_url
-    store = AuditStore(url)
+    store = AuditStore(url, timeout=args.audit_timeout)
     store.open()
     return store

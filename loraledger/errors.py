@@ -129,3 +129,7 @@ class LoRARequestError(LoraLedgerError, ValueError):
 
 class AuditIntegrityError(LoraLedgerError, RuntimeError):
     """The audit database refused a record (a guard, a constraint, or a value it cannot hold); nothing of its batch was written."""
+
+
+class AuditCorruptError(LoraLedgerError, RuntimeError):
+    """The audit log holds a row that cannot be read (edited behind the guards, or damaged); `loraledger audit verify` names it."""

@@ -35,7 +35,7 @@ async def record_interrupted(engine) -> list:
             kind=EventKind.REQUEST_INTERRUPTED,
             at=now,
             request_id=r.request_id,
-            payload={"reason": "the engine stopped before the request finished (process killed or crashed)"},
+            payload={"reason": "the engine stopped before the request finished (killed, crashed, or stopped while its audit store did not answer)"},
             dedup_key=INTERRUPTED_KEY.format(r.request_id),
         )
         for r in unfinished

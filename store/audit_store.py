@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -12,10 +13,12 @@ from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store.canonical import json_roundtrip
-from loraledger.store.db import display_url, make_engine, unavailable_as_error, write_transaction
+from loraledger.store.db import display_url, make_engine, pg_connect_timeout, unavailable_as_error, write_transaction
+from loraledger.store.deadline import Operation, Watchdog
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
+from loraledger.store.registration import registration_event, unregistered
 from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
 from loraledger.store.records import (
     AdapterRecord,
@@ -33,6 +36,8 @@ COMPLETIONS: Table = Completion.__table__  # type: ignore[assignment]
 EVENTS: Table = Event.__table__  # type: ignore[assignment]
 
 _IN_CHUNK = 500  # keys per IN (...) list: well inside SQLite's and PostgreSQL's parameter limits
+OPEN_TIMEOUT_S = 30.0  # open checks the schema (and migrates a new database): at least this long a deadline
+SCAN_TIMEOUT_S = 120.0  # recovery's reads, which scan the whole log at start
 
 
 def _chunks(items: Sequence[Any]) -> Iterator[Sequence[Any]]:
@@ -44,14 +49,18 @@ def _differences(new: dict[str, Any], old: dict[str, Any]) -> list[str]:
     return [key for key, value in new.items() if old[key] != value]
 
 
-def _insert_adapters(conn: Connection, records: Sequence[AdapterRecord]) -> None:
-    rows = {r.fingerprint: r for r in reversed(records)}  # the first record of a fingerprint wins
+def _insert_adapters(conn: Connection, records: Sequence[AdapterRecord]) -> list[dict[str, Any]]:
+    """Insert the adapters not yet on record; returns their rows, in the order first given."""
+    rows: dict[str, AdapterRecord] = {}
+    for r in records:
+        rows.setdefault(r.fingerprint, r)  # the first record of a fingerprint wins
     if not rows:
-        return
+        return []
     existing = _existing(conn, ADAPTERS.c.fingerprint, list(rows))
     new = [adapter_row(r) for key, r in rows.items() if key not in existing]
     if new:
         conn.execute(insert(ADAPTERS), new)
+    return new
 
 
 def _insert_requests(conn: Connection, records: Sequence[RequestRecord]) -> None:
@@ -98,7 +107,8 @@ def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -
         conn.execute(insert(COMPLETIONS), new)
 
 
-def _append_events(conn: Connection, records: Sequence[EventRecord]) -> Checkpoint:
+def append_events(conn: Connection, records: Sequence[EventRecord]) -> Checkpoint:
+    """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record."""
     head = _head(conn)
     keys = [r.dedup_key for r in records if r.dedup_key is not None]
     skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
@@ -141,12 +151,35 @@ def _head(conn: Connection) -> Checkpoint:
     return Checkpoint(sequence=row.seq, hash=row.hash, at=row.at.timestamp())
 
 
+def _root_reason(exc: BaseException) -> str:
+    """The first line of what the driver said, under the wrappers."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def write_batch(conn: Connection, batch: AuditBatch) -> Checkpoint:
-    """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that)."""
-    _insert_adapters(conn, batch.adapters)
+    """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that).
+
+    An adapter written for the first time enters the chain in the same transaction: its
+    adapter_registered event comes before the batch's own events (which may name it).
+    """
+    registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests)
     _insert_completions(conn, batch.completions)
-    return _append_events(conn, batch.events)
+    events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
+    return append_events(conn, [*events, *batch.events])
+
+
+def backfill_registrations(conn: Connection, revision: str) -> int:
+    """Append an adapter_registered event for every `adapters` row that has none (rows written before
+    adapters entered the chain); returns how many. Runs inside db.write_transaction (the migration's)."""
+    now = time.time()
+    rows = [dict(row._mapping) for row in conn.execute(unregistered(ADAPTERS, EVENTS))]
+    if rows:
+        append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
+    return len(rows)
 
 
 class AuditStore:
@@ -155,26 +188,37 @@ class AuditStore:
     `open()` connects and checks the schema (migrating a brand-new empty database); `write()`
     commits one AuditBatch atomically and idempotently. Failures to reach the database raise
     AuditUnavailableError and leave nothing of the batch behind.
+
+    timeout (seconds; the engine's audit_timeout): the deadline of each operation, from checking
+    out a connection to the commit. A database that does not answer within it (down, hung, or a
+    network partition) is unreachable: AuditUnavailableError, as for a refused connection. None:
+    no deadline (tools and tests).
     """
 
-    def __init__(self, url: str | URL):
+    def __init__(self, url: str | URL, *, timeout: float | None = None):
         self.url = url
+        self.timeout = timeout
         self._engine: Engine | None = None
+        self._watchdog: Watchdog | None = None
 
     def open(self) -> AuditStore:
-        engine = self._engine
-        if engine is None:
+        if self._engine is None:
             with unavailable_as_error(self.url):
-                engine = make_engine(self.url)
+                self._engine = make_engine(self.url, timeout=self.timeout)
+            if self.timeout is not None:
+                self._watchdog = Watchdog(self._engine, connect_timeout=pg_connect_timeout(self.timeout))
         try:
-            ensure_schema(engine, self.url)
+            with self._operation(self._at_least(OPEN_TIMEOUT_S)):
+                ensure_schema(self._engine, self.url)
         except BaseException:
-            engine.dispose()
+            self.close()
             raise
-        self._engine = engine
         return self
 
     def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -191,6 +235,36 @@ class AuditStore:
             raise AuditUnavailableError(f"the audit store at {display_url(self.url)} is not open: call open() first")
         return self._engine
 
+    def _at_least(self, seconds: float) -> float | None:
+        return None if self.timeout is None else max(self.timeout, seconds)
+
+    @contextlib.contextmanager
+    def _operation(self, seconds: float | None) -> Iterator[Operation | None]:
+        """One unit of store work under a deadline of seconds; reaching or using the database failing,
+        or the deadline passing, raises AuditUnavailableError."""
+        deadline = self._watchdog.deadline(seconds) if self._watchdog is not None else contextlib.nullcontext()
+        with deadline as op:
+            try:
+                with unavailable_as_error(self.url):
+                    yield op
+            except (AuditUnavailableError, sa_exc.SQLAlchemyError) as exc:
+                if op is None or not op.expired:
+                    raise
+                raise AuditUnavailableError(
+                    f"the audit store at {display_url(self.url)} did not answer within {seconds:g} s "
+                    f"(audit_timeout), so it is treated as unreachable ({_root_reason(exc)})"
+                ) from exc
+
+    @contextlib.contextmanager
+    def _reading(self, seconds: float | None) -> Iterator[Connection]:
+        """A connection for reads under a deadline of seconds (longer than the writes' for scans of the whole log)."""
+        with self._operation(seconds), self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql" and self.timeout is not None and seconds != self.timeout:
+                # the session's statement_timeout is the writes' deadline; this transaction may take longer
+                ms = 0 if seconds is None else round(seconds * 1000)
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+            yield conn
+
     # -- writing ---------------------------------------------------------------------------
 
     def write(self, batch: AuditBatch) -> Checkpoint:
@@ -198,30 +272,43 @@ class AuditStore:
 
         Adapters, requests and completions already on record are skipped (a request id on record
         with a different binding raises DuplicateRequestError); events whose dedup_key is on
-        record are skipped. So a batch retried after an ambiguous failure is written once.
+        record are skipped. So a batch retried after an ambiguous failure is written once. An
+        AuditUnavailableError says whether the failure was ambiguous: `maybe_committed` is False
+        when it came before the commit was sent.
         """
         engine = self.engine
+        committing = False
         try:
-            with unavailable_as_error(self.url), write_transaction(engine) as conn:
-                return write_batch(conn, batch)
-        except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
-            # a guard, a constraint or a value the column cannot hold refused a row: retrying the same
-            # batch cannot help (unlike an outage), and nothing of it is on record
-            raise AuditIntegrityError(
-                f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
-                f"{str(exc.orig).strip()}"
-            ) from exc
+            with self._operation(self.timeout) as op:
+                try:
+                    with write_transaction(engine) as conn:
+                        head = write_batch(conn, batch)
+                        committing = True  # leaving the block sends COMMIT
+                    return head
+                except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
+                    if op is not None and op.expired:
+                        raise  # the watchdog cut the connection: not a refusal of the batch
+                    # a guard, a constraint or a value the column cannot hold refused a row: retrying the same
+                    # batch cannot help (unlike an outage), and nothing of it is on record
+                    raise AuditIntegrityError(
+                        f"the audit store at {display_url(self.url)} refused the batch, nothing was written: "
+                        f"{str(exc.orig).strip()}"
+                    ) from exc
+        except AuditUnavailableError as exc:
+            # False: it failed before COMMIT was sent, so nothing of the batch can be on record
+            exc.maybe_committed = committing  # type: ignore[attr-defined]
+            raise
 
     # -- reading ---------------------------------------------------------------------------
 
     def head(self) -> Checkpoint:
         """The last event's seq, hash and time (seq 0 and the genesis hash for an empty log)."""
-        with unavailable_as_error(self.url), self.engine.connect() as conn:
+        with self._reading(self.timeout) as conn:
             return _head(conn)
 
     def existing_request_ids(self, ids: Iterable[str]) -> set[str]:
         """The ids among ids that are already in the `requests` table."""
-        with unavailable_as_error(self.url), self.engine.connect() as conn:
+        with self._reading(self.timeout) as conn:
             return _existing(conn, REQUESTS.c.request_id, sorted(set(ids)))
 
     def unfinished_requests(self) -> list[RequestRecord]:
@@ -233,14 +320,14 @@ class AuditStore:
             .exists()
         )
         query = select(REQUESTS).where(~terminal).order_by(REQUESTS.c.received_at, REQUESTS.c.request_id)
-        with unavailable_as_error(self.url), self.engine.connect() as conn:
+        with self._reading(self._at_least(SCAN_TIMEOUT_S)) as conn:
             return [request_record(row) for row in conn.execute(query)]
 
     def admitted_payloads(self, request_ids: Iterable[str]) -> dict[str, dict]:
         """The request_admitted event payload of each id (the binding, and the prompt token ids when prompts are kept)."""
         ids = list(request_ids)
         found: dict[str, dict] = {}
-        with unavailable_as_error(self.url), self.engine.connect() as conn:
+        with self._reading(self._at_least(SCAN_TIMEOUT_S)) as conn:
             for chunk in _chunks(ids):
                 query = select(EVENTS.c.request_id, EVENTS.c.payload).where(
                     EVENTS.c.kind == EventKind.REQUEST_ADMITTED, EVENTS.c.request_id.in_(list(chunk))
@@ -250,8 +337,8 @@ class AuditStore:
         return found
 
     def first_break(self, *, batch_size: int = 1000) -> ChainBreak | None:
-        """Recompute the whole event hash chain, streaming; the first break, or None if it verifies."""
+        """Recompute the whole event hash chain, streaming; the first break, or None if it verifies (no deadline)."""
         query = select(EVENTS).order_by(EVENTS.c.seq)
-        with unavailable_as_error(self.url), self.engine.connect() as conn:
+        with self._reading(None) as conn:
             rows = conn.execution_options(yield_per=batch_size).execute(query)
             return first_break(rows)

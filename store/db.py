@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from loraledger.errors import AuditUnavailableError, ConfigError
 from loraledger.paths import default_audit_url  # noqa: F401  (the store's default: a SQLite file under data_dir())
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_BUSY_TIMEOUT_MS = 30_000  # readers and tools; an engine's store waits at most its audit_timeout
 PG_CONNECT_TIMEOUT_S = 10
 # one advisory lock key for every loraledger writer and migrator of a database
 WRITER_LOCK_KEY = zlib.crc32(b"loraledger.audit.writer")
@@ -34,24 +35,57 @@ def display_url(url: str | URL) -> str:
     return normalize_url(url).render_as_string(hide_password=True)
 
 
-def make_engine(url: str | URL) -> Engine:
+def make_engine(url: str | URL, *, timeout: float | None = None) -> Engine:
     """An Engine for url. SQLite: WAL, synchronous=FULL, foreign keys on, a busy timeout, and
     SQLAlchemy (not the sqlite3 module) emitting BEGIN, so that DDL is transactional and a
-    connection can ask for BEGIN IMMEDIATE with the `sqlite_begin` execution option."""
+    connection can ask for BEGIN IMMEDIATE with the `sqlite_begin` execution option.
+
+    timeout (seconds): the server-side deadlines of the engine's store, as its audit_timeout sets
+    them. SQLite: the busy timeout. PostgreSQL: statement_timeout, lock_timeout (the writers' lock
+    included) and idle_in_transaction_session_timeout, TCP keepalives and tcp_user_timeout (a dead
+    peer is noticed), and the connect timeout. None: the defaults of readers and tools (a 30 s busy
+    timeout, a 10 s connect timeout, no statement deadline: a verify of a large log takes its time).
+    The client-side deadline (store/deadline.py) covers what the server cannot: a hung peer."""
     parsed = normalize_url(url)
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(parsed)
+        busy_ms = SQLITE_BUSY_TIMEOUT_MS if timeout is None else max(1, round(timeout * 1000))
+        return _sqlite_engine(parsed, busy_ms)
     if backend != "postgresql":
         raise ConfigError(
             f"audit database URL {display_url(parsed)}: the audit store runs on SQLite (sqlite:///path) "
             f"or PostgreSQL (postgresql://...), not {backend}"
         )
     # pre-ping: after a database restart the pool hands out a live connection instead of a dead one
-    return create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S})
+    return create_engine(parsed, pool_pre_ping=True, connect_args=pg_connect_args(parsed, timeout))
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def pg_connect_args(url: URL, timeout: float | None) -> dict[str, Any]:
+    """libpq parameters for a store with deadline timeout (None: only the connect timeout)."""
+    if timeout is None:
+        return {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    ms = max(1, round(timeout * 1000))
+    settings = f"-c statement_timeout={ms} -c lock_timeout={ms} -c idle_in_transaction_session_timeout={ms}"
+    given = url.query.get("options")
+    if given:  # the URL's own options stay, ours come after them
+        settings = f"{given if isinstance(given, str) else ' '.join(given)} {settings}"
+    return {
+        "connect_timeout": pg_connect_timeout(timeout),
+        "options": settings,
+        "keepalives": 1,
+        "keepalives_idle": max(1, math.ceil(timeout)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": ms,
+    }
+
+
+def pg_connect_timeout(timeout: float | None) -> int:
+    """libpq's connect_timeout for a deadline: whole seconds, at least 2 (libpq's own floor)."""
+    return PG_CONNECT_TIMEOUT_S if timeout is None else max(2, math.ceil(timeout))
+
+
+def _sqlite_engine(url: URL, busy_timeout_ms: int) -> Engine:
     database = url.database
     if database and database != ":memory:" and not database.startswith("file:"):
         Path(database).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +97,7 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_connection.isolation_level = None  # sqlite3 must not emit its own BEGIN
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = FULL")
             cursor.execute("PRAGMA foreign_keys = ON")

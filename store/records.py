@@ -34,6 +34,7 @@ class EventKind:
     ADAPTER_LOADED = "adapter_loaded"
     ADAPTER_EVICTED = "adapter_evicted"
     ADAPTER_FAILED = "adapter_failed"
+    ADAPTER_REGISTERED = "adapter_registered"  # payload: the `adapters` row, written with it (store/registration.py)
 
     TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
 

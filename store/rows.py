@@ -62,6 +62,22 @@ def completion_row(r: CompletionRecord) -> dict[str, Any]:
     }
 
 
+def adapter_record(row: Any) -> AdapterRecord:
+    """The AdapterRecord an `adapters` row holds (first_seen back to unix seconds, to the microsecond)."""
+    return AdapterRecord(
+        fingerprint=row.fingerprint,
+        name=row.name,
+        int_id=row.int_id,
+        path=row.path,
+        rank=row.rank,
+        alpha=row.alpha,
+        target_modules=list(row.target_modules),
+        base_model_fingerprint=row.base_model_fingerprint,
+        use_rslora=bool(row.use_rslora),
+        first_seen=row.first_seen.timestamp(),
+    )
+
+
 def request_record(row: Any) -> RequestRecord:
     """The RequestRecord a `requests` row holds (times back to unix floats, to the microsecond)."""
     return RequestRecord(

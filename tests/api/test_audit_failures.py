@@ -3,18 +3,22 @@ arrive once it is back, new requests are refused or wait per audit_on_failure, a
 
 from __future__ import annotations
 
-import socket
 import threading
+import time
 
 import anyio
+import msgspec
 import pytest
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
-from loraledger import AsyncEngine, EngineArgs, SamplingParams
-from loraledger.errors import AuditUnavailableError
-from loraledger.store.audit_store import AuditStore
+from loraledger import AsyncEngine, EngineArgs, RequestOutputKind, SamplingParams
+from loraledger.audit import AuditLog
+from loraledger.errors import AuditUnavailableError, ConfigError, LoraLedgerError
+from loraledger.store.audit_store import COMPLETIONS, AuditStore
 from tests.api.conftest import loras_for, random_prompts
 from tests.stress.checks import log_problems
+from tests.tcp_proxy import TcpProxy
 
 N_REQUESTS = 6
 WAIT_S = 120  # upper bounds only: a few tiny-model steps, unless a shared 2-core machine is oversubscribed
@@ -178,70 +182,6 @@ async def test_outputs_are_held_through_an_outage_and_new_requests_follow_the_po
     check_everything_once(db_url, finals, late_id, policy)
 
 
-class TcpProxy:
-    """A TCP relay on 127.0.0.1 (random port) to a server; cut() drops every connection and refuses new ones until restore()."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self._target = (host, port)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._up = True
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            if not self._up:
-                self._drop(client)
-                continue
-            try:
-                upstream = socket.create_connection(self._target, timeout=5)
-            except OSError:
-                self._drop(client)
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._open.update((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        self._drop(src, dst)
-
-    def _drop(self, *socks: socket.socket) -> None:
-        for s in socks:
-            with self._lock:
-                self._open.discard(s)
-            try:
-                s.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv on it
-            except OSError:
-                pass
-            s.close()
-
-    def cut(self) -> None:
-        self._up = False
-        with self._lock:
-            live = list(self._open)
-        self._drop(*live)
-
-    def restore(self) -> None:
-        self._up = True
-
-    def close(self) -> None:
-        self._listener.close()
-        self.cut()
-
-
 @pytest.mark.postgres
 async def test_a_real_postgres_outage_through_a_cut_connection(pg_db_url, tiny_llama, monkeypatch):
     url = make_url(pg_db_url)
@@ -254,3 +194,104 @@ async def test_a_real_postgres_outage_through_a_cut_connection(pg_db_url, tiny_l
     finally:
         proxy.close()
     check_everything_once(pg_db_url, finals, late_id, "reject")
+
+
+AUDIT_TIMEOUT = 1.0
+SHUTDOWN_TIMEOUT = 2.0
+PG_CONNECT_FLOOR = 2.0  # libpq waits at least this long for a new connection
+SLACK = 3.0  # scheduling on a loaded 2-core machine; the deadlines are what is measured
+
+
+class WriteAttempts:
+    """Notes the request ids whose completions the AuditWriter has tried to write (committed or not)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.ids: set[str] = set()
+        self._cond = threading.Condition()
+        write = AuditStore.write
+
+        def noting_write(store, batch):
+            with self._cond:
+                self.ids.update(c.request_id for c in batch.completions)
+                self._cond.notify_all()
+            return write(store, batch)
+
+        monkeypatch.setattr(AuditStore, "write", noting_write)
+
+    async def wait_for(self, ids: set[str], timeout: float = WAIT_S) -> None:
+        def wait() -> bool:
+            with self._cond:
+                return self._cond.wait_for(lambda: ids <= self.ids, timeout)
+
+        assert await anyio.to_thread.run_sync(wait), f"no completion write was tried for {sorted(ids - self.ids)}"
+
+
+@pytest.mark.postgres
+async def test_a_hung_postgres_refuses_new_requests_within_the_deadline_and_close_is_bounded(pg_db_url, tiny_llama, monkeypatch):
+    """A partition (connections open, no answers): new requests are refused within audit_timeout, close() returns
+    within shutdown_timeout without releasing outputs that are not on record, and the next start records those
+    requests as interrupted."""
+    url = make_url(pg_db_url)
+    attempts = WriteAttempts(monkeypatch)
+    loras = [None, *loras_for(tiny_llama).values()]
+    ids = [f"hung-{i}" for i in range(4)]
+    outcomes: dict[str, object] = {}
+
+    async def collect(rid: str, channel) -> None:
+        outcomes[rid] = "the channel ended without an outcome"
+        async with channel:
+            async for delivery in channel:
+                outcomes[rid] = delivery.item
+                if isinstance(delivery.item, BaseException) or delivery.item.finished:
+                    return
+
+    with TcpProxy(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        args = msgspec.structs.replace(
+            engine_args(tiny_llama, proxied, "reject"), audit_timeout=AUDIT_TIMEOUT, shutdown_timeout=SHUTDOWN_TIMEOUT
+        )
+        async with anyio.create_task_group() as tg:
+            engine = AsyncEngine(args)
+            await engine.__aenter__()
+            try:
+                # long generations (hundreds of steps): bound and on record in milliseconds, still running when it hangs
+                params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+                for i, rid in enumerate(ids):
+                    tg.start_soon(collect, rid, await engine.submit(rid, {"prompt_token_ids": [5 + i, 6, 7]}, params, loras[i % len(loras)]))
+                proxy.freeze()
+                started = time.monotonic()
+                with pytest.raises(AuditUnavailableError):
+                    await engine.submit("hung-late", {"prompt_token_ids": [9, 9, 9]}, params, loras[1])
+                refused_after = time.monotonic() - started
+                await attempts.wait_for(set(ids))  # every output computed and tried on record
+            finally:
+                started = time.monotonic()
+                await engine.__aexit__(None, None, None)
+                closed_after = time.monotonic() - started
+        print(f"hung PostgreSQL: new request refused after {refused_after:.2f} s, close() returned after {closed_after:.2f} s")
+        assert refused_after < max(AUDIT_TIMEOUT, PG_CONNECT_FLOOR) + SLACK
+        assert closed_after < SHUTDOWN_TIMEOUT + AUDIT_TIMEOUT + SLACK
+        proxy.thaw()
+
+    with AuditStore(pg_db_url) as store, store.engine.connect() as conn:
+        on_record = set(conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(ids))).scalars())
+    held = set(ids) - on_record
+    assert held, "every output reached the record before the database hung: nothing was in flight"
+    for rid in held:  # not on record, so not released: the caller got a typed error instead
+        assert isinstance(outcomes[rid], LoraLedgerError), (rid, outcomes[rid])
+    restarted = msgspec.structs.replace(args, audit_url=pg_db_url)
+    async with AsyncEngine(restarted) as engine:
+        assert set(engine.interrupted) == held  # recorded as after a crash
+    with AuditStore(pg_db_url) as store:
+        assert store.unfinished_requests() == []
+        assert store.existing_request_ids([*ids, "hung-late"]) == set(ids)
+    with AuditLog(pg_db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
+
+
+@pytest.mark.parametrize("field", ["audit_timeout", "shutdown_timeout"])
+@pytest.mark.parametrize("value", [0, -1.0, float("nan"), float("inf"), True, "5"])
+def test_deadlines_must_be_positive_seconds(field, value):
+    with pytest.raises(ConfigError, match=f"{field} must be a number of seconds > 0"):
+        EngineArgs(model="x", **{field: value})

@@ -114,8 +114,8 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
         EventRecord(kind=EventKind.ADAPTER_LOADED, at=START + 1, payload={"fingerprint": a.fingerprint, "name": a.name})
         for a in ADAPTERS
     ]
-    store.write(AuditBatch(adapters=list(ADAPTERS), events=pending_events))
-    log.events += len(pending_events)
+    # the adapters' rows enter the chain with them: one adapter_registered event each, before these
+    log.events = store.write(AuditBatch(adapters=list(ADAPTERS), events=pending_events)).sequence
     times = sorted(START + rng.random() * days * DAY for _ in range(n_requests))
     for start in range(0, n_requests, batch):
         requests: list[RequestRecord] = []
@@ -165,6 +165,39 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
                 )
             completions += mine
             log.requests.append(SynthRequest(binding=binding, completions=mine, outcome=outcome))
-        store.write(AuditBatch(requests=requests, completions=completions, events=events))
-        log.events += len(events)
+        log.events = store.write(AuditBatch(requests=requests, completions=completions, events=events)).sequence
     return log
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")  # what a spreadsheet runs as a formula (OWASP), and a quote
+
+
+def build_formula_log(url: str) -> list[str]:
+    """A log of base-model requests whose tenant, prompt, text and stop reason start with each of
+    FORMULA_STARTS (one request each, in this order); returns the values."""
+    values = [f"{start}SUM(1+1)*cmd|'/C calc'!A0" for start in FORMULA_STARTS]
+    requests, completions, events = [], [], []
+    for i, value in enumerate(values):
+        at = START + i
+        binding = RequestRecord(
+            request_id=f"formula-{i}", adapter_fingerprint=None, lora_name=None, lora_int_id=None, lora_path=None,
+            tenant=value, sampling_params={"n": 1, "max_tokens": 2}, prompt_text=value,
+            prompt_sha256=hashlib.sha256(value.encode()).hexdigest(), prompt_token_count=3, received_at=at,
+            engine_version="0.1.0", base_model_fingerprint=BASE_FP,
+        )  # fmt: skip
+        completion = CompletionRecord(
+            request_id=binding.request_id, index=0, text=value, token_ids=[1, 2], cumulative_logprob=-2.5,
+            finish_reason="stop", stop_reason=value, adapter_fingerprint=None, prompt_token_count=3,
+            generated_token_count=2, first_token_at=at + 0.5, finished_at=at + 1,
+        )  # fmt: skip
+        requests.append(binding)
+        completions.append(completion)
+        events += [
+            EventRecord(kind=EventKind.REQUEST_ADMITTED, at=at, request_id=binding.request_id, dedup_key=f"admit:{i}",
+                        payload={"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}),
+            EventRecord(kind=EventKind.REQUEST_FINISHED, at=at + 1, request_id=binding.request_id, dedup_key=f"end:{i}",
+                        payload={"completions_sha256": completions_digest([completion]), "num_completions": 1}),
+        ]  # fmt: skip
+    with AuditStore(url) as store:
+        store.write(AuditBatch(requests=requests, completions=completions, events=events))
+    return values

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loraledger.cli import main
-from tests.audit.synth import ADAPTERS, SynthLog
+from tests.audit.synth import ADAPTERS, SynthLog, build_formula_log
 from tests.audit.tampering import event_seq, tamper
 
 
@@ -71,7 +71,7 @@ def test_verify_checkpoint_and_tampering(migrated_db_url: str, synth: SynthLog, 
     bad = event_seq(url, rid, "request_finished")
     tamper(url, "UPDATE completions SET finish_reason = 'length' WHERE request_id = :r", r=rid)
     code, out, _ = run(capsys, "audit", "verify", "--url", url)
-    assert code == 1 and out.startswith(f"FAILED at sequence {bad}:")
+    assert code == 1 and out.startswith(f"FAILED at sequence {bad} (`completions` row request_id={rid!r}):"), out
 
 
 def test_report_and_verify_report(migrated_db_url: str, synth: SynthLog, capsys, tmp_path, monkeypatch):
@@ -137,3 +137,13 @@ def test_verify_says_what_a_checkpoint_proved(migrated_db_url: str, synth: Synth
     assert "the log extends it unchanged (0 events added since)" in out
     code, out, _ = run(capsys, "audit", "verify", "--url", migrated_db_url)
     assert code == 0 and "checkpoint" not in out
+
+
+def test_listings_in_csv_cannot_start_a_formula_and_jsonl_stays_exact(migrated_db_url: str, capsys):
+    values = build_formula_log(migrated_db_url)
+    code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out, newline="")))
+    assert [r["tenant"] for r in rows] == ["'" + v for v in values]
+    code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl")
+    assert code == 0 and [json.loads(line)["tenant"] for line in out.splitlines()] == values

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import json
+
 import pytest
 
-from loraledger.audit.export import RowWriter, check_format, read_rows, sha256_file
+from loraledger.audit.export import RowWriter, check_format, csv_cell, csv_text, read_rows, sha256_file
 from loraledger.errors import ConfigError
 
 ROWS = [
@@ -39,3 +42,31 @@ def test_malformed_files_are_reported(tmp_path):
         list(read_rows(tmp_path / "a.jsonl", "jsonl"))
     with pytest.raises(ConfigError, match="csv, jsonl"):
         check_format("xml")
+
+
+# Cells a spreadsheet would run as a formula (OWASP's list), and a leading quote (so reading back is exact).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
+
+
+@pytest.mark.parametrize("start", FORMULA_STARTS, ids=["eq", "plus", "minus", "at", "tab", "cr", "quote"])
+def test_csv_cells_that_would_start_a_formula_are_neutralised_and_read_back_exact(tmp_path, start):
+    value = f"{start}HYPERLINK(\"http://evil.example\",\"x\")"
+    row = ("r1", value, -1.5, "plain=text")
+    csv_path, jsonl_path = tmp_path / "rows.csv", tmp_path / "rows.jsonl"
+    for path, fmt in ((csv_path, "csv"), (jsonl_path, "jsonl")):
+        with RowWriter(path, ("id", "cell", "number", "inner"), fmt) as writer:
+            writer.write(row)
+            writer.close()
+    with open(csv_path, newline="", encoding="utf-8") as file:
+        cells = list(csv.reader(file))[1]
+    assert cells == ["r1", "'" + value, "-1.5", "plain=text"]  # numbers stay numbers; only a text's first character counts
+    back = next(read_rows(csv_path, "csv"))
+    assert back["cell"] == value and back["inner"] == "plain=text"
+    assert json.loads(jsonl_path.read_text())["cell"] == value  # JSON lines are not for spreadsheets: exact
+
+
+def test_csv_cell_and_csv_text_are_inverse():
+    for text in ("", "a", "'", "''x", "=1+1", "\r\n", "-", "@x", "x=1"):
+        cell = csv_cell(text)
+        assert not (cell and cell[0] in "=+-@\t\r") or cell.startswith("'")
+        assert csv_text(cell) == text

@@ -20,7 +20,7 @@ from loraledger.errors import ConfigError
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.models import Completion, Event, Request, utc_from_unix
-from tests.audit.synth import ADAPTERS, DAY, START, SynthLog, build_log
+from tests.audit.synth import ADAPTERS, DAY, START, SynthLog, build_formula_log, build_log
 
 
 def _sql_counts(url: str, since: float, until: float, adapter: str | None, tenant: str | None) -> dict:
@@ -180,3 +180,37 @@ def test_a_failed_export_leaves_no_half_bundle(migrated_db_url: str, synth: Synt
             (tmp_path / "junk" / MANIFEST).write_text("[]")
             write_report(log, tmp_path / "r", since=START, until=START + DAY, previous=tmp_path / "junk", progress=False)
         assert not (tmp_path / "r").exists()
+
+
+def test_csv_report_cells_cannot_start_a_formula_and_jsonl_stays_exact(migrated_db_url: str, tmp_path, report_env):
+    import csv
+
+    values = build_formula_log(migrated_db_url)
+    with AuditLog(migrated_db_url) as log:
+        for fmt in ("csv", "jsonl"):
+            manifest = write_report(log, tmp_path / fmt, since=START, until=START + DAY, fmt=fmt, progress=False)
+            assert manifest["verification"]["ok"], manifest["verification"]
+    for name, columns in (("requests", ("tenant", "prompt_text")), ("completions", ("tenant", "text", "stop_reason"))):
+        with open(tmp_path / "csv" / f"{name}.csv", newline="", encoding="utf-8") as file:
+            raw = list(csv.DictReader(file))
+        assert len(raw) == len(values)
+        for row, value in zip(raw, values):
+            for column in columns:
+                assert row[column] == "'" + value, (name, column, row[column])
+        exact = list(read_rows(tmp_path / "jsonl" / f"{name}.jsonl", "jsonl"))
+        assert [[row[c] for c in columns] for row in exact] == [[value] * len(columns) for value in values]
+        assert [row["tenant"] for row in read_rows(tmp_path / "csv" / f"{name}.csv", "csv")] == values
+    # the recount reads the neutralised cells back as the values the manifest counted
+    assert verify_report(tmp_path / "csv").ok and verify_report(tmp_path / "jsonl").ok
+
+
+def test_a_forged_adapter_name_never_shows_under_a_verified_banner(migrated_db_url: str, synth: SynthLog, tmp_path, report_env):
+    from tests.audit.tampering import tamper
+
+    tamper(migrated_db_url, "UPDATE adapters SET name = 'approved-safe-adapter' WHERE fingerprint = :f", f=ADAPTERS[0].fingerprint)
+    with AuditLog(migrated_db_url) as log:
+        manifest = write_report(log, tmp_path / "r", since=START, until=START + 10 * DAY, progress=False)
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert not manifest["verification"]["ok"]
+    assert "in: name" in manifest["verification"]["problem"] and ADAPTERS[0].fingerprint in manifest["verification"]["problem"]
+    assert "Audit log verified" not in html and "verification FAILED" in html

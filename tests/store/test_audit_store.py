@@ -38,8 +38,9 @@ def test_open_migrates_a_new_empty_database(db_url):
 
 def test_write_stores_every_record_with_utc_microsecond_times(audit_store):
     checkpoint = audit_store.write(sample_batch(["r1", "r2"]))
-    assert counts(audit_store) == {"adapters": 1, "requests": 2, "completions": 2, "events": 4}
-    assert checkpoint == audit_store.head() and checkpoint.sequence == 4
+    # the adapter's first row enters the chain with it: one adapter_registered event before the batch's own
+    assert counts(audit_store) == {"adapters": 1, "requests": 2, "completions": 2, "events": 5}
+    assert checkpoint == audit_store.head() and checkpoint.sequence == 5
     assert checkpoint.at == pytest.approx(T0 + 0.02, abs=1e-6)
     with audit_store.engine.connect() as conn:
         request = conn.execute(select(REQUESTS).where(REQUESTS.c.request_id == "r1")).one()
@@ -55,10 +56,10 @@ def test_the_same_batch_twice_is_written_once(audit_store):
     batch = sample_batch(["r1", "r2"])
     first = audit_store.write(batch)
     assert audit_store.write(batch) == first
-    assert counts(audit_store) == {"adapters": 1, "requests": 2, "completions": 2, "events": 4}
+    assert counts(audit_store) == {"adapters": 1, "requests": 2, "completions": 2, "events": 5}
     # a dedup key seen earlier in the same batch is skipped as well
     twice = EventRecord(kind=EventKind.ENGINE_STARTED, at=T0, dedup_key="started:1")
-    assert audit_store.write(AuditBatch(events=[twice, twice])).sequence == 5
+    assert audit_store.write(AuditBatch(events=[twice, twice])).sequence == 6
 
 
 def test_events_without_a_dedup_key_are_always_appended(audit_store):
@@ -93,7 +94,7 @@ def test_an_operational_failure_mid_batch_is_unavailable_and_rolled_back(audit_s
     def lose_connection(conn, records):
         raise sa_exc.OperationalError("INSERT INTO events", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(audit_store_module, "_append_events", lose_connection)
+    monkeypatch.setattr(audit_store_module, "append_events", lose_connection)
     with pytest.raises(AuditUnavailableError, match="unreachable.*server closed the connection"):
         audit_store.write(sample_batch(["r1"]))
     monkeypatch.undo()
@@ -103,11 +104,11 @@ def test_an_operational_failure_mid_batch_is_unavailable_and_rolled_back(audit_s
 def test_the_chain_verifies_after_many_writes_and_names_a_tampered_row(audit_store):
     for i in range(12):
         audit_store.write(sample_batch([f"r{i}a", f"r{i}b"], FP_A if i % 2 else None, at=T0 + i))
-    assert audit_store.head().sequence == 48
+    assert audit_store.head().sequence == 49  # 48 and the adapter's registration
     assert audit_store.first_break() is None
     rows = events(audit_store)
-    assert [r.seq for r in rows] == list(range(1, 49)) and rows[0].prev_hash == GENESIS_HASH
-    assert all(rows[i].prev_hash == rows[i - 1].hash for i in range(1, 48))
+    assert [r.seq for r in rows] == list(range(1, 50)) and rows[0].prev_hash == GENESIS_HASH
+    assert all(rows[i].prev_hash == rows[i - 1].hash for i in range(1, 49))
 
     engine = make_engine(audit_store.url)  # a raw connection with the guard dropped, as an intruder would
     with engine.begin() as conn:
@@ -157,7 +158,7 @@ def test_concurrent_writers_keep_one_gapless_chain(migrated_db_url):
     for t in threads:
         t.join()
     assert errors == []
-    assert stores[0].head().sequence == 32 and stores[0].first_break() is None
+    assert stores[0].head().sequence == 33 and stores[0].first_break() is None  # 32 and FP_A's registration
     for store in stores:
         store.close()
 
@@ -166,9 +167,9 @@ def test_a_group_commit_of_hundreds_of_records_is_fast(audit_store):
     ids = [f"req-{i}" for i in range(300)]
     audit_store.write(AuditBatch(adapters=[make_adapter(FP_B, "beta", 2)]))
     start = time.perf_counter()
-    checkpoint = audit_store.write(sample_batch(ids))  # 300 requests, 300 completions, 600 events
+    checkpoint = audit_store.write(sample_batch(ids))  # 300 requests, 300 completions, 600 events, a registration
     elapsed = time.perf_counter() - start
-    assert checkpoint.sequence == 600
+    assert checkpoint.sequence == 602  # after beta's registration
     assert elapsed < 1.5, f"a 1,200-row group commit took {elapsed:.3f}s"
 
 

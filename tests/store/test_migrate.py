@@ -7,10 +7,12 @@ from alembic import command
 from sqlalchemy import func, select, text
 
 from loraledger.errors import AuditSchemaError
-from loraledger.store.audit_store import REQUESTS, write_batch
+from loraledger.store import audit_store
+from loraledger.store.audit_store import EVENTS, REQUESTS, write_batch
 from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import guards_present
 from loraledger.store.migrate import _scripts, alembic_config, current_revision, ensure_schema, head_revision, upgrade
+from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
@@ -119,3 +121,63 @@ def test_an_unknown_newer_revision_is_refused(migrated_db_url):
     with pytest.raises(AuditSchemaError, match="does not know: a newer loraledger made it"):
         ensure_schema(engine, migrated_db_url)
     engine.dispose()
+
+
+class _PreChainStore:
+    """Writes batches the way loraledger did before revision 0004: adapter rows, no adapter_registered events."""
+
+    def __init__(self, engine, monkeypatch: pytest.MonkeyPatch):
+        self._engine = engine
+        insert_adapters = audit_store._insert_adapters
+        monkeypatch.setattr(audit_store, "_insert_adapters", lambda conn, records: (insert_adapters(conn, records), [])[1])
+
+    def write(self, batch):
+        with write_transaction(self._engine) as conn:
+            return write_batch(conn, batch)
+
+
+def test_0004_brings_the_adapters_of_an_existing_log_into_the_chain(db_url, monkeypatch):
+    from loraledger.audit import AuditLog
+    from tests.audit.synth import ADAPTERS, build_log
+    from tests.audit.tampering import tamper
+
+    assert upgrade(db_url, "0003_audit_views") == "0003_audit_views"
+    engine = make_engine(db_url)
+    with monkeypatch.context() as patch:
+        synth = build_log(_PreChainStore(engine, patch), n_requests=30, days=2)
+    with engine.connect() as conn:
+        before = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
+    assert len(before) == synth.events and not any(k == EventKind.ADAPTER_REGISTERED for k in _kinds(engine))
+    with AuditLog(db_url) as log:
+        stale = log.verify()
+    assert not stale.ok and {p.key["fingerprint"] for p in stale.problems} == {a.fingerprint for a in ADAPTERS}
+    assert all("loraledger db upgrade" in p.message for p in stale.problems)
+
+    assert upgrade(db_url) == head_revision()
+    with engine.connect() as conn:
+        after = conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all()
+    assert [(r.seq, r.hash) for r in after[: len(before)]] == before  # the chain as it was is untouched
+    added = after[len(before) :]
+    assert [r.kind for r in added] == [EventKind.ADAPTER_REGISTERED] * len(ADAPTERS)
+    assert {r.payload["adapter"]["fingerprint"] for r in added} == {a.fingerprint for a in ADAPTERS}
+    assert all(r.payload["backfilled_by"] == "0004_adapters_in_chain" for r in added)
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
+    assert result.head.sequence == synth.events + len(ADAPTERS)
+    assert upgrade(db_url) == head_revision()  # again: nothing left to bring in
+    assert len(_kinds(engine)) == len(after)
+    ensure_schema(engine, db_url)
+    engine.dispose()
+
+    # and from now on an edited adapter row is found
+    tamper(db_url, "UPDATE adapters SET path = '/adapters/approved' WHERE fingerprint = :f", f=ADAPTERS[1].fingerprint)
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert not result.ok and result.first_problem.key == {"fingerprint": ADAPTERS[1].fingerprint}
+    assert "in: path" in result.first_problem.message
+
+
+def _kinds(engine) -> list[str]:
+    with engine.connect() as conn:
+        return conn.execute(select(EVENTS.c.kind).order_by(EVENTS.c.seq)).scalars().all()
