@@ -14,6 +14,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import String
 
 from loraledger.audit import records as rec
+from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
 from loraledger.store.records import Checkpoint, EventKind
@@ -171,42 +172,15 @@ def request_groups(
         .where(*flt.clauses())
         .order_by(*order, C.c.completion_index)
     )
-    rows = _Cursor(stream(conn, completions))
+    rows = RowStream(stream(conn, completions))
     try:
         for request in stream(conn, requests):
-            yield request, rows.take(request.request_id)
-            rows.skip(request.request_id)
+            rid = request.request_id
+            yield request, rows.take_while(lambda row, rid=rid: row.request_id == rid)
+            for _ in rows.take_while(lambda row, rid=rid: row.request_id == rid):  # what the caller left unread
+                pass
     finally:
         rows.close()
-
-
-class _Cursor:
-    """A stream of completion rows consumed one request at a time."""
-
-    def __init__(self, rows: Iterator[Row[Any]]):
-        self._rows = rows
-        self._next: Row[Any] | None = None
-        self._started = False
-
-    def _peek(self) -> Row[Any] | None:
-        if not self._started:
-            self._started = True
-            self._next = next(self._rows, None)
-        return self._next
-
-    def take(self, request_id: str) -> Iterator[Row[Any]]:
-        while (row := self._peek()) is not None and row.request_id == request_id:
-            self._next = next(self._rows, None)
-            yield row
-
-    def skip(self, request_id: str) -> None:
-        for _ in self.take(request_id):
-            pass
-
-    def close(self) -> None:
-        close = getattr(self._rows, "close", None)
-        if close is not None:
-            close()
 
 
 def count_requests(conn: Connection, flt: RequestFilter) -> int:

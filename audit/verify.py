@@ -24,6 +24,7 @@ from loraledger.audit import rows
 from loraledger.audit.queries import A, C, E, R, stream
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
+from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
 from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash
@@ -50,7 +51,7 @@ def verify_log(
     walk = _Walk(conn, tables, found, checkpoint)
     completions = stream(conn, _ending_completions(tables))
     try:
-        walk.completions = _Merge(completions)
+        walk.completions = RowStream(completions)
         for row in stream(conn, _events(tables)):
             walk.event(row)
             if on_event is not None:
@@ -148,26 +149,12 @@ def _ending_completions(t: _Tables) -> Any:
     )
 
 
-class _Merge:
-    """The completions cursor, consumed in step with the events: take(seq) yields the rows of the event at seq."""
-
-    def __init__(self, rows: Iterator[Row[Any]]):
-        self._rows = rows
-        self._next: Row[Any] | None = None
-        self._started = False
-
-    def _peek(self) -> Row[Any] | None:
-        if not self._started:
-            self._started = True
-            self._next = next(self._rows, None)
-        return self._next
-
-    def take(self, seq: int) -> Iterator[Row[Any]]:
-        while (row := self._peek()) is not None and _is_number(row.end_seq) and row.end_seq <= seq:
-            self._next = next(self._rows, None)
-            if row.end_seq == seq:
-                yield row
-            # rows of an event before seq belong to one whose seq the walk could not place: skipped
+def _rows_of_event(completions: RowStream, seq: int) -> Iterator[Row[Any]]:
+    """The completion rows of the event at seq; rows of an earlier event (one whose seq the walk could not
+    place) are skipped."""
+    for row in completions.take_while(lambda r: _is_number(r.end_seq) and r.end_seq <= seq):
+        if row.end_seq == seq:
+            yield row
 
 
 class _ListDigest:
@@ -205,7 +192,7 @@ class _Walk:
 
     def __init__(self, conn: Connection, tables: _Tables, found: _Problems, checkpoint: Checkpoint | None):
         self.conn, self.t, self.found, self.checkpoint = conn, tables, found, checkpoint
-        self.completions: _Merge | None = None
+        self.completions: RowStream | None = None
         self.expected, self.prev = 1, GENESIS_HASH
         self.head: Checkpoint | None = None
         self.events = 0
@@ -306,7 +293,7 @@ class _Walk:
         count, readable, wrong_adapter = 0, True, False
         sha = _ListDigest()
         assert self.completions is not None
-        for row in self.completions.take(seq):
+        for row in _rows_of_event(self.completions, seq):
             count += 1
             values, bad = self.t.completions.decode(row._mapping, _C)
             index = values.get("completion_index", row._mapping[_C + "completion_index"])
