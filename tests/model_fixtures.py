@@ -31,6 +31,9 @@ Reference helpers (plain functions; import them from ``tests.model_fixtures``):
   ``HFReference.logits[i]`` the raw fp32 logits [max_new_tokens, V] that chose them.
 - ``hf_reference_logits(model_dir, adapter_path, token_ids) -> Tensor [len, V]``: fp32 logits of
   one full forward over ``token_ids`` (``adapter_path`` None for the base model).
+
+Chat: ``tiny_llama_chat`` is ``tiny_llama`` (same weights and adapters) in a folder of its own whose
+tokenizer has ``CHAT_TEMPLATE``; ``with_chat_template(src, dest, template)`` makes such a copy.
 """
 
 from __future__ import annotations
@@ -125,6 +128,32 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=1)
+
+
+# a small chat template in the usual shape: BOS written by the template, one header per role, EOS after each turn
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def with_chat_template(src: Path, dest: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """A copy of the checkpoint folder `src` at `dest` whose tokenizer has `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dest)
+    tokenizer = AutoTokenizer.from_pretrained(dest)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_chat(tiny_llama: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    model_dir = with_chat_template(tiny_llama.model_dir, tmp_path_factory.mktemp("tiny-llama-chat") / "model")
+    return TinyModel(arch="llama", model_dir=model_dir, adapters=tiny_llama.adapters, config=tiny_llama.config)
 
 
 @pytest.fixture(scope="session")
