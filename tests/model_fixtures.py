@@ -190,8 +190,10 @@ def hf_reference_generate(
     adapter_per_prompt: Sequence[str | None],
     max_new_tokens: int,
     mixed: bool = True,
+    **generate_kwargs,
 ) -> HFReference:
-    """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring."""
+    """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring.
+    generate_kwargs go to `generate` (logits processors such as sequence_bias, bad_words_ids, eos_token_id)."""
     names = [BASE if a is None else a for a in adapter_per_prompt]
     used = {n for n in names if n != BASE}
     model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}))
@@ -207,7 +209,7 @@ def hf_reference_generate(
             prompt = list(prompts_token_ids[i])
             ids[row, longest - len(prompt) :] = torch.tensor(prompt)
             mask[row, longest - len(prompt) :] = 1
-        kwargs = {}
+        kwargs = {"eos_token_id": None, **generate_kwargs}
         if used:
             kwargs["adapter_names"] = [names[i] for i in group]
         with torch.no_grad():
@@ -216,7 +218,6 @@ def hf_reference_generate(
                 attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                eos_token_id=None,
                 pad_token_id=pad,
                 output_logits=True,
                 return_dict_in_generate=True,
