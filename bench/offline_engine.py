@@ -43,6 +43,7 @@ class OfflineEngine:
         dtype: str = "auto",
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         from loraledger import LLM, LoRARequest
 
@@ -59,6 +60,7 @@ class OfflineEngine:
             dtype=dtype,
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         self.loras = [LoRARequest(f"{name_prefix}{i}", i + 1, str(path)) for i, path in enumerate(adapters)]
 

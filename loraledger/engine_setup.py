@@ -126,6 +126,8 @@ def _cuda_kv_budget(args: EngineArgs, config: ModelConfig, model_dir: Path, dtyp
     from loraledger.gpu import kv_budget
     from loraledger.gpu.cuda_graphs import capture_sizes
 
+    # memory an earlier engine of this process freed is still held by torch's caching allocator: give it back first
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     size = torch.empty((), dtype=dtype).element_size()
     other = kv_budget.lora_slots_bytes(config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, element_size=size) if args.enable_lora else 0
