@@ -203,13 +203,14 @@ class AsyncEngine:
         type and value is checked here and the engine keeps its own immutable copy, so a value the
         caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
+        chat_template_sha256: set by LLM.chat, the digest of the template that rendered the prompt.
         """
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
         submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
         if chat_template_sha256 is not None:
-            submit = msgspec.structs.replace(submit, chat_template_sha256=str(chat_template_sha256))
+            submit = msgspec.structs.replace(submit, chat_template_sha256=storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64))
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send)
         try:

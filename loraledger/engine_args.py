@@ -15,8 +15,8 @@ DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(
 DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float16": "float16", "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
 SCALE_OUT = (
     "one engine runs on one device; to serve on several GPUs or machines, run several replicas (each with "
-    "tensor_parallel_size=1 and pipeline_parallel_size=1) behind Ray Serve, loraledger's scale-out path "
-    "(README: Scale out), all writing one PostgreSQL audit log"
+    "tensor_parallel_size=1 and pipeline_parallel_size=1) behind Ray Serve, loraledger's scale-out path, "
+    "all writing one PostgreSQL audit log"
 )
 
 
@@ -92,7 +92,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default); -1: the vocabulary
     # --- vLLM's arguments (see the class docstring) ---
     trust_remote_code: bool = False  # accepted; code shipped with a checkpoint never runs: a checkpoint that needs it is refused
-    tensor_parallel_size: int = 1  # only 1: more is the scale-out path (several replicas, README: Scale out)
+    tensor_parallel_size: int = 1  # only 1: more devices is the scale-out path (several replicas behind Ray Serve)
     pipeline_parallel_size: int = 1  # only 1, as tensor_parallel_size
     disable_log_stats: bool = False  # accepted; the engine logs no periodic statistics (get_stats() asks for them)
     tokenizer_mode: str = "auto"  # "auto": the fast tokenizer where there is one; "slow": the Python one
