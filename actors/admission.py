@@ -32,11 +32,13 @@ from loraledger.actors.messages import (
     Submit,
     TrackRequest,
 )
+from loraledger.actors.tokenize import bad_words_token_ids, tokenize
 from loraledger.errors import (
     AdapterChangedError,
     DuplicateRequestError,
     EngineDeadError,
     LoRADisabledError,
+    NoTokenizerError,
     PromptError,
     PromptTooLongError,
 )
@@ -57,7 +59,7 @@ class Admission:
         assembler: MemoryObjectSendStream,
         audit: MemoryObjectSendStream | None,
         *,
-        tokenizer,
+        tokenizers,
         vocab_size: int,
         max_model_len: int,
         enable_lora: bool,
@@ -69,7 +71,7 @@ class Admission:
         self._scheduler = scheduler
         self._assembler = assembler
         self._audit = audit
-        self._tokenizer = tokenizer
+        self._tokenizers = tokenizers  # TokenizerGroup: the model's tokenizer (or none) and the ones adapters ship
         self._vocab_size = vocab_size
         self._max_model_len = max_model_len
         self._enable_lora = enable_lora
@@ -138,7 +140,9 @@ class Admission:
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
         bound = False
         try:
-            prompt_ids = await self._prompt_token_ids(msg)
+            tokenizer = await self._tokenizer_for(lora)
+            prompt_ids = await self._prompt_token_ids(msg, tokenizer)
+            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, rid)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -178,6 +182,7 @@ class Admission:
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
                     channel=msg.channel,
+                    tokenizer=tokenizer if msg.params.detokenize else None,
                 )
             )
             tracked = True
@@ -191,6 +196,7 @@ class Admission:
                     checkpoint=ckpt,
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
+                    bad_words_token_ids=bad_words,
                 )
             )
         except Exception as exc:
@@ -221,27 +227,43 @@ class Admission:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._audit.send(AuditAppend(events=[event]))
 
-    async def _prompt_token_ids(self, msg: Submit) -> list[int]:
+    async def _tokenizer_for(self, lora):
+        """The request's tokenizer: its adapter's own (read off the event loop the first time) or the model's."""
+        if self._tokenizers is None:
+            return None
+        if self._tokenizers.cached(lora):
+            return self._tokenizers.get(lora)
+        return await anyio.to_thread.run_sync(self._tokenizers.get, lora)
+
+    async def _prompt_token_ids(self, msg: Submit, tokenizer) -> list[int]:
         rid = msg.request_id
+        truncate = msg.params.truncate_prompt_tokens
+        if truncate == -1:
+            truncate = self._max_model_len  # vLLM: -1 truncates to the model's length
         if msg.prompt_token_ids is not None:
             ids = msg.prompt_token_ids
             if not ids:
                 raise PromptError(f"request {rid!r}: prompt_token_ids is empty; give at least one token")
-            bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size]
-            if bad:
-                raise PromptError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})")
-            ids = list(ids)
+            ids = list(ids[-truncate:]) if truncate is not None else list(ids)
         else:
             if not isinstance(msg.prompt, str):
                 raise PromptError(f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}")
             if msg.prompt == "":
                 raise PromptError(f"request {rid!r}: the prompt is empty")
+            if tokenizer is None:
+                raise NoTokenizerError(
+                    f"request {rid!r}: a text prompt needs a tokenizer, and this engine was built with skip_tokenizer_init=True; "
+                    "send {'prompt_token_ids': [...]}"
+                )
             if len(msg.prompt) > _INLINE_TOKENIZE_CHARS:  # a long text is tokenized off the event loop
-                ids = await anyio.to_thread.run_sync(self._tokenize, msg.prompt)
+                ids = await anyio.to_thread.run_sync(tokenize, tokenizer, msg.prompt, truncate)
             else:
-                ids = self._tokenize(msg.prompt)
+                ids = tokenize(tokenizer, msg.prompt, truncate)
             if not ids:
                 raise PromptError(f"request {rid!r}: the prompt tokenizes to no tokens")
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size]
+        if bad:
+            raise PromptError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})")
         if len(ids) >= self._max_model_len:
             raise PromptTooLongError(
                 f"request {rid!r}: the prompt has {len(ids)} tokens but max_model_len is {self._max_model_len}, "
@@ -249,9 +271,6 @@ class Admission:
                 "or raise max_model_len"
             )
         return ids
-
-    def _tokenize(self, text: str) -> list[int]:
-        return list(self._tokenizer(text)["input_ids"])
 
     async def _resolve(self, lora):
         send, receive = anyio.create_memory_object_stream[AdapterResolved](1)
@@ -344,6 +363,7 @@ async def _deliver(channel, request_id: str, item: object) -> None:
 def _recordable_params(params) -> dict:
     """Sampling params as builtins, stop strings made recordable like every other text."""
     out = msgspec.to_builtins(params)
-    if out.get("stop"):
-        out["stop"] = [recordable(s) for s in out["stop"]]
+    for name in ("stop", "bad_words"):
+        if out.get(name):
+            out[name] = [recordable(s) for s in out[name]]
     return out

@@ -10,6 +10,8 @@ _CONTEXT_TOKENS = 4
 
 
 class Detokenizer:
+    """tokenizer None (detokenize=False, or no tokenizer at all): every add() returns "" (outputs carry token ids only)."""
+
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
         self._backend = getattr(tokenizer, "_tokenizer", None)
         self._tokenizer = tokenizer
@@ -23,6 +25,8 @@ class Detokenizer:
 
     def add(self, token_ids: list[int]) -> str:
         """Feed new tokens, return the text they complete (may be "" while a UTF-8 character is split)."""
+        if self._tokenizer is None:
+            return ""
         if self._backend is None:  # slow tokenizer: decode everything again (correct, rarely used)
             self._ids.extend(token_ids)
             text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)

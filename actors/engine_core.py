@@ -37,6 +37,8 @@ class EngineSetup:
     store: object | None  # an opened AuditStore, or None with auditing off
     async_scheduling: bool = False  # EngineArgs.async_scheduling, resolved for the device
     max_n: int = 128  # EngineArgs.max_n resolved for this cache (EngineArgs.resolved_max_n)
+    tokenizers: object = None  # TokenizerGroup: the base tokenizer (or None) and the ones adapters ship
+    generation: object = None  # GenerationDefaults read from the model's generation_config.json (or none)
 
 
 class EngineCore:
@@ -82,6 +84,9 @@ class EngineCore:
             eos_token_ids=_eos_ids(s.model_config, s.tokenizer),
             seed=args.seed,
             depth=2 if s.async_scheduling else 1,
+            extra_stop_ids=s.generation.eos_token_ids if s.generation is not None else (),
+            vocab_size=s.model_config.vocab_size,
+            chunked_prefill=args.chunked_prefill,
         )
         await tg.start(self._supervise, "scheduler", scheduler)
         assembler = OutputAssembler(
@@ -89,7 +94,6 @@ class EngineCore:
             send("scheduler"),
             send("admission"),
             send("audit") if audit_on else None,
-            tokenizer=s.tokenizer,
             durable=args.audit_durable,
         )
         await tg.start(self._supervise, "assembler", assembler)
@@ -110,7 +114,7 @@ class EngineCore:
             send("scheduler"),
             send("assembler"),
             send("audit") if audit_on else None,
-            tokenizer=s.tokenizer,
+            tokenizers=s.tokenizers,
             vocab_size=s.model_config.vocab_size,
             max_model_len=s.max_model_len,
             enable_lora=args.enable_lora,

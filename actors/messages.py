@@ -52,6 +52,9 @@ class Submit(Msg):
     channel: object  # MemoryObjectSendStream[Delivery], owned by the caller's side
     resume: bool = False  # crash recovery: re-run under the binding already on record
     bound_fingerprint: str | None = None  # with resume: the adapter fingerprint the binding names
+    # LLM.chat: sha256 hex of the chat template that rendered the prompt (the adapter's own, the model's, or the
+    # caller's); the audit binding's column for it comes with the request-identity work on the store
+    chat_template_sha256: str | None = None
 
 
 class Abort(Msg):
@@ -108,6 +111,7 @@ class NewRequest(Msg):
     checkpoint: object  # LoraCheckpoint or None (base model)
     arrival_time: float
     queued_time: float
+    bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
 
 
 class TrackRequest(Msg):
@@ -122,6 +126,7 @@ class TrackRequest(Msg):
     arrival_time: float
     queued_time: float
     channel: object
+    tokenizer: object = None  # the request's tokenizer (an adapter's own, or the model's); None: no text
 
 
 class PinSlot(Msg):
@@ -172,6 +177,7 @@ class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    ranks: list[int | None] | None = None  # each token's rank (1: the most likely), when logprobs are asked
 
 
 class RequestTiming(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
@@ -179,7 +185,7 @@ class RequestTiming(msgspec.Struct, frozen=True, array_like=True, omit_defaults=
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None
     preempted: bool = False
-    prompt_logprobs: list | None = None  # PromptLogprobs (None for the first token)
+    prompt_logprobs: list | None = None  # [first position, logprobs, top logprobs, ranks] of a prompt chunk
 
 
 class StepTokens(Msg):

@@ -7,6 +7,7 @@ audit store (audit_durable, the default): it is held here until the AuditWriter 
 from __future__ import annotations
 
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ from loraledger.actors.messages import (
     TrackRequest,
 )
 from loraledger.logging import get_logger, request_logger
-from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.store.canonical import digest
 from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
@@ -43,20 +44,21 @@ class _SeqOut:
     detok: Detokenizer
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     sent_tokens: int = 0  # DELTA bookkeeping
     sent_chars: int = 0
     dirty: bool = False
+    stop_from: int = 0  # stop strings must end past this many characters (the text of the first min_tokens tokens)
 
 
 @dataclass(eq=False)
 class _ReqOut:
     msg: TrackRequest
     seqs: list[_SeqOut]
-    metrics: RequestMetrics
+    metrics: RequestStateStats
     num_cached_tokens: int | None = None
     prompt_logprobs: list | None = None
     max_stop_len: int = 0
@@ -75,14 +77,14 @@ class OutputAssembler:
         admission: MemoryObjectSendStream,
         audit: MemoryObjectSendStream | None,
         *,
-        tokenizer,
         durable: bool,
     ) -> None:
+        """Each request brings its own tokenizer (TrackRequest.tokenizer: an adapter's own, or the model's)."""
         self._inbox = inbox
         self._scheduler = scheduler
         self._admission = admission
         self._audit = audit
-        self._tokenizer = tokenizer
+        self._decoded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {token id: its text alone}
         self._durable = durable and audit is not None
         self._reqs: dict[str, _ReqOut] = {}
         self._held: dict[str, _ReqOut] = {}
@@ -158,14 +160,14 @@ class OutputAssembler:
         seqs = [
             _SeqOut(
                 index=i,
-                detok=Detokenizer(self._tokenizer, msg.prompt_token_ids, params.skip_special_tokens),
+                detok=Detokenizer(msg.tokenizer, msg.prompt_token_ids, params.skip_special_tokens),
                 logprobs=[] if params.logprobs is not None else None,
             )
             for i in range(params.n)
         ]
-        metrics = RequestMetrics(
+        metrics = RequestStateStats(
             arrival_time=msg.arrival_time,
-            queued_time=msg.queued_time,
+            queued_ts=msg.queued_time,
             adapter_name=msg.lora_request.lora_name if msg.lora_request else None,
             adapter_fingerprint=msg.adapter_fingerprint,
         )
@@ -210,8 +212,8 @@ class OutputAssembler:
             await self._fail_quietly(rid, exc, req)
 
     def _on_timing(self, req: _ReqOut, timing) -> None:
-        if timing.first_scheduled_time is not None and req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = timing.first_scheduled_time
+        if timing.first_scheduled_time is not None and not req.metrics.scheduled_ts:
+            req.metrics.scheduled_ts = timing.first_scheduled_time
         if timing.num_cached_tokens is not None and req.num_cached_tokens is None:
             req.num_cached_tokens = timing.num_cached_tokens
         if timing.preempted:
@@ -226,41 +228,65 @@ class OutputAssembler:
         touched[update.request_id] = req
         seq.dirty = True
         if update.token_ids:
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = self._step_time
-            req.metrics.last_token_time = self._step_time
-            req.metrics.num_generation_tokens += len(update.token_ids)
+            metrics = req.metrics
+            if not metrics.first_token_ts:
+                metrics.first_token_ts = self._step_time
+                metrics.first_token_latency = self._step_time - metrics.arrival_time
+            metrics.last_token_ts = self._step_time
+            metrics.num_generation_tokens += len(update.token_ids)
+            done_before = len(seq.token_ids)
             seq.token_ids.extend(update.token_ids)
             seq.cumulative_logprob += sum(update.logprobs)
             if seq.logprobs is not None:
-                for i, (token, lp) in enumerate(zip(update.token_ids, update.logprobs)):
-                    entry = {token: lp}
-                    if update.top_logprobs is not None:
-                        for alt, alt_lp in update.top_logprobs[i]:
-                            entry.setdefault(alt, alt_lp)
-                    seq.logprobs.append(entry)
-            hide_last = update.finish_reason == "stop" and self._stop_token_hidden(req, update.stop_reason)
+                self._add_logprobs(req, seq, update)
+            # a token that ended the request (EOS or a stop token id) stays in token_ids; like vLLM, it shows in
+            # the text only with include_stop_str_in_output, whatever skip_special_tokens says
+            hide_last = update.finish_reason == "stop" and not req.params.include_stop_str_in_output
+            visible = update.token_ids[:-1] if hide_last else update.token_ids
             before = len(seq.text)
-            seq.text += seq.detok.add(update.token_ids[:-1] if hide_last else update.token_ids)
-            if req.params.stop and not (update.finish_reason == "stop" and update.stop_reason is not None):
-                if self._apply_stop_strings(req, seq, before):
+            held = req.params.min_tokens - done_before  # tokens of this update still within min_tokens
+            if held > 0:
+                seq.text += seq.detok.add(visible[:held])
+                seq.stop_from = len(seq.text)  # vLLM: a stop string must end after the first min_tokens tokens' text
+                visible = visible[held:]
+            seq.text += seq.detok.add(visible)
+            if req.params.stop and len(seq.token_ids) > req.params.min_tokens and len(seq.text) > before:
+                if self._apply_stop_strings(req, seq, max(before, seq.stop_from)):
                     await _send_quietly(self._scheduler, StopSeq(request_id=update.request_id, seq_index=seq.index))
                     return
         if update.finish_reason is not None:
             seq.finish_reason = update.finish_reason
             seq.stop_reason = update.stop_reason
 
-    @staticmethod
-    def _stop_token_hidden(req: _ReqOut, stop_reason) -> bool:
-        # a stop token id is kept in token_ids but, like EOS, only shows in the text when asked for
-        return isinstance(stop_reason, int) and not req.params.include_stop_str_in_output
+    def _add_logprobs(self, req: _ReqOut, seq: _SeqOut, update) -> None:
+        """vLLM's per-position dict: the sampled token (with its rank) first, then the top alternatives ranked 1..k."""
+        tokenizer = req.msg.tokenizer
+        ranks = update.ranks or [None] * len(update.token_ids)
+        for i, (token, lp) in enumerate(zip(update.token_ids, update.logprobs)):
+            entry = {token: Logprob(lp, ranks[i], self._decode_one(tokenizer, token))}
+            if update.top_logprobs is not None:
+                for rank, (alt, alt_lp) in enumerate(update.top_logprobs[i], start=1):
+                    if alt not in entry:
+                        entry[alt] = Logprob(alt_lp, rank, self._decode_one(tokenizer, alt))
+            seq.logprobs.append(entry)
+
+    def _decode_one(self, tokenizer, token: int) -> str | None:
+        """A token's text alone (vLLM: tokenizer.decode([id])), cached per tokenizer; None without one."""
+        if tokenizer is None:
+            return None
+        cache = self._decoded.get(tokenizer)
+        if cache is None:
+            cache = self._decoded[tokenizer] = {}
+        text = cache.get(token)
+        if text is None:
+            text = cache[token] = tokenizer.decode([token])
+        return text
 
     def _apply_stop_strings(self, req: _ReqOut, seq: _SeqOut, before: int) -> bool:
-        # only a stop string that ends in the new text can be new: search from just before it
-        window_start = max(0, before - req.max_stop_len + 1)
+        # vLLM's search: a stop string may start in earlier text but must end in the new text (past `before`)
         best: tuple[int, str] | None = None
         for stop in req.params.stop:
-            at = seq.text.find(stop, window_start)
+            at = seq.text.find(stop, max(0, before - len(stop) + 1))
             if at != -1 and (best is None or at < best[0]):
                 best = (at, stop)
         if best is None:
@@ -272,17 +298,19 @@ class OutputAssembler:
         return True
 
     def _add_prompt_logprobs(self, req: _ReqOut, packed: list) -> None:
-        first_pos, lps, tops = packed
+        first_pos, lps, tops, ranks = packed
         prompt = req.msg.prompt_token_ids
+        tokenizer = req.msg.tokenizer
         if req.prompt_logprobs is None:
             req.prompt_logprobs = [None] * len(prompt)
         for i, lp in enumerate(lps):
             pos = first_pos + i
             if 0 < pos < len(prompt):
-                entry = {prompt[pos]: lp}
+                entry = {prompt[pos]: Logprob(lp, ranks[i] if ranks else None, self._decode_one(tokenizer, prompt[pos]))}
                 if tops is not None:
-                    for alt, alt_lp in tops[i]:
-                        entry.setdefault(alt, alt_lp)
+                    for rank, (alt, alt_lp) in enumerate(tops[i], start=1):
+                        if alt not in entry:
+                            entry[alt] = Logprob(alt_lp, rank, self._decode_one(tokenizer, alt))
                 req.prompt_logprobs[pos] = entry
 
     def _snapshot(self, req: _ReqOut, *, final: bool) -> RequestOutput:
@@ -330,7 +358,7 @@ class OutputAssembler:
 
     async def _finish(self, rid: str, req: _ReqOut, now: float) -> None:
         del self._reqs[rid]
-        req.metrics.finished_time = now
+        req.metrics.finished_ts = now
         req.final = self._snapshot(req, final=True)
         log = request_logger(self._log, rid, req.metrics.adapter_name)
         reasons = [s.finish_reason for s in req.seqs]
@@ -350,7 +378,7 @@ class OutputAssembler:
                 adapter_fingerprint=req.msg.adapter_fingerprint,
                 prompt_token_count=len(req.msg.prompt_token_ids),
                 generated_token_count=len(s.token_ids),
-                first_token_at=_stored_time(req.metrics.first_token_time),
+                first_token_at=_stored_time(req.metrics.first_token_ts or None),
                 finished_at=_stored_time(now),
             )
             for s in req.seqs

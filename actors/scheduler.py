@@ -78,11 +78,18 @@ class Scheduler:
         max_model_len: int,
         max_loras: int,
         eos_token_ids: tuple[int, ...],
-        seed: int,
+        seed: int | None,
         max_head_skips: int = 8,
         depth: int = 1,
+        extra_stop_ids: tuple[int, ...] = (),
+        vocab_size: int | None = None,
+        chunked_prefill: bool = True,
     ) -> None:
-        """depth: steps in flight at once; 1 waits for each step's tokens, 2 plans each step while the one before it runs."""
+        """depth: steps in flight at once; 1 waits for each step's tokens, 2 plans each step while the one before it runs.
+
+        extra_stop_ids: the generation config's EOS ids beyond eos_token_ids; as in vLLM they join each request's
+        stop_token_ids (unless ignore_eos), so they end it with that id as its stop_reason. vocab_size: what
+        logprobs=-1 asks for. chunked_prefill False: a prompt is scheduled whole in one step, never in chunks."""
         self._inbox = inbox
         self._executor = executor
         self._assembler = assembler
@@ -93,6 +100,9 @@ class Scheduler:
         self._budget = max_num_batched_tokens
         self._max_model_len = max_model_len
         self._eos = frozenset(eos_token_ids)
+        self._extra_stop = frozenset(extra_stop_ids) - self._eos
+        self._vocab_size = vocab_size
+        self._chunked = chunked_prefill
         self._rng = random.Random(seed)
         self._max_head_skips = max_head_skips
 
@@ -222,7 +232,7 @@ class Scheduler:
         room = self._max_model_len - prompt_len
         max_output = min(params.max_tokens, room) if params.max_tokens is not None else room
         eos = frozenset() if params.ignore_eos else self._eos
-        stop_ids = frozenset(params.stop_token_ids or ())
+        stop_ids = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self._extra_stop)
         req = SchedRequest(
             request_id=msg.request_id,
             order=self._next_order,
@@ -236,20 +246,26 @@ class Scheduler:
             eos_ids=eos,
         )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
+        bias = params.logit_bias or {}
         for index in range(params.n):
             spec = SamplingSpec(
                 temperature=float(params.temperature),
                 top_p=float(params.top_p),
                 top_k=int(params.top_k),
                 min_p=float(params.min_p),
-                seed=_mix_seed(base_seed, index),
+                # vLLM's parallel sampling: completion i of a seeded request draws as a request with seed + i would
+                seed=_mix_seed(base_seed + index, 0),
                 presence_penalty=float(params.presence_penalty),
                 frequency_penalty=float(params.frequency_penalty),
                 repetition_penalty=float(params.repetition_penalty),
-                logprobs=-1 if params.logprobs is None else int(params.logprobs),
-                prompt_logprobs=-1 if params.prompt_logprobs is None or index > 0 else int(params.prompt_logprobs),
+                logprobs=self._num_logprobs(params.logprobs),
+                prompt_logprobs=-1 if index > 0 else self._num_logprobs(params.prompt_logprobs),
                 min_tokens=int(params.min_tokens),
                 stop_ids=sorted(eos | stop_ids),
+                bias_token_ids=list(bias),
+                bias_values=list(bias.values()),
+                allowed_token_ids=list(params.allowed_token_ids or ()),
+                bad_words=[list(w) for w in msg.bad_words_token_ids],
             )
             req.seqs.append(Seq(seq_id=self._next_seq_id + index, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec))
         # every sequence was built: only now does the request enter the scheduler's state (nothing half-added)
@@ -259,6 +275,16 @@ class Scheduler:
             self._seqs[seq.seq_id] = seq
             self._waiting.append(seq)
         self._requests[req.request_id] = req
+
+    def _num_logprobs(self, asked: int | None) -> int:
+        """SamplingSpec's count: -1 for none; SamplingParams' -1 (the whole vocabulary) as the vocabulary's size."""
+        if asked is None:
+            return -1
+        if asked == -1:
+            if self._vocab_size is None:
+                raise RequestFailedError("logprobs=-1 asks for the whole vocabulary, whose size this scheduler was not given")
+            return self._vocab_size
+        return int(asked)
 
     def _finish_seq(self, seq: Seq) -> None:
         seq.status = SeqStatus.FINISHED
@@ -428,6 +454,9 @@ class Scheduler:
                 use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
                 prefix_blocks, cached = self._blocks.lookup_prefix(seq.token_ids, req.salt) if use_cache else ([], 0)
                 num_new = min(len(seq.token_ids) - cached, budget)
+                if not self._chunked and num_new < len(seq.token_ids) - cached:
+                    stop = True  # enable_chunked_prefill=False: the prompt waits for a step with room for all of it
+                    break
                 if not self._blocks.can_allocate(seq.seq_id, cached + num_new, prefix_blocks):
                     stop = True  # out of KV blocks: admitting later (smaller) requests first would starve this one
                     break
@@ -651,7 +680,7 @@ class Scheduler:
                     first_scheduled_time=req.first_scheduled_time,
                     num_cached_tokens=req.num_cached_tokens,
                     preempted=rid in timings and timings[rid].preempted,
-                    prompt_logprobs=None if lp is None else [lp.first_pos, lp.logprobs, lp.top_logprobs],
+                    prompt_logprobs=None if lp is None else [lp.first_pos, lp.logprobs, lp.top_logprobs, lp.ranks],
                 )
             if seq.num_computed >= req.prompt_len and seq.spec.prompt_logprobs >= 0:
                 req.prompt_logprobs_done = True
@@ -669,6 +698,7 @@ class Scheduler:
                     top_logprobs=None if token.top_logprobs is None else [token.top_logprobs],
                     finish_reason=finish,
                     stop_reason=stop_reason,
+                    ranks=None if token.rank is None else [token.rank],
                 )
             )
             if finish is not None:
@@ -737,8 +767,8 @@ class _Inflight:
 
 
 def _mix_seed(seed: int, index: int) -> int:
-    """A distinct, reproducible 62-bit seed per sequence of a request (splitmix64 finaliser)."""
-    z = (seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
+    """A distinct, reproducible 62-bit seed per (seed, index) (splitmix64 finaliser); seeds outside 64 bits wrap."""
+    z = ((seed & 0xFFFFFFFFFFFFFFFF) * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (z ^ (z >> 31)) >> 2

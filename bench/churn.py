@@ -3,7 +3,7 @@
 Every adapter is registered with add_lora() first (not timed; the host LRU keeps only
 max_cpu_loras of them, so most requests need a disk reload and then a device slot). The same
 requests then run with their adapters drawn over only 8 adapters of the same rank and targets: the
-throughput ratio is the cost of churn alone. Each request's queue wait = first_scheduled_time -
+throughput ratio is the cost of churn alone. Each request's queue wait = scheduled_ts -
 arrival_time; the maximum shows whether any adapter's requests starve behind the popular ones.
 
 Two forms, each against its own 8-adapter run with the same requests:
@@ -108,8 +108,8 @@ def _summarise_run(run: OfflineRun, run_workload: Workload, register_seconds: fl
     for out in run.outputs:
         m = out.metrics
         finished += out.finished and out.outputs[0].finish_reason == "length"
-        if m is not None and m.first_scheduled_time is not None:
-            waits.append(m.first_scheduled_time - m.arrival_time)
+        if m is not None and m.scheduled_ts:
+            waits.append(m.scheduled_ts - m.arrival_time)
     return {
         "steps_lower_bound": slot_steps_bound(run_workload, cfg.max_loras),
         "register_all_seconds": register_seconds,

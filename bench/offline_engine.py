@@ -43,6 +43,7 @@ class OfflineEngine:
         dtype: str = "auto",
         enforce_eager: bool = False,
         async_scheduling: bool | None = None,
+        gpu_memory_utilization: float = 0.9,
     ) -> None:
         from loraledger import LLM, LoRARequest
 
@@ -59,6 +60,7 @@ class OfflineEngine:
             dtype=dtype,
             enforce_eager=enforce_eager,
             async_scheduling=async_scheduling,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         self.loras = [LoRARequest(f"{name_prefix}{i}", i + 1, str(path)) for i, path in enumerate(adapters)]
 
@@ -77,7 +79,7 @@ class OfflineEngine:
         loras = [None if a is None else self.loras[a] for a in workload.adapter_of]
         before = self.llm.get_stats()
         started, cpu_started = time.perf_counter(), time.process_time()
-        outputs = self.llm.generate(prompts, params, lora_request=loras)
+        outputs = self.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)  # no bar inside the timed call
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         after = self.llm.get_stats()
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]

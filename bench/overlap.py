@@ -26,7 +26,8 @@ def _setup(device: str, threads: int):
         from bench.gpu_decode import NUM_ADAPTERS, RANK, gpu_assets, workload
 
         assets = gpu_assets()
-        kwargs = dict(num_threads=None, max_loras=NUM_ADAPTERS, max_lora_rank=RANK, device="cuda", dtype="bfloat16")
+        # the two engines are alive at once: each may take under half the device (gpu_memory_utilization)
+        kwargs = dict(num_threads=None, max_loras=NUM_ADAPTERS, max_lora_rank=RANK, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.45)
         return assets.model_dir, assets.adapters, kwargs, workload(3, 64)
     from bench.assets import model_assets
     from bench.workload import batch_workload

@@ -1,7 +1,7 @@
 """Serving scenario: Poisson arrivals, mixed output lengths and Zipf adapters; loraledger streaming vs HF static batches.
 
 loraledger: an AsyncEngine; each request is submitted at its arrival time and streamed (DELTA
-outputs). TTFT = the engine's first_token_time - arrival_time (RequestMetrics); ITL = gaps between
+outputs). TTFT = the engine's first_token_ts - arrival_time (RequestStateStats); ITL = gaps between
 the moments the client receives tokens (a chunk carrying n tokens counts as n gaps of a 1/n share).
 
 HF: static batches of `hf_batch` requests in arrival order. A batch starts once its last request
@@ -151,7 +151,7 @@ async def stream_workload(engine, loras: list, workload: Workload) -> dict:
     """Submit each request at its arrival time, stream its tokens, and summarise throughput and latencies.
 
     Throughput = generated tokens / (last finish - first arrival); TTFT, queue wait (first scheduled -
-    arrival) and end-to-end latency come from the engine's RequestMetrics, ITL from the client side.
+    arrival) and end-to-end latency come from the engine's RequestStateStats, ITL from the client side.
     """
     traces = [RequestTrace(arrival=t) for t in workload.arrivals]
     start_wall = time.time() + 0.05
@@ -173,10 +173,10 @@ async def stream_workload(engine, loras: list, workload: Workload) -> dict:
             trace.tokens += n
             if out.finished:
                 m = out.metrics
-                trace.first_token = m.first_token_time - start_wall
+                trace.first_token = m.first_token_ts - start_wall
                 trace.arrival = m.arrival_time - start_wall
-                trace.finished = m.finished_time - start_wall
-                trace.queue_wait = m.first_scheduled_time - m.arrival_time
+                trace.finished = m.finished_ts - start_wall
+                trace.queue_wait = m.scheduled_ts - m.arrival_time
                 trace.completed = out.outputs[0].finish_reason == "length"
         trace.itl = itl
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from loraledger.errors import ModelLoadError
+from loraledger.errors import ModelLoadError, RemoteCodeError
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -85,6 +85,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         if arch is None:
             model_type = raw.get("model_type")
             arch = model_type if model_type in ("llama", "mistral", "qwen2") else None
+        if arch is None and raw.get("auto_map"):
+            raise RemoteCodeError(
+                f"{source}: architecture {archs or raw.get('model_type')!r} comes with its own model code (config.json "
+                f"'auto_map': {sorted(raw['auto_map'])}), and loraledger never runs code shipped with a checkpoint, "
+                f"trust_remote_code or not; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
         if arch is None:
             raise ModelLoadError(
                 f"{source}: architecture {archs or raw.get('model_type')!r} is not supported; "

@@ -64,6 +64,7 @@ class DecodeGraphs:
         self.device = device
         self.sizes = capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
+        self.max_len = max_model_len  # the longest context a graph serves (vLLM's max_seq_len_to_capture)
         self.width = -(-max_model_len // block_size)
         m = self.max_batch
         # int64: input ids, positions, KV slots; int32: context lengths, adapter slots, block tables
@@ -90,9 +91,10 @@ class DecodeGraphs:
         return self._graphs[(size, with_lora)][0]
 
     def accepts(self, seqs: Sequence[SeqWork]) -> bool:
-        """Whether a step of these (ordered) sequences can replay a graph: all one-token, sampling, no prompt logprobs."""
+        """Whether a step of these (ordered) sequences can replay a graph: all one-token, sampling, no prompt logprobs,
+        each context at most max_len tokens (a longer one runs eagerly, as vLLM does past max_seq_len_to_capture)."""
         return 0 < len(seqs) <= self.max_batch and all(
-            len(s.token_ids) == 1 and s.sample and not s.prompt_logprobs and len(s.block_table) <= self.width
+            len(s.token_ids) == 1 and s.sample and not s.prompt_logprobs and s.start_pos < self.max_len and len(s.block_table) <= self.width
             for s in seqs
         )
 

@@ -85,9 +85,12 @@ class ModelRunner:
         max_num_batched_tokens: int,
         max_model_len: int | None = None,
         cuda_graph_max_batch: int = 0,
+        cuda_graph_max_len: int | None = None,
     ) -> None:
         """cuda_graph_max_batch > 0 (CUDA only): decode steps of up to that many sequences replay
-        CUDA graphs (gpu/cuda_graphs.py) instead of launching each kernel from Python."""
+        CUDA graphs (gpu/cuda_graphs.py) instead of launching each kernel from Python; a step with a
+        sequence whose context is longer than cuda_graph_max_len (EngineArgs.max_seq_len_to_capture;
+        default max_model_len) runs eagerly."""
         self.config = ModelConfig.from_pretrained(model_dir)
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -113,7 +116,7 @@ class ModelRunner:
                 self.kv_cache,
                 self.lora_slots,
                 max_batch=cuda_graph_max_batch,
-                max_model_len=max_model_len or self.config.max_position_embeddings,
+                max_model_len=cuda_graph_max_len or max_model_len or self.config.max_position_embeddings,
                 block_size=block_size,
                 device=self.device,
             )
@@ -239,8 +242,10 @@ class ModelRunner:
         sampled = []
         if step.job is not None:
             out = step.job.result()
+            ranks = out.ranks or [None] * len(step.seq_ids)
             sampled = [
-                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j]) for j, sid in enumerate(step.seq_ids)
+                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j])
+                for j, sid in enumerate(step.seq_ids)
             ]
         prompt_lps = [] if step.prompt is None else step.prompt.result()
         gpu_seconds = idle = None
@@ -368,23 +373,26 @@ class ModelRunner:
         dev = logits.device
         logprobs = torch.log_softmax(logits.index_select(0, to_device(row_ids, torch.int64, dev)), -1)
         chosen = logprobs.gather(1, to_device(targets, torch.int64, dev)[:, None])[:, 0]
+        ranks = (logprobs >= chosen[:, None]).sum(dim=-1)  # vLLM's rank of each prompt token (1: the most likely)
         k_max = max(states[i].spec.prompt_logprobs for i in which)
         top = None
         if k_max > 0 and row_ids:
             top = torch.topk(logprobs, min(k_max, logprobs.shape[1]), dim=-1)
-        return _PromptLogprobJob(spans, chosen, top)
+        return _PromptLogprobJob(spans, chosen, top, ranks)
 
 
 class _PromptLogprobJob:
     """A step's prompt logprobs, still on the device; result() reads them back (after the step's sampled ids)."""
 
-    def __init__(self, spans: list[tuple[int, int, int, int, int]], chosen: torch.Tensor, top) -> None:
+    def __init__(self, spans: list[tuple[int, int, int, int, int]], chosen: torch.Tensor, top, ranks: torch.Tensor) -> None:
         self._spans = spans  # (seq_id, first position, first row, rows, k)
         self._chosen = chosen
         self._top = top
+        self._ranks = ranks
 
     def result(self) -> list[PromptLogprobs]:
         chosen = self._chosen.tolist()
+        ranks = self._ranks.tolist()
         top_vals = top_ids = None
         if self._top is not None:
             top_vals, top_ids = self._top.values.tolist(), self._top.indices.tolist()
@@ -393,7 +401,11 @@ class _PromptLogprobJob:
             top = None
             if k >= 0:
                 top = [list(zip(top_ids[r][:k], top_vals[r][:k])) if k > 0 else [] for r in range(at, at + count)]
-            out.append(PromptLogprobs(seq_id=seq_id, first_pos=first_pos, logprobs=chosen[at : at + count], top_logprobs=top))
+            out.append(
+                PromptLogprobs(
+                    seq_id=seq_id, first_pos=first_pos, logprobs=chosen[at : at + count], top_logprobs=top, ranks=ranks[at : at + count]
+                )
+            )
         return out
 
 

@@ -1,4 +1,8 @@
-"""Sampler: batched token choice (penalties, temperature, top-k/p, min-p) with batch-independent seeded noise.
+"""Sampler: batched token choice (token controls, penalties, temperature, top-k/p, min-p) with batch-independent seeded noise.
+
+Logits are processed in vLLM's order: allowed_token_ids, bad_words, min_tokens and logit_bias, then
+the penalties, then temperature, top-k, top-p and min-p. Logprobs (and ranks) are always those of
+the raw logits (vLLM's default logprobs mode).
 
 Random rows use the Gumbel-max race `argmax(logits / T + G)`, where the noise G of vocabulary entry v
 is a pure function of (sequence seed, output position, v). A seeded sequence therefore picks the same
@@ -45,17 +49,28 @@ class SamplerOutput:
     token_ids: list[int]
     logprobs: list[float]  # log_softmax of the raw logits at the chosen token
     top_logprobs: list[list[tuple[int, float]] | None]  # best first, per row; None where not asked
+    ranks: list[int | None] | None = None  # the chosen token's rank in the raw logits (1: best); None where not asked
 
 
 class SampleJob:
     """One batch's draws, still on the device: `tokens` feeds the next step without a host round trip;
     result() reads everything back in one copy (waiting for the device with the GIL released)."""
 
-    def __init__(self, tokens: torch.Tensor, chosen: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None, top_ks: list[int]) -> None:
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        chosen: torch.Tensor,
+        top: tuple[torch.Tensor, torch.Tensor] | None,
+        top_ks: list[int],
+        ranks: torch.Tensor | None = None,
+    ) -> None:
         self.tokens = tokens  # [N] int64
         self._top_ks = top_ks  # per row: -1 none, k >= 0 the top k
         n = tokens.shape[0]
         parts = [tokens.double(), chosen.double()]
+        self._has_ranks = ranks is not None
+        if ranks is not None:
+            parts.append(ranks.double())
         if top is not None:
             parts += [top[0].double().flatten(), top[1].double().flatten()]
         packed = torch.cat(parts) if n else tokens.new_zeros(0, dtype=torch.float64)
@@ -82,15 +97,20 @@ class SampleJob:
             n, w = self.tokens.shape[0], self._width
             tokens = [int(t) for t in flat[:n]]
             chosen = flat[n : 2 * n]
+            at = 2 * n
+            ranks = None
+            if self._has_ranks:
+                ranks = [int(r) if k >= 0 else None for r, k in zip(flat[at : at + n], self._top_ks)]
+                at += n
             top: list[list[tuple[int, float]] | None] = [None] * n
             if w:
-                vals, ids = flat[2 * n : 2 * n + n * w], flat[2 * n + n * w :]
+                vals, ids = flat[at : at + n * w], flat[at + n * w :]
                 for i, k in enumerate(self._top_ks):
                     if k >= 0:
                         top[i] = [(int(ids[i * w + j]), vals[i * w + j]) for j in range(min(k, w))]
             else:
                 top = [[] if k == 0 else None for k in self._top_ks]
-            self._result = SamplerOutput(tokens, chosen, top)
+            self._result = SamplerOutput(tokens, chosen, top, ranks)
         return self._result
 
 
@@ -113,8 +133,9 @@ class Sampler:
         if n == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
             return SampleJob(empty, empty.float(), None, [])
-        processed = self._apply_penalties(logits, rows, specs)
+        processed = self._control_tokens(logits, rows, specs)
         processed = self._hold_stop_tokens(processed, rows, specs)
+        processed = self._apply_penalties(processed, rows, specs)
         temps = [s.temperature for s in specs]
         random_rows = [i for i, t in enumerate(temps) if t >= _GREEDY_BELOW]
         tokens = processed.argmax(dim=-1)
@@ -122,14 +143,55 @@ class Sampler:
             idx = to_device(random_rows, torch.int64, logits.device)
             tokens[idx] = self._sample_random(processed.index_select(0, idx), [rows[i] for i in random_rows])
         lse = torch.logsumexp(logits, dim=-1)
-        chosen = logits.gather(1, tokens[:, None])[:, 0] - lse
+        chosen_logit = logits.gather(1, tokens[:, None])[:, 0]
+        chosen = chosen_logit - lse
         top_ks = [s.logprobs for s in specs]
-        top = None
+        top = ranks = None
         k_max = max(top_ks)
+        if k_max >= 0:  # vLLM's rank: how many vocabulary entries score at least the chosen one's
+            ranks = (logits >= chosen_logit[:, None]).sum(dim=-1)
         if k_max > 0:
             values, ids = torch.topk(logits, min(k_max, logits.shape[1]), dim=-1)
             top = (values - lse[:, None], ids)
-        return SampleJob(tokens, chosen, top, top_ks)
+        return SampleJob(tokens, chosen, top, top_ks, ranks)
+
+    def _control_tokens(self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]) -> torch.Tensor:
+        """allowed_token_ids, bad_words and logit_bias of the whole batch, as one mask, one bar and one add (vLLM's order).
+
+        A bad word's last token is barred when the sequence's outputs end with the rest of the word (vLLM
+        compares with the output tokens only, not the prompt); a one-token word is always barred."""
+        which = [i for i, s in enumerate(specs) if s.controls_tokens]
+        if not which:
+            return logits
+        dev, vocab = logits.device, logits.shape[1]
+        out = logits.clone()  # the raw logits stay untouched: logprobs are reported from them
+        allowed = [i for i in which if specs[i].allowed_token_ids]
+        if allowed:
+            local = [j for j, i in enumerate(allowed) for _ in specs[i].allowed_token_ids]
+            ids = [t for i in allowed for t in specs[i].allowed_token_ids]
+            keep = torch.zeros((len(allowed), vocab), dtype=torch.bool, device=dev)
+            keep[to_device(local, torch.int64, dev), to_device(ids, torch.int64, dev)] = True
+            idx = to_device(allowed, torch.int64, dev)
+            out[idx] = out.index_select(0, idx).masked_fill(~keep, float("-inf"))
+        barred = []
+        for i in which:
+            past = rows[i].output_token_ids
+            for word in specs[i].bad_words:
+                prefix = len(word) - 1
+                if prefix > len(past):
+                    continue
+                if prefix == 0 or list(past[len(past) - prefix :]) == word[:-1]:
+                    barred.append((i, word[-1]))
+        if barred:
+            pairs = to_device(barred, torch.int64, dev)
+            out[pairs[:, 0], pairs[:, 1]] = float("-inf")
+        biased = [i for i in which if specs[i].bias_token_ids]
+        if biased:
+            bias_rows = to_device([i for i in biased for _ in specs[i].bias_token_ids], torch.int64, dev)
+            bias_ids = to_device([t for i in biased for t in specs[i].bias_token_ids], torch.int64, dev)
+            bias_values = to_device([v for i in biased for v in specs[i].bias_values], torch.float32, dev)
+            out.index_put_((bias_rows, bias_ids), bias_values, accumulate=True)
+        return out
 
     def _apply_penalties(
         self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]

@@ -29,15 +29,29 @@ class SamplingSpec(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    logprobs: int = -1  # -1: none; k >= 0: the sampled token's logprob plus the top k
+    logprobs: int = -1  # -1: none; k >= 0: the sampled token's logprob plus the top k (the vocabulary size for all)
     prompt_logprobs: int = -1  # -1: none; k >= 0: logprob of each prompt token plus the top k
     min_tokens: int = 0  # while fewer outputs exist, the ids in stop_ids cannot be sampled
     stop_ids: list[int] = []  # EOS (unless ignore_eos) + stop_token_ids
+    bias_token_ids: list[int] = []  # logit_bias: these ids' logits get bias_values added
+    bias_values: list[float] = []
+    allowed_token_ids: list[int] = []  # non-empty: only these ids can be sampled
+    bad_words: list[list[int]] = []  # each word's last id is barred when the outputs end with the rest of it
 
     @property
     def needs_history(self) -> bool:
-        """Whether sampling reads the values of earlier outputs (penalties), not only their count."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """Whether sampling reads the values of earlier outputs (penalties, bad words of several tokens), not only their count."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or any(len(word) > 1 for word in self.bad_words)
+        )
+
+    @property
+    def controls_tokens(self) -> bool:
+        """Whether logit_bias, allowed_token_ids or bad_words change this row's logits."""
+        return bool(self.bias_token_ids or self.allowed_token_ids or self.bad_words)
 
 
 class NewSeq(msgspec.Struct, frozen=True, array_like=True):
@@ -84,6 +98,7 @@ class SampledToken(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     token_id: int
     logprob: float  # log_softmax of the raw logits at the sampled token
     top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), best first, when asked
+    rank: int | None = None  # the sampled token's rank in the raw logits (1: the most likely), when logprobs are asked
 
 
 class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
@@ -91,6 +106,7 @@ class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):
     first_pos: int  # position of the first prompt token these logprobs score
     logprobs: list[float]  # logprob of prompt token at first_pos + i
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    ranks: list[int] | None = None  # rank of prompt token at first_pos + i (1: the most likely)
 
 
 class StepOutput(msgspec.Struct, frozen=True):

@@ -12,13 +12,20 @@ _EXPORTS = {
     "LLM": "loraledger.llm",
     "LLMEngine": "loraledger.llm_engine",
     "AsyncEngine": "loraledger.async_engine",
+    "AsyncLLMEngine": "loraledger.async_llm_engine",
     "EngineArgs": "loraledger.engine_args",
+    "AsyncEngineArgs": "loraledger.engine_args",
     "SamplingParams": "loraledger.sampling_params",
     "RequestOutputKind": "loraledger.sampling_params",
     "LoRARequest": "loraledger.lora_request",
     "RequestOutput": "loraledger.outputs",
     "CompletionOutput": "loraledger.outputs",
+    "Logprob": "loraledger.outputs",
+    "RequestStateStats": "loraledger.outputs",
     "RequestMetrics": "loraledger.outputs",
+    "PromptType": "loraledger.prompts",
+    "TextPrompt": "loraledger.prompts",
+    "TokensPrompt": "loraledger.prompts",
     "LoraLedgerError": "loraledger.errors",
 }
 
@@ -26,12 +33,14 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from loraledger.async_engine import AsyncEngine
-    from loraledger.engine_args import EngineArgs
+    from loraledger.async_llm_engine import AsyncLLMEngine
+    from loraledger.engine_args import AsyncEngineArgs, EngineArgs
     from loraledger.errors import LoraLedgerError
     from loraledger.llm import LLM
     from loraledger.llm_engine import LLMEngine
     from loraledger.lora_request import LoRARequest
-    from loraledger.outputs import CompletionOutput, RequestMetrics, RequestOutput
+    from loraledger.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestStateStats
+    from loraledger.prompts import PromptType, TextPrompt, TokensPrompt
     from loraledger.sampling_params import RequestOutputKind, SamplingParams
 
 

@@ -33,6 +33,7 @@ from loraledger.errors import (
     EngineDeadError,
     LoRADisabledError,
     LoRARequestError,
+    NoTokenizerError,
     RequestIdError,
     SamplingParamsError,
     TenantError,
@@ -125,7 +126,24 @@ class AsyncEngine:
 
     @property
     def tokenizer(self):
+        """The model's tokenizer (None with skip_tokenizer_init)."""
         return self._live().setup.tokenizer
+
+    def get_tokenizer(self, lora_request: LoRARequest | None = None):
+        """The tokenizer a request on `lora_request` uses: the adapter's own when its folder ships one, else the
+        model's (vLLM's get_tokenizer(lora_request)); None with skip_tokenizer_init. May read the adapter folder."""
+        core = self._live()
+        if lora_request is not None:
+            lora_request = self._check_lora(lora_request)
+        return core.setup.tokenizers.get(lora_request if self.args.enable_lora else None)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """A new SamplingParams of the model's generation_config.json defaults (generation_config="auto"; vLLM's
+        LLM.get_default_sampling_params); plain SamplingParams() when the file sets none or is ignored."""
+        from loraledger.generation_config import defaults_params
+
+        generation = self._live().setup.generation
+        return defaults_params(generation) if generation is not None else SamplingParams()
 
     @property
     def model_config(self):
@@ -177,6 +195,7 @@ class AsyncEngine:
         arrival_time: float | None = None,
         resume: bool = False,
         bound_fingerprint: str | None = None,
+        chat_template_sha256: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -184,11 +203,14 @@ class AsyncEngine:
         type and value is checked here and the engine keeps its own immutable copy, so a value the
         caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
+        chat_template_sha256: set by LLM.chat, the digest of the template that rendered the prompt.
         """
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
         submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
+        if chat_template_sha256 is not None:
+            submit = msgspec.structs.replace(submit, chat_template_sha256=storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64))
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send)
         try:
@@ -215,7 +237,22 @@ class AsyncEngine:
             raise RequestIdError("the request id is empty; give a non-empty str (or leave it out to have one made)")
         if tenant is not None:
             tenant = storable_text(tenant, "the tenant", TenantError, max_chars=MAX_ID_CHARS)
-        text, ids = parse_prompt(prompt, max_model_len=core.setup.max_model_len)
+        if not isinstance(params, SamplingParams):
+            raise SamplingParamsError(
+                f"sampling params must be a SamplingParams, got {type(params).__name__}; build one with SamplingParams(...)"
+            )
+        setup = core.setup
+        frozen = params.frozen(
+            max_n=setup.max_n, max_logprobs=self.args.max_logprobs, vocab_size=setup.model_config.vocab_size, max_model_len=setup.max_model_len
+        )
+        text, ids = parse_prompt(prompt, max_model_len=setup.max_model_len, truncating=frozen.truncate_prompt_tokens is not None)
+        if setup.tokenizer is None:
+            needs = "a text prompt" if ids is None else "stop strings" if frozen.stop else "bad_words" if frozen.bad_words else None
+            if needs is not None:
+                raise NoTokenizerError(
+                    f"{needs} needs a tokenizer, and this engine was built with skip_tokenizer_init=True; send token ids "
+                    "({'prompt_token_ids': [...]}) and stop on stop_token_ids"
+                )
         if lora_request is not None:
             if not isinstance(lora_request, LoRARequest):
                 raise LoRARequestError(
@@ -227,11 +264,6 @@ class AsyncEngine:
                     f"request {rid!r} names adapter {lora_request.lora_name!r} but the engine was built with enable_lora=False; "
                     "pass enable_lora=True to serve adapters"
                 )
-        if not isinstance(params, SamplingParams):
-            raise SamplingParamsError(
-                f"sampling params must be a SamplingParams, got {type(params).__name__}; build one with SamplingParams(...)"
-            )
-        frozen = params.frozen(max_n=core.setup.max_n, max_logprobs=self.args.max_logprobs)
         if arrival_time is None:
             arrival_time = time.time()
         elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
@@ -258,8 +290,9 @@ class AsyncEngine:
         *,
         tenant: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs (per its output_kind); stopping early aborts the request."""
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        """Stream a request's outputs (per its output_kind); stopping early aborts the request. Without
+        sampling_params, the model's defaults (get_default_sampling_params) apply."""
+        params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         rid = request_id if request_id is not None else self.new_request_id()
         channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant)
         finished = False
@@ -282,17 +315,25 @@ class AsyncEngine:
                 with anyio.CancelScope(shield=True):
                     await self.abort(rid)
 
-    async def generate_many(self, requests: list[tuple[str, object, SamplingParams, LoRARequest | None, str | None]]) -> list[RequestOutput]:
+    async def generate_many(
+        self,
+        requests: list[tuple[str, object, SamplingParams, LoRARequest | None, str | None]],
+        *,
+        on_finished=None,
+        chat_template_sha256: list[str | None] | None = None,
+    ) -> list[RequestOutput]:
         """Admit every request first (a refused one raises before any output is awaited, and the rest are aborted),
-        then wait for all final outputs, returned in the given order."""
+        then wait for all final outputs, returned in the given order. on_finished(output) is called as each
+        request finishes (a progress bar); chat_template_sha256: per request, the template that rendered it."""
         n = len(requests)
         channels: list[MemoryObjectReceiveStream | None] = [None] * n
         errors: list[BaseException | None] = [None] * n
 
         async def admit(i: int) -> None:
             rid, prompt, params, lora, tenant = requests[i]
+            sha = chat_template_sha256[i] if chat_template_sha256 is not None else None
             try:
-                channels[i] = await self.submit(rid, prompt, params, lora, tenant=tenant)
+                channels[i] = await self.submit(rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha)
             except Exception as exc:  # reported below, in prompt order
                 errors[i] = exc
 
@@ -319,6 +360,8 @@ class AsyncEngine:
                         return
                     if item.finished:
                         results[i] = item
+                        if on_finished is not None:
+                            on_finished(item)
                         return
             errors[i] = EngineDeadError(f"the engine stopped before request {requests[i][0]!r} finished")
 

@@ -105,6 +105,7 @@ def run_demo(args: argparse.Namespace) -> int:
             [p for p, _ in DEMO_PROMPTS],
             SamplingParams(temperature=0, max_tokens=args.max_tokens),
             lora_request=[loras[a] if a else None for _, a in DEMO_PROMPTS],
+            use_tqdm=False,
         )
     print("The demo model and its three adapters have random weights: the text is noise by design.")
     print("What matters is which adapter wrote each answer, and that every answer is on record.\n")
@@ -147,7 +148,7 @@ def run_generate(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         audit_url=_audit_url(args.audit_url),
     ) as llm:
-        outputs = llm.generate(prompts, params, lora_request=per_prompt if loras else None, tenant=args.tenant)
+        outputs = llm.generate(prompts, params, lora_request=per_prompt if loras else None, tenant=args.tenant, use_tqdm=False)
     _print_table(outputs)
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 
@@ -11,8 +12,34 @@ from loraledger.errors import ConfigError
 
 DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(): a SQLite file in the data dir ($LORALEDGER_HOME or the user's)
 
+# vLLM's dtype names -> ours ("half" and "float" are vLLM's aliases of float16 and float32)
+DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float16": "float16", "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
+SCALE_OUT = (
+    "one engine runs on one device; to serve on several GPUs or machines, run several replicas (each with "
+    "tensor_parallel_size=1 and pipeline_parallel_size=1) behind Ray Serve, loraledger's scale-out path, "
+    "all writing one PostgreSQL audit log"
+)
 
-class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
+
+def check_argument_names(names, known, owner: str) -> None:
+    """ConfigError for the first name not in `known`, naming the closest known argument (as difflib sees it)."""
+    for name in names:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else "; see loraledger.EngineArgs for the accepted names"
+        raise ConfigError(f"unknown {owner} argument {name!r}{hint}")
+
+
+class _ArgsMeta(type(msgspec.Struct)):
+    """Builds EngineArgs with every keyword name checked first: an unknown one is a ConfigError naming the closest known one."""
+
+    def __call__(cls, *args, **kwargs):
+        check_argument_names(kwargs, cls.__struct_fields__, cls.__name__)
+        return super().__call__(*args, **kwargs)
+
+
+class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta):
     """Every knob of the engine (fields below, each with a comment); checked when built (ConfigError).
 
     max_n bounds SamplingParams.n, the completions one request may ask for; admission refuses a
@@ -25,14 +52,21 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     n) caps the work and output of one request at a few hundred completions whatever the cache.
     Seats are shared between requests (actors/scheduler.py), so a request with many sequences does
     not hold back those that arrive after it. max_logprobs bounds SamplingParams.logprobs and
-    prompt_logprobs (20, vLLM's default).
+    prompt_logprobs (20, vLLM's default; -1: the whole vocabulary).
+
+    vLLM's arguments that have no counterpart here are accepted with the meaning given beside each:
+    some act (tokenizer_mode, generation_config, skip_tokenizer_init, enable_chunked_prefill,
+    gpu_memory_utilization on CUDA, max_seq_len_to_capture), some are checked for the one value that
+    works here (tensor_parallel_size, pipeline_parallel_size, revision, tokenizer_revision), and the
+    rest change nothing (swap_space, disable_log_stats, trust_remote_code): the README's table
+    "Differences from vLLM" lists them.
     """
 
     model: str
     tokenizer: str | None = None  # default: the model folder
-    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
+    dtype: str = "auto"  # "auto" | "float32" ("float") | "bfloat16" | "float16" ("half"), or a torch dtype
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    seed: int = 0
+    seed: int | None = 0  # None: a random seed for the engine's unseeded requests
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -60,9 +94,32 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
     # computation and the overlap only adds a thread competing for the cores (0.90x-1.03x: bench.overlap)
     async_scheduling: bool | None = None
     max_n: int | None = None  # most completions per request (SamplingParams.n); None: see the class docstring
-    max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default)
+    max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default); -1: the vocabulary
+    # --- vLLM's arguments (see the class docstring) ---
+    trust_remote_code: bool = False  # accepted; code shipped with a checkpoint never runs: a checkpoint that needs it is refused
+    tensor_parallel_size: int = 1  # only 1: more devices is the scale-out path (several replicas behind Ray Serve)
+    pipeline_parallel_size: int = 1  # only 1, as tensor_parallel_size
+    disable_log_stats: bool = False  # accepted; the engine logs no periodic statistics (get_stats() asks for them)
+    tokenizer_mode: str = "auto"  # "auto": the fast tokenizer where there is one; "slow": the Python one
+    revision: str | None = None  # local folders only: None
+    tokenizer_revision: str | None = None  # local folders only: None
+    # "auto": the model folder's generation_config.json gives default sampling parameters and extra EOS ids;
+    # "vllm": ignore it; or a folder holding a generation_config.json
+    generation_config: str = "auto"
+    enable_chunked_prefill: bool | None = None  # None/True: long prompts run in chunks of the token budget; False: a prompt runs whole
+    # CUDA: the share of the device's memory the engine may use; the KV cache gets what weights and the activation
+    # peak leave of it (gpu/kv_budget.py), unless num_kv_blocks or kv_cache_bytes is given. No effect on the CPU.
+    gpu_memory_utilization: float = 0.9
+    max_seq_len_to_capture: int = 8192  # CUDA: decode steps with a longer context run eagerly, not from CUDA graphs
+    swap_space: float = 4  # GiB; accepted, unused: a preempted sequence is recomputed, never swapped to host memory
+    skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry token ids and empty text
 
     def __post_init__(self) -> None:
+        dtype = self.dtype
+        if not isinstance(dtype, str) and type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
+            msgspec.structs.force_setattr(self, "dtype", str(dtype).removeprefix("torch."))  # vLLM also takes torch dtypes
+        elif isinstance(dtype, str):
+            msgspec.structs.force_setattr(self, "dtype", dtype.lower())
         try:
             self._check()
         except TypeError as exc:  # a comparison with a value of the wrong type
@@ -73,12 +130,19 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
             if not cond:
                 raise ConfigError(message)
 
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank", "seed", "max_logprobs"):
+        for name in (
+            "max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank", "max_logprobs",
+            "tensor_parallel_size", "pipeline_parallel_size", "max_seq_len_to_capture",
+        ):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
+        need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), f"seed must be an integer or None, got {self.seed!r}")
+        for name in ("trust_remote_code", "disable_log_stats", "skip_tokenizer_init", "enable_prefix_caching", "enable_lora", "audit_durable", "resume_interrupted", "enforce_eager"):
+            need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
+        need(self.enable_chunked_prefill is None or isinstance(self.enable_chunked_prefill, bool), "enable_chunked_prefill must be True, False or None")
 
         need(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "EngineArgs.model must name a model folder")
-        need(self.dtype in ("auto", "float32", "bfloat16", "float16"), f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        need(self.dtype in DTYPE_ALIASES, f"dtype must be one of {', '.join(DTYPE_ALIASES)}, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
         need(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         need(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
@@ -95,7 +159,26 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         need(_positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}")
         need(_positive(self.shutdown_timeout), f"shutdown_timeout must be a number of seconds > 0, got {self.shutdown_timeout!r}")
         need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
-        need(self.max_logprobs >= 0, f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        need(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 for the whole vocabulary, got {self.max_logprobs}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            need(value >= 1, f"{name} must be >= 1, got {value}")
+            need(value == 1, f"{name}={value} is not supported: {SCALE_OUT}")
+        for name in ("revision", "tokenizer_revision"):
+            value = getattr(self, name)
+            need(
+                value is None,
+                f"{name}={value!r}: loraledger loads local folders only, so there is no revision to choose; check out the "
+                f"revision you want into a folder and pass its path (with {name}=None)",
+            )
+        need(self.tokenizer_mode in ("auto", "slow"), f"tokenizer_mode must be 'auto' or 'slow', got {self.tokenizer_mode!r}")
+        need(isinstance(self.generation_config, (str, os.PathLike)) and str(self.generation_config) != "",
+             f"generation_config must be 'auto', 'vllm' or a folder holding generation_config.json, got {self.generation_config!r}")
+        gmu = self.gpu_memory_utilization
+        need(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1, f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
+        need(self.max_seq_len_to_capture >= 1, f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}")
+        swap = self.swap_space
+        need(isinstance(swap, (int, float)) and not isinstance(swap, bool) and swap >= 0, f"swap_space must be a number of GiB >= 0, got {swap!r}")
 
     def resolved_max_n(self, num_kv_blocks: int) -> int:
         """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the class docstring)."""
@@ -108,9 +191,26 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True):
         return str(self.tokenizer or self.model)
 
     @property
+    def torch_dtype_name(self) -> str:
+        """dtype with vLLM's aliases resolved: "auto", "float32", "bfloat16" or "float16"."""
+        return DTYPE_ALIASES[self.dtype]
+
+    @property
+    def chunked_prefill(self) -> bool:
+        return self.enable_chunked_prefill is not False
+
+
+    @property
     def cpu_lora_capacity(self) -> int:
         return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
 
 def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+class AsyncEngineArgs(EngineArgs, frozen=True, kw_only=True):
+    """vLLM's name for the arguments of an async engine: EngineArgs plus vLLM's request-logging switches."""
+
+    disable_log_requests: bool = True  # accepted; requests are on record in the audit log, not in the log
+    enable_log_requests: bool = False  # accepted; see disable_log_requests

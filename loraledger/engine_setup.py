@@ -1,4 +1,4 @@
-"""Turns EngineArgs into an EngineSetup: backend and dtype choice, tokenizer, model config, KV-cache size, audit store."""
+"""Turns EngineArgs into an EngineSetup: backend and dtype choice, tokenizers, model and generation config, KV-cache size, audit store."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import torch
 from loraledger.actors.engine_core import EngineSetup
 from loraledger.engine_args import DEFAULT_AUDIT_URL, EngineArgs
 from loraledger.errors import ConfigError, ModelLoadError
+from loraledger.generation_config import read_generation_config
 from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
+from loraledger.tokenizer_group import TokenizerGroup, load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DEFAULT_KV_BYTES = {"cpu": 256 << 20, "cuda": 8 << 30}
@@ -20,21 +22,14 @@ log = get_logger("engine_setup")
 
 
 def resolve_dtype(requested: str, config: ModelConfig, device: torch.device) -> torch.dtype:
+    """`requested` is EngineArgs.torch_dtype_name (vLLM's aliases resolved). "auto": float32 on the CPU; on CUDA the
+    checkpoint's float16, else bfloat16 (vLLM picks float16 for a float32 checkpoint: README, Differences from vLLM)."""
     if requested != "auto":
         return _DTYPES[requested]
     if device.type == "cpu":
         return torch.float32  # bf16/fp16 GEMMs are slow on most CPUs
     saved = (config.torch_dtype or "").replace("torch.", "")
     return torch.float16 if saved == "float16" else torch.bfloat16
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load the tokenizer from {path!r}: {exc}; the folder needs tokenizer files (tokenizer.json or the like)") from exc
 
 
 def prepare(args: EngineArgs) -> EngineSetup:
@@ -51,20 +46,34 @@ def prepare(args: EngineArgs) -> EngineSetup:
         torch.set_num_threads(args.num_threads)
     ops, device = select_backend(args.device)
     config = ModelConfig.from_pretrained(model_dir)
-    dtype = resolve_dtype(args.dtype, config, device)
+    dtype = resolve_dtype(args.torch_dtype_name, config, device)
     max_model_len = args.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
         raise ConfigError(
             f"max_model_len={max_model_len} exceeds the model's max_position_embeddings={config.max_position_embeddings}; "
             "lower max_model_len"
         )
-    tokenizer = load_tokenizer(args.tokenizer_path)
+    if not args.chunked_prefill and args.max_num_batched_tokens < max_model_len:
+        # vLLM's rule: without chunks a prompt runs in one step, so the step's token budget must hold the longest one
+        raise ConfigError(
+            f"max_num_batched_tokens ({args.max_num_batched_tokens}) is smaller than max_model_len ({max_model_len}) with "
+            "enable_chunked_prefill=False, so a long prompt could never run; raise max_num_batched_tokens, lower "
+            "max_model_len, or leave chunked prefill on"
+        )
+    tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path, mode=args.tokenizer_mode)
+    generation = read_generation_config(model_dir, args.generation_config)
     per_block = KVCache.bytes_per_block(config, args.block_size, dtype)
+    graph_batch = 0 if args.enforce_eager or device.type != "cuda" else min(args.max_num_seqs, 256)
     if args.num_kv_blocks is not None:
         num_blocks = args.num_kv_blocks
     else:
-        wanted = args.max_num_seqs * -(-max_model_len // args.block_size) * per_block
-        budget = args.kv_cache_bytes if args.kv_cache_bytes is not None else min(wanted, _DEFAULT_KV_BYTES[device.type])
+        if args.kv_cache_bytes is not None:
+            budget = args.kv_cache_bytes
+        elif device.type == "cuda":
+            budget = _cuda_kv_budget(args, config, model_dir, dtype, device, graph_batch)
+        else:  # the CPU: gpu_memory_utilization does not apply (the machine's memory is not the engine's alone)
+            wanted = args.max_num_seqs * -(-max_model_len // args.block_size) * per_block
+            budget = min(wanted, _DEFAULT_KV_BYTES[device.type])
         num_blocks = max(1, budget // per_block)
     if num_blocks * args.block_size < max_model_len // 8 and num_blocks < 2:
         raise ConfigError(f"the KV cache holds only {num_blocks} block(s); raise num_kv_blocks or kv_cache_bytes")
@@ -83,7 +92,8 @@ def prepare(args: EngineArgs) -> EngineSetup:
         enable_lora=args.enable_lora,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
-        cuda_graph_max_batch=0 if args.enforce_eager or device.type != "cuda" else min(args.max_num_seqs, 256),
+        cuda_graph_max_batch=graph_batch,
+        cuda_graph_max_len=min(max_model_len, args.max_seq_len_to_capture),
     )
     log.info(
         "engine prepared",
@@ -99,6 +109,8 @@ def prepare(args: EngineArgs) -> EngineSetup:
         args=args,
         model_config=config,
         tokenizer=tokenizer,
+        tokenizers=TokenizerGroup(tokenizer, vocab_size=config.vocab_size, mode=args.tokenizer_mode, capacity=max(8, args.cpu_lora_capacity)),
+        generation=generation,
         max_model_len=max_model_len,
         num_kv_blocks=num_blocks,
         base_model_fingerprint=fingerprint,
@@ -107,6 +119,32 @@ def prepare(args: EngineArgs) -> EngineSetup:
         async_scheduling=args.async_scheduling if args.async_scheduling is not None else device.type == "cuda",
         max_n=args.resolved_max_n(num_blocks),
     )
+
+
+def _cuda_kv_budget(args: EngineArgs, config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, graph_batch: int) -> int:
+    """KV-cache bytes from gpu_memory_utilization, as vLLM sizes it (gpu/kv_budget.py)."""
+    from loraledger.gpu import kv_budget
+    from loraledger.gpu.cuda_graphs import capture_sizes
+
+    # memory an earlier engine of this process freed is still held by torch's caching allocator: give it back first
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    size = torch.empty((), dtype=dtype).element_size()
+    other = kv_budget.lora_slots_bytes(config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, element_size=size) if args.enable_lora else 0
+    if graph_batch:
+        other += kv_budget.cuda_graph_bytes(config, capture_sizes(graph_batch), with_lora=args.enable_lora)
+    budget = kv_budget.kv_cache_budget(
+        total_bytes=total,
+        free_bytes=free,
+        utilization=args.gpu_memory_utilization,
+        weights_bytes=kv_budget.weights_bytes(model_dir, size),
+        activation_peak_bytes=kv_budget.activation_peak_bytes(
+            config, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs, element_size=size
+        ),
+        other_bytes=other,
+    )
+    log.info("KV cache sized from gpu_memory_utilization", utilization=args.gpu_memory_utilization, kv_bytes=budget, total_bytes=total)
+    return budget
 
 
 def open_store(args: EngineArgs):

@@ -15,6 +15,10 @@ class ModelLoadError(LoraLedgerError):
     """The base model folder cannot be loaded (missing files, unsupported architecture, bad weights)."""
 
 
+class RemoteCodeError(ModelLoadError):
+    """The checkpoint needs the model code it ships (config.json auto_map); loraledger never runs such code."""
+
+
 class AdapterError(LoraLedgerError):
     """Base class of adapter problems; carries the adapter name and path."""
 
@@ -73,6 +77,14 @@ class PromptError(LoraLedgerError, ValueError):
 
 class PromptTooLongError(PromptError):
     """The prompt (plus the tokens to generate) does not fit max_model_len."""
+
+
+class ChatTemplateError(PromptError):
+    """A chat conversation cannot be rendered: no chat template, a malformed message, or the template refused it."""
+
+
+class NoTokenizerError(PromptError):
+    """The request needs a tokenizer (a text prompt, stop strings, bad_words) but the engine has none (skip_tokenizer_init)."""
 
 
 class SamplingParamsError(LoraLedgerError, ValueError):

@@ -1,55 +1,116 @@
-"""LLM: vLLM's offline entry point — build once, then `generate(prompts, sampling_params, lora_request=...)`."""
+"""LLM: vLLM's offline entry point — build once, then `generate(prompts, ...)` or `chat(messages, ...)`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
-from loraledger.engine_args import EngineArgs
-from loraledger.errors import ConfigError, LoRARequestError, SamplingParamsError
+from loraledger.engine_args import EngineArgs, check_argument_names
+from loraledger.errors import LoRARequestError, SamplingParamsError
 from loraledger.llm_engine import LLMEngine
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
-from loraledger.prompts import as_prompt_list
+from loraledger.prompts import PromptType, as_prompt_list
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
-    """`LLM(model=..., enable_lora=True, max_loras=4, ...)`: keyword arguments are EngineArgs fields."""
+    """`LLM(model=..., enable_lora=True, max_loras=4, ...)`: keyword arguments are EngineArgs fields; an unknown
+    one is a ConfigError naming the closest known argument."""
 
     def __init__(self, model: str, **kwargs) -> None:
-        try:
-            args = EngineArgs(model=str(model), **kwargs)
-        except TypeError as exc:
-            raise ConfigError(f"unknown LLM argument: {exc}; see loraledger.EngineArgs for the accepted names") from exc
+        check_argument_names(kwargs, set(EngineArgs.__struct_fields__) - {"model"}, "LLM")
+        args = EngineArgs(model=str(model), **kwargs)
         self.llm_engine = LLMEngine(args)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: a new SamplingParams with the model's generation_config.json defaults (generation_config="auto"),
+        or plain SamplingParams() when it sets none (or generation_config="vllm"). generate() and chat() use it
+        when sampling_params is None."""
+        return self.llm_engine.engine.get_default_sampling_params()
 
     def generate(
         self,
-        prompts: object,
+        prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         *,
         tenant: str | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable = True,
     ) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. A bad prompt, parameter or adapter raises its typed error and
-        nothing of the batch is returned (the requests already admitted are aborted)."""
-        del use_tqdm  # accepted for vLLM compatibility; outputs arrive in one batch here
-        prompt_list = as_prompt_list(prompts)
+        nothing of the batch is returned (the requests already admitted are aborted).
+
+        use_tqdm: show a progress bar of finished requests (tqdm's, on stderr), or a callable that builds the bar
+        (called like tqdm: total=..., desc=...), as in vLLM."""
+        return self._run(as_prompt_list(prompts), sampling_params, lora_request, tenant, use_tqdm)
+
+    def chat(
+        self,
+        messages,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool | Callable = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list | None = None,
+        chat_template_kwargs: dict | None = None,
+        *,
+        tenant: str | None = None,
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of {"role", "content"} messages) or a list of them, each
+        rendered with its request's chat template (loraledger.chat: `chat_template`, else the adapter's own, else
+        the model's) and tokenized as vLLM does; one RequestOutput per conversation, in order. lora_request may be
+        one for all or a list (one per conversation). Each output's `prompt` is the rendered text."""
+        from loraledger.chat import conversations, render_chat
+
+        convs = conversations(messages)
+        n = len(convs)
+        loras = _per_prompt(lora_request, n, "lora_request", LoRARequest, LoRARequestError)
+        engine = self.llm_engine.engine
+        prompts, shas = [], []
+        for conv, lora in zip(convs, loras):
+            rendered = render_chat(
+                engine.get_tokenizer(lora),
+                conv,
+                chat_template=chat_template,
+                chat_template_content_format=chat_template_content_format,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            prompts.append({"prompt_token_ids": rendered.token_ids, "prompt": rendered.text})
+            shas.append(rendered.template_sha256)
+        return self._run(prompts, sampling_params, loras, tenant, use_tqdm, shas)
+
+    def _run(self, prompt_list: list, sampling_params, lora_request, tenant, use_tqdm, chat_shas=None) -> list[RequestOutput]:
         n = len(prompt_list)
-        params = _per_prompt(sampling_params if sampling_params is not None else SamplingParams(), n, "sampling_params", SamplingParams, SamplingParamsError)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params = _per_prompt(sampling_params, n, "sampling_params", SamplingParams, SamplingParamsError)
         # only the final output is returned here: do not have the engine build and stream the others
         # (replace checks the values again, and the engine keeps a frozen copy of its own)
         params = [msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         loras = _per_prompt(lora_request, n, "lora_request", LoRARequest, LoRARequestError)
         engine = self.llm_engine.engine
         requests = [(engine.new_request_id(), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
-        return self.llm_engine._portal.call(engine.generate_many, requests)
+        bar = _progress_bar(use_tqdm, n)
+        try:
+            return self.llm_engine._portal.call(
+                lambda: engine.generate_many(requests, on_finished=None if bar is None else _advance(bar), chat_template_sha256=chat_shas)
+            )
+        finally:
+            if bar is not None:
+                bar.close()
 
-    def get_tokenizer(self):
-        return self.llm_engine.get_tokenizer()
+    def get_tokenizer(self, lora_request: LoRARequest | None = None):
+        """The tokenizer requests on `lora_request` use (the adapter's own, if its folder ships one); None with
+        skip_tokenizer_init."""
+        return self.llm_engine.get_tokenizer(lora_request)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         return self.llm_engine.add_lora(lora_request)
@@ -74,6 +135,24 @@ class LLM:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _progress_bar(use_tqdm: bool | Callable, total: int):
+    """vLLM's progress bar: tqdm's, or the one the callable `use_tqdm` builds; None for use_tqdm=False."""
+    if not use_tqdm or total == 0:
+        return None
+    if callable(use_tqdm):
+        factory = use_tqdm
+    else:
+        from tqdm.auto import tqdm as factory
+    return factory(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _advance(bar):
+    def on_finished(_output) -> None:
+        bar.update(1)
+
+    return on_finished
 
 
 def _per_prompt(value, n: int, name: str, kind: type, error: type[Exception]) -> list:

@@ -57,8 +57,9 @@ class LLMEngine:
         tenant: str | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        """Admit a request (its binding is on record when this returns) or raise the typed reason it was refused."""
-        params = params if params is not None else SamplingParams()
+        """Admit a request (its binding is on record when this returns) or raise the typed reason it was refused.
+        Without params, the model's defaults (generation_config.json) apply."""
+        params = params if params is not None else self.engine.get_default_sampling_params()
         with self._lock:  # the id itself is checked by the engine (AsyncEngine.submit), like every other argument
             if isinstance(request_id, str) and request_id in self._unfinished:
                 raise DuplicateRequestError(f"request id {request_id!r} is already in flight; use a new id")
@@ -130,8 +131,12 @@ class LLMEngine:
     def get_stats(self):
         return self._portal.call(self.engine.get_stats)
 
-    def get_tokenizer(self):
-        return self.engine.tokenizer
+    def get_tokenizer(self, lora_request: LoRARequest | None = None):
+        """The tokenizer requests on `lora_request` use (an adapter's own, if it ships one); None with skip_tokenizer_init."""
+        return self.engine.get_tokenizer(lora_request)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.engine.get_default_sampling_params()
 
     # --- shutdown -----------------------------------------------------------------------------
 

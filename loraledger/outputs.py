@@ -1,4 +1,4 @@
-"""RequestOutput, CompletionOutput and RequestMetrics, with vLLM's field names.
+"""RequestOutput, CompletionOutput, Logprob and RequestStateStats, with vLLM's names, field order and meanings.
 
 Both output levels carry the request's LoRARequest (None = the base model), streaming
 chunks included, so every piece of text can be attributed to the adapter that wrote it.
@@ -10,46 +10,57 @@ import msgspec
 
 from loraledger.lora_request import LoRARequest
 
-# position -> {token id: logprob}; vLLM uses Logprob objects, a float is what they hold that matters here
-SampleLogprobs = list[dict[int, float]]
-PromptLogprobs = list[dict[int, float] | None]
+
+class Logprob(msgspec.Struct):
+    """vLLM's Logprob: a token's log probability, its rank in the vocabulary (1: the most likely) and its text.
+
+    decoded_token is the token decoded alone (tokenizer.decode([id])); None when the request is not
+    detokenized (detokenize=False, or an engine without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
-class RequestMetrics(msgspec.Struct, kw_only=True):
-    """Wall-clock times (time.time()) of a request's life, and what happened to it."""
+# per position: {token id: Logprob} for the chosen token and the top alternatives (vLLM's types)
+SampleLogprobs = list[dict[int, Logprob]]
+PromptLogprobs = list[dict[int, Logprob] | None]  # the first prompt position has none
 
-    arrival_time: float
-    queued_time: float | None = None  # entered the scheduler's waiting queue
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
+
+class RequestStateStats(msgspec.Struct, kw_only=True):
+    """vLLM's per-request statistics (vllm.v1.metrics.stats.RequestStateStats), with its field names.
+
+    Every time is wall-clock (time.time()); vLLM takes the *_ts ones from a monotonic clock, so
+    compare them with each other, not with other clocks. 0.0 means "not yet", as in vLLM. The
+    adapter's name and content fingerprint, and when the request finished, are ours.
+    """
+
+    arrival_time: float = 0.0  # the request reached the engine
+    queued_ts: float = 0.0  # it was admitted (its binding on record) and queued for the scheduler
+    scheduled_ts: float = 0.0  # its first step was planned
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0  # first_token_ts - arrival_time
     num_generation_tokens: int = 0
     num_preemptions: int = 0
+    is_corrupted: bool = False  # vLLM: NaNs in the logits; never set here
+    finished_ts: float = 0.0
     adapter_name: str | None = None
     adapter_fingerprint: str | None = None
 
-    @property
-    def time_to_first_token(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
 
-    @property
-    def time_in_queue(self) -> float | None:
-        if self.first_scheduled_time is None or self.queued_time is None:
-            return None
-        return self.first_scheduled_time - self.queued_time
+RequestMetrics = RequestStateStats  # the name these statistics had here before
 
 
-class CompletionOutput(msgspec.Struct, kw_only=True):
-    """One generated sequence of a request."""
+class CompletionOutput(msgspec.Struct):
+    """One generated sequence of a request; positional arguments in vLLM's field order."""
 
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: SampleLogprobs | None
+    routed_experts: object = None  # vLLM: the experts a MoE model routed to; None here (no MoE models)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     lora_request: LoRARequest | None = None
@@ -58,8 +69,8 @@ class CompletionOutput(msgspec.Struct, kw_only=True):
         return self.finish_reason is not None
 
 
-class RequestOutput(msgspec.Struct, kw_only=True):
-    """The output of one request so far (or in full, when finished)."""
+class _RequestOutputFields(msgspec.Struct):
+    """RequestOutput's positional fields, in vLLM's order."""
 
     request_id: str
     prompt: str | None
@@ -67,9 +78,19 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool
-    metrics: RequestMetrics | None = None
+    metrics: RequestStateStats | None = None
     lora_request: LoRARequest | None = None
+    encoder_prompt: str | None = None  # vLLM: encoder-decoder models; None here
+    encoder_prompt_token_ids: list[int] | None = None
     num_cached_tokens: int | None = None
+
+
+class RequestOutput(_RequestOutputFields, kw_only=True):
+    """The output of one request so far (or in full, when finished); positional arguments in vLLM's order,
+    then vLLM's keyword-only ones (None here: no multimodal inputs, no disaggregated KV transfer)."""
+
+    multi_modal_placeholders: dict | None = None
+    kv_transfer_params: dict | None = None
 
     def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
         """Merge a later output of the same request into this one.

@@ -1,25 +1,47 @@
-"""Prompt inputs as vLLM takes them: a str, or {"prompt_token_ids": [...]} (optionally with "prompt")."""
+"""Prompt inputs as vLLM takes them: a str, {"prompt": str}, or {"prompt_token_ids": [...]} (optionally with "prompt")."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypedDict, Union
+
+try:
+    from typing import NotRequired
+except ImportError:  # Python 3.10
+    from typing_extensions import NotRequired
 
 from loraledger.errors import PromptError, PromptTooLongError
 from loraledger.text import storable_text
 
-PromptType = str | Mapping
+
+class TextPrompt(TypedDict):
+    """vLLM's text prompt: tokenized by the engine with the request's tokenizer."""
+
+    prompt: str
+
+
+class TokensPrompt(TypedDict):
+    """vLLM's token prompt; "prompt", when given, is the text the ids came from (kept on record, never tokenized)."""
+
+    prompt_token_ids: list[int]
+    prompt: NotRequired[str]
+
+
+PromptType = Union[str, TextPrompt, TokensPrompt]
 
 # a text prompt longer than this many characters per token of max_model_len cannot fit (tokens of
 # real text average 3-5 characters); refusing it at once keeps a huge string off the tokenizer
 MAX_CHARS_PER_TOKEN = 32
 
 
-def parse_prompt(prompt: object, *, max_model_len: int | None = None) -> tuple[str | None, list[int] | None]:
+def parse_prompt(prompt: object, *, max_model_len: int | None = None, truncating: bool = False) -> tuple[str | None, list[int] | None]:
     """Return (text, token ids) as fresh copies; exactly one is what the engine runs (token ids win when given).
 
     Checks types (a str, or a dict with a list of int token ids and optionally a str "prompt"),
     that text is valid Unicode, and, given `max_model_len`, that the prompt cannot be too long to
-    fit it; token ids are checked against the vocabulary at admission. Raises PromptError.
+    fit it (with `truncating` — SamplingParams.truncate_prompt_tokens — token ids may be longer: up
+    to MAX_CHARS_PER_TOKEN per token of max_model_len, as text); token ids are checked against the
+    vocabulary at admission. Raises PromptError.
     """
     if isinstance(prompt, str):
         return _text(prompt, "the prompt", max_model_len), None
@@ -33,7 +55,7 @@ def parse_prompt(prompt: object, *, max_model_len: int | None = None) -> tuple[s
             raise PromptError(f"unknown prompt keys {sorted(map(repr, unknown))}; use 'prompt_token_ids' (and optionally 'prompt')")
         text = items.get("prompt")
         if "prompt_token_ids" in items:
-            ids = _token_ids(items["prompt_token_ids"], max_model_len)
+            ids = _token_ids(items["prompt_token_ids"], max_model_len, truncating)
             # the text beside token ids is only recorded: bounded like a prompt that would fit
             return (None if text is None else _text(text, "the prompt dict's 'prompt'", max_model_len)), ids
         if text is None:
@@ -53,10 +75,16 @@ def _text(value: object, what: str, max_model_len: int | None) -> str:
     return storable_text(value, what, PromptError)
 
 
-def _token_ids(ids: object, max_model_len: int | None) -> list[int]:
+def _token_ids(ids: object, max_model_len: int | None, truncating: bool = False) -> list[int]:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise PromptError(f"'prompt_token_ids' must be a list of ints, got {type(ids).__name__}")
-    if max_model_len is not None and len(ids) >= max_model_len:
+    if truncating and max_model_len is not None:
+        if len(ids) > MAX_CHARS_PER_TOKEN * max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens: more than {MAX_CHARS_PER_TOKEN} times max_model_len={max_model_len}, "
+                "even for truncate_prompt_tokens; shorten the prompt"
+            )
+    elif max_model_len is not None and len(ids) >= max_model_len:
         raise PromptTooLongError(
             f"the prompt has {len(ids)} tokens but max_model_len is {max_model_len}, which leaves no room to generate; "
             f"shorten the prompt to at most {max_model_len - 1} tokens or raise max_model_len"
@@ -79,7 +107,7 @@ def _shown(value: object) -> str:
 
 
 def as_prompt_list(prompts: object) -> list[object]:
-    """One prompt or a list of them -> a list."""
+    """One prompt (PromptType) or a list of them -> a list."""
     if isinstance(prompts, (str, Mapping)):
         return [prompts]
     if isinstance(prompts, Sequence) and not isinstance(prompts, bytes):

@@ -79,7 +79,7 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
         lora = None
         if record.lora_int_id is not None:
             lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
-        params = msgspec.convert(record.sampling_params, SamplingParams)
+        params = msgspec.convert(record.sampling_params, SamplingParams, str_keys=True)  # logit_bias keys come back as JSON str
         channel = await engine.submit(
             rid,
             {"prompt_token_ids": prompt_ids},

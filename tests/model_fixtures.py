@@ -31,6 +31,9 @@ Reference helpers (plain functions; import them from ``tests.model_fixtures``):
   ``HFReference.logits[i]`` the raw fp32 logits [max_new_tokens, V] that chose them.
 - ``hf_reference_logits(model_dir, adapter_path, token_ids) -> Tensor [len, V]``: fp32 logits of
   one full forward over ``token_ids`` (``adapter_path`` None for the base model).
+
+Chat: ``tiny_llama_chat`` is ``tiny_llama`` (same weights and adapters) in a folder of its own whose
+tokenizer has ``CHAT_TEMPLATE``; ``with_chat_template(src, dest, template)`` makes such a copy.
 """
 
 from __future__ import annotations
@@ -127,6 +130,32 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=1)
 
 
+# a small chat template in the usual shape: BOS written by the template, one header per role, EOS after each turn
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def with_chat_template(src: Path, dest: Path, template: str = CHAT_TEMPLATE) -> Path:
+    """A copy of the checkpoint folder `src` at `dest` whose tokenizer has `template` as its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    shutil.copytree(src, dest)
+    tokenizer = AutoTokenizer.from_pretrained(dest)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_chat(tiny_llama: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    model_dir = with_chat_template(tiny_llama.model_dir, tmp_path_factory.mktemp("tiny-llama-chat") / "model")
+    return TinyModel(arch="llama", model_dir=model_dir, adapters=tiny_llama.adapters, config=tiny_llama.config)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", seed=2)
@@ -161,8 +190,10 @@ def hf_reference_generate(
     adapter_per_prompt: Sequence[str | None],
     max_new_tokens: int,
     mixed: bool = True,
+    **generate_kwargs,
 ) -> HFReference:
-    """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring."""
+    """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring.
+    generate_kwargs go to `generate` (logits processors such as sequence_bias, bad_words_ids, eos_token_id)."""
     names = [BASE if a is None else a for a in adapter_per_prompt]
     used = {n for n in names if n != BASE}
     model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}))
@@ -178,7 +209,7 @@ def hf_reference_generate(
             prompt = list(prompts_token_ids[i])
             ids[row, longest - len(prompt) :] = torch.tensor(prompt)
             mask[row, longest - len(prompt) :] = 1
-        kwargs = {}
+        kwargs = {"eos_token_id": None, **generate_kwargs}
         if used:
             kwargs["adapter_names"] = [names[i] for i in group]
         with torch.no_grad():
@@ -187,7 +218,6 @@ def hf_reference_generate(
                 attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
-                eos_token_id=None,
                 pad_token_id=pad,
                 output_logits=True,
                 return_dict_in_generate=True,

@@ -93,7 +93,7 @@ async def _run(arrivals: list[Arrival], max_num_seqs: int, max_steps: int, num_k
         while step[0] < max_steps:
             while pending and pending[0].step <= step[0]:
                 a = pending.pop(0)
-                params = SamplingParams(n=a.n, max_tokens=a.max_tokens, ignore_eos=True, temperature=0.0)
+                params = SamplingParams(n=a.n, max_tokens=a.max_tokens, ignore_eos=True, temperature=1.0, seed=0)  # greedy allows n=1 only
                 await inbox_send.send(
                     NewRequest(request_id=a.request_id, prompt_token_ids=[7] * a.prompt_len, params=params, lora_request=None,
                                checkpoint=None, arrival_time=0.0, queued_time=0.0)

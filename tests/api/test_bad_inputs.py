@@ -67,8 +67,21 @@ CASES = [
     ("a seed beyond 64 bits", (PROMPT, _mutated(seed=1 << 80), None, None, None), E.SamplingParamsError, ["seed"]),
     ("ignore_eos='yes'", (PROMPT, _mutated(ignore_eos="yes"), None, None, None), E.SamplingParamsError, ["ignore_eos"]),
     ("output_kind=7", (PROMPT, _mutated(output_kind=7), None, None, None), E.SamplingParamsError, ["output_kind"]),
-    ("n above max_n", (PROMPT, _mutated(n=10_000), None, None, None), E.SamplingParamsError, ["max_n"]),
+    ("n above max_n", (PROMPT, _mutated(n=10_000, temperature=1.0), None, None, None), E.SamplingParamsError, ["max_n"]),
     ("logprobs above max_logprobs", (PROMPT, _mutated(logprobs=1000), None, None, None), E.SamplingParamsError, ["max_logprobs"]),
+    # vLLM's rules for the parameters vLLM code sends
+    ("greedy with n=2 (vLLM: n must be 1 when greedy)", (PROMPT, _mutated(n=2), None, None, None), E.SamplingParamsError, ["greedy", "n must be 1"]),
+    ("logprobs=-1 (the vocabulary) above max_logprobs", (PROMPT, _mutated(logprobs=-1), None, None, None), E.SamplingParamsError, ["max_logprobs"]),
+    ("a stop token id outside the vocabulary", (PROMPT, _mutated(stop_token_ids=[5, 10**6]), None, None, None), E.SamplingParamsError, ["stop_token_ids", "vocabulary"]),
+    ("a logit_bias key outside the vocabulary", (PROMPT, _mutated(logit_bias={10**6: 1.0}), None, None, None), E.SamplingParamsError, ["logit_bias", "vocabulary"]),
+    ("logit_bias with a nan", (PROMPT, _mutated(logit_bias={5: math.nan}), None, None, None), E.SamplingParamsError, ["logit_bias", "finite"]),
+    ("allowed_token_ids empty", (PROMPT, _mutated(allowed_token_ids=[]), None, None, None), E.SamplingParamsError, ["allowed_token_ids"]),
+    ("an allowed token id outside the vocabulary", (PROMPT, _mutated(allowed_token_ids=[4, 512]), None, None, None), E.SamplingParamsError, ["allowed_token_ids", "vocabulary"]),
+    ("bad_words as a str", (PROMPT, _mutated(bad_words="fox"), None, None, None), E.SamplingParamsError, ["bad_words"]),
+    ("truncate_prompt_tokens above max_model_len", (PROMPT, _mutated(truncate_prompt_tokens=10**6), None, None, None), E.SamplingParamsError, ["truncate_prompt_tokens", "max_model_len"]),
+    ("truncate_prompt_tokens=0", (PROMPT, _mutated(truncate_prompt_tokens=0), None, None, None), E.SamplingParamsError, ["truncate_prompt_tokens"]),
+    ("extra_args holding an object", (PROMPT, _mutated(extra_args={"a": object()}), None, None, None), E.SamplingParamsError, ["extra_args", "JSON"]),
+    ("stop strings with detokenize=False (vLLM: stop needs detokenize)", (PROMPT, _mutated(stop=["x"], detokenize=False), None, None, None), E.SamplingParamsError, ["detokenize"]),
 ]
 
 

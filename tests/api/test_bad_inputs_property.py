@@ -1,7 +1,9 @@
 """Property: whatever a caller sends, only that caller's request fails, and the engine goes on serving everyone else.
 
 Hypothesis generates bad (and odd but valid) prompts, request ids, tenants, sampling values (set at
-construction or changed afterwards), adapter folders (missing, corrupt, oversized, sparse 64 GiB,
+construction or changed afterwards; vLLM's logit_bias, allowed_token_ids, bad_words,
+truncate_prompt_tokens, extra_args, detokenize, logprobs=-1, legacy seeds and greedy n > 1 with
+values chosen for each), adapter folders (missing, corrupt, oversized, sparse 64 GiB,
 wrong shapes, wrong dtypes, ...) and call shapes, and throws them at one running engine through its
 three entry points (LLM.generate, LLMEngine.add_request, AsyncEngine.generate) while good requests
 run. For every example: each bad call is refused with a LoraLedgerError subclass or, if it was valid
@@ -111,6 +113,35 @@ request_ids = st.one_of(
 tenants = st.one_of(st.integers(), st.floats(), st.binary(max_size=3), with_surrogate, st.text(max_size=20),
                     st.integers(1025, 2000).map(lambda n: "t" * n), st.lists(st.integers(), max_size=2))
 sampling = st.tuples(st.sampled_from(SAMPLING_FIELDS), any_value, st.sampled_from(["mutate", "construct"]))
+
+
+def _deep(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# vLLM's fields, with the values that are bad (or odd but valid) for each in particular
+nested = st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=3)), lambda inner: st.lists(inner, max_size=2), max_leaves=40)
+VLLM_FIELD_VALUES = {
+    "logit_bias": st.dictionaries(st.one_of(token_id, st.sampled_from(["7", "-1", "x", " 12"])),
+                                  st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.text(max_size=2)), max_size=4),
+    "allowed_token_ids": st.lists(token_id, max_size=5),
+    "bad_words": st.lists(st.one_of(st.text(max_size=6), with_surrogate, st.integers(), st.just(""), st.just(" "), st.just("x" * 2000)), max_size=3),
+    "truncate_prompt_tokens": st.one_of(st.integers(-5, 200), st.just(10**30)),
+    "extra_args": st.one_of(st.dictionaries(st.one_of(st.text(max_size=3), st.integers()), st.one_of(any_value, nested), max_size=3),
+                            st.just({"deep": _deep(40)}), st.just({"big": "x" * 100_000}),
+                            st.just({"nul": "a\x00b"})),
+    "detokenize": any_value,
+    "logprobs": st.integers(-3, 600),
+    "prompt_logprobs": st.integers(-3, 600),
+    "seed": st.sampled_from([-1, -2, 2**64, None]),
+    "n": st.integers(2, 5),  # greedy (the base parameters) allows n=1 only
+    "stop": st.sampled_from([[], None, ["x"], "x"]),
+    "stop_token_ids": st.lists(token_id, max_size=3),
+}
+vllm_sampling = st.one_of(*[st.tuples(st.just(name), values, st.sampled_from(["mutate", "construct"])) for name, values in VLLM_FIELD_VALUES.items()])
 ADAPTER_DAMAGE = [
     "missing_dir", "not_a_dir", "no_config", "config_not_json", "config_array", "config_huge", "config_rank", "no_weights",
     "weights_is_dir", "empty_weights", "truncated", "garbage", "header_len_huge", "header_not_json", "header_entry_bad",
@@ -128,6 +159,7 @@ attacks = st.one_of(
     st.tuples(st.just("request_id"), request_ids),
     st.tuples(st.just("tenant"), tenants),
     st.tuples(st.just("sampling"), sampling),
+    st.tuples(st.just("sampling"), vllm_sampling),
     st.tuples(st.just("adapter"), adapters),
     st.tuples(st.just("lora_value"), lora_values),
     st.tuples(st.just("call_shape"), call_shapes),

@@ -29,7 +29,7 @@ def _greedy(n: int = 4) -> SamplingParams:
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
-        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": -2}, "logprobs"),  # -1 asks for the whole vocabulary (vLLM)
         ({"stop": [""]}, "stop"),
     ],
 )

@@ -35,10 +35,10 @@ def _inject(monkeypatch, where: str) -> None:
     if where == "admission":
         original = Admission._prompt_token_ids
 
-        async def patched(self, msg):
+        async def patched(self, msg, *args):
             if msg.request_id == "victim":
                 raise Injected("admission")
-            return await original(self, msg)
+            return await original(self, msg, *args)
 
         monkeypatch.setattr(Admission, "_prompt_token_ids", patched)
     elif where == "scheduler":

@@ -76,7 +76,12 @@ async def test_async_engine_mixed_equals_hf(tiny_llama):
     assert [results[i] for i in range(len(names))] == ref.token_ids
 
 
-def test_logprobs_equal_log_softmax_of_reference_logits(llama_llm, tiny_llama):
+def test_logprobs_are_vllm_logprob_objects_equal_to_log_softmax_of_reference_logits(llama_llm, tiny_llama):
+    """vLLM's rule: each position maps token id -> Logprob(logprob, rank, decoded_token); the sampled token with its
+    rank in the vocabulary, then the top k ranked 1..k; decoded_token is tokenizer.decode([id])."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama.model_dir)
     loras = loras_for(tiny_llama)
     names = [None, "all_r8"]
     prompts = random_prompts(2, seed=3)
@@ -88,11 +93,13 @@ def test_logprobs_equal_log_softmax_of_reference_logits(llama_llm, tiny_llama):
         expected = torch.log_softmax(logits.float(), dim=-1)
         assert len(completion.logprobs) == MAX_NEW
         for pos, (token, entry) in enumerate(zip(ids, completion.logprobs)):
-            assert abs(entry[token] - expected[pos, token].item()) <= 1e-4
+            assert abs(entry[token].logprob - expected[pos, token].item()) <= 1e-4
+            assert entry[token].rank == 1  # greedy: the most likely token
             top = torch.topk(expected[pos], 3)
-            for alt, lp in zip(top.indices.tolist(), top.values.tolist()):
-                assert abs(entry[alt] - lp) <= 1e-4
-        assert completion.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(ids, completion.logprobs)), abs=1e-4)
+            for rank, (alt, lp) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
+                assert abs(entry[alt].logprob - lp) <= 1e-4 and entry[alt].rank == rank
+                assert entry[alt].decoded_token == tok.decode([alt])
+        assert completion.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(ids, completion.logprobs)), abs=1e-4)
 
 
 def test_text_prompts_tokenized_like_autotokenizer(llama_llm, tiny_llama):

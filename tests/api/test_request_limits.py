@@ -31,9 +31,10 @@ def test_n_at_the_limit_is_served_in_full_and_on_record_and_above_it_is_refused(
     with LLM(model=str(tiny_llama.model_dir), max_num_seqs=8, block_size=4, audit_url=url) as llm:
         limit = llm.llm_engine.engine._core.setup.max_n
         assert limit == 8
-        out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=limit, temperature=0, max_tokens=8, ignore_eos=True))[0]
+        # top_k=1: every completion is the greedy reference (temperature=0 allows n=1 only, as in vLLM)
+        out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=limit, temperature=1.0, top_k=1, max_tokens=8, ignore_eos=True))[0]
         assert [c.index for c in out.outputs] == list(range(limit))
-        assert all(c.token_ids == ref for c in out.outputs)  # greedy: every completion is the reference
+        assert all(c.token_ids == ref for c in out.outputs)
         with pytest.raises(E.SamplingParamsError, match="max_n=8"):
             llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=limit + 1, max_tokens=2))
         with pytest.raises(E.SamplingParamsError, match="max_logprobs=20"):
@@ -55,7 +56,7 @@ def test_a_request_at_the_n_limit_does_not_hold_back_a_later_one(tiny_llama, asy
     )
     engine = LLMEngine(args)
     try:
-        big = SamplingParams(n=4, temperature=0, max_tokens=60, ignore_eos=True)
+        big = SamplingParams(n=4, temperature=1.0, seed=1, max_tokens=60, ignore_eos=True)  # greedy allows n=1 only (vLLM)
         engine.add_request("big", {"prompt_token_ids": PROMPT}, big)
         progress = 0
         while progress < 2:  # the large request is running, its sequences on every seat

@@ -60,7 +60,7 @@ def test_bf16_logprobs_stay_close_to_fp32_reference(tiny_llama):
                 top = torch.topk(expected[pos - 1], 2).indices.tolist()
                 for token in {ids[pos], *top}:
                     if token in entry:  # bf16 may rank another token second; the true token is always there
-                        worst = max(worst, abs(entry[token] - expected[pos - 1, token].item()))
+                        worst = max(worst, abs(entry[token].logprob - expected[pos - 1, token].item()))
                     worst_hf = max(worst_hf, abs(hf_bf16[pos - 1, token] - expected[pos - 1, token]).item())
     print(f"bf16 logprob error vs the fp32 reference: loraledger {worst:.3e}, transformers bf16 {worst_hf:.3e}")
     assert worst <= max(BF16_LOGPROB_TOL, worst_hf), (

@@ -56,6 +56,7 @@ def _requests(rng: random.Random, count: int, vocab: int) -> list[tuple[dict, di
         params = dict(max_tokens=rng.randint(2, 24), temperature=rng.choice([0.0, 0.8]), seed=rng.randrange(1 << 30))
         if rng.random() < 0.1:
             params["n"] = rng.randint(2, 4)
+            params["temperature"] = 0.8  # greedy allows n=1 only (vLLM's rule)
         if rng.random() < 0.1:
             params["logprobs"] = rng.randint(0, 3)
         out.append(({"prompt_token_ids": prompt}, params))
