@@ -316,23 +316,35 @@ class AsyncEngine:
         channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant, **caller)
         finished = False
         try:
-            async with channel:
-                async for delivery in channel:
-                    item = delivery.item
-                    if isinstance(item, BaseException):
-                        finished = True
-                        raise item
-                    if item.finished:
-                        finished = True
-                    yield item
-                    if finished:
-                        return
+            async for delivery in channel:
+                item = delivery.item
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
             if not finished:
                 raise EngineDeadError(f"the engine stopped before request {rid!r} finished")
         finally:
-            if not finished and self._core is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.abort(rid)
+            try:
+                if not finished and self._core is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self.abort(rid)
+                        await self._until_ended(channel)
+            finally:
+                channel.close()
+
+    async def _until_ended(self, channel: MemoryObjectReceiveStream) -> None:
+        """After an abort: wait for the request's last item, so what it generated is on record as aborted (its final
+        output is released after its commit) when the caller's cleanup ends; at most audit_timeout seconds."""
+        with anyio.move_on_after(self.args.audit_timeout + 1):
+            async for delivery in channel:
+                item = delivery.item
+                if isinstance(item, BaseException) or item.finished:
+                    return
 
     async def generate_many(
         self,
