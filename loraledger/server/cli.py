@@ -119,8 +119,8 @@ def config_from_args(args: argparse.Namespace):
 def run_serve(args: argparse.Namespace) -> int:
     from loraledger.server.logs import configure_json
 
+    config = config_from_args(args)  # a refusal (an open address without keys) is printed before any log is set up
     log_config = configure_json(args.log_level or "info")
-    config = config_from_args(args)
     return serve(config, port=args.port, uds=args.uds, log_config=log_config)
 
 
