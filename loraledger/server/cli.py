@@ -48,6 +48,7 @@ def register(sub) -> None:
     p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds running requests get to finish after SIGTERM; then they are aborted")
     p.add_argument("--trust-request-chat-template", action="store_true", help="let requests bring their own chat template (Jinja)")
     p.add_argument("--root-path", default="", help="ASGI root path behind a proxy")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="JSON log lines on stdout at this level and above (default: info)")
     p.set_defaults(func=run_serve, json_logs=True)
 
     keys = sub.add_parser("keys", help="API keys of `loraledger serve`: add, list", description="API keys of `loraledger serve`")

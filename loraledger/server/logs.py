@@ -19,6 +19,11 @@ def _ensure_context_keys(_logger, _method, event: dict) -> dict:
     return event
 
 
+def _drop_color(_logger, _method, event: dict) -> dict:
+    event.pop("color_message", None)  # uvicorn's ANSI-coloured copy of the message
+    return event
+
+
 def _processors() -> list:
     return [
         structlog.contextvars.merge_contextvars,
@@ -45,7 +50,7 @@ def configure_json(level: str = "info") -> dict:
             "json": {
                 "()": structlog.stdlib.ProcessorFormatter,
                 "processors": [structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()],
-                "foreign_pre_chain": [*_processors(), structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder()],
+                "foreign_pre_chain": [*_processors(), structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), _drop_color],
             }
         },
         "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"}},
