@@ -6,7 +6,8 @@ Workload: `--requests` requests (default 128) of `--prompt-len` random token ids
 `--concurrency` (32) streams at a time: a new request starts as soon as one ends. Every system streams (DELTA
 outputs in process; server-sent events over HTTP, parsed by an httpx client in this process).
 
-Systems, in interleaved rounds (`--repeats`, default 2; medians reported):
+Systems, each started once and warmed up with one unmeasured round, then measured in interleaved rounds
+(`--repeats`, default 3; medians reported):
 - `in-process audit`: AsyncEngine with the SQLite audit store (the server's configuration);
 - `in-process no audit`: the same with audit_url=None;
 - `http`: `loraledger serve` in a subprocess (same EngineArgs, an API key file, SQLite audit), its
@@ -63,30 +64,25 @@ async def _closed_loop(n: int, concurrency: int, one) -> float:
     return time.perf_counter() - started
 
 
-async def in_process(assets, workload, audit_url: str | None, args) -> dict:
-    from loraledger import AsyncEngine, LoRARequest, SamplingParams
+async def in_process(engine, loras, workload, args, measure: bool = True) -> dict:
+    from loraledger import SamplingParams
     from loraledger.sampling_params import RequestOutputKind
 
-    loras = [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(assets.adapters)]
     ttft, tokens = [], [0]
-    async with AsyncEngine.from_engine_args(_engine_args(assets, audit_url, args.threads, args.concurrency)) as engine:
-        for lora in loras:
-            await engine.add_lora(lora)
 
-        async def one(i: int, count: bool = True) -> None:
-            a = workload.adapter_of[i]
-            params = SamplingParams(max_tokens=workload.max_tokens[i], ignore_eos=True, temperature=0.8, seed=i, output_kind=RequestOutputKind.DELTA)
-            sent, first = time.perf_counter(), None
-            async for out in engine.generate({"prompt_token_ids": workload.prompts[i]}, params, engine.new_request_id(), loras[a] if a is not None else None, tenant="bench"):
-                n = sum(len(c.token_ids) for c in out.outputs)
-                if n and first is None:
-                    first = time.perf_counter() - sent
-                tokens[0] += n if count else 0
-            if count:
-                ttft.append(first)
+    async def one(i: int) -> None:
+        a = workload.adapter_of[i]
+        params = SamplingParams(max_tokens=workload.max_tokens[i], ignore_eos=True, temperature=0.8, seed=i, output_kind=RequestOutputKind.DELTA)
+        sent, first = time.perf_counter(), None
+        lora = loras[a] if a is not None else None
+        async for out in engine.generate({"prompt_token_ids": workload.prompts[i]}, params, engine.new_request_id(), lora, tenant="bench"):
+            n = sum(len(c.token_ids) for c in out.outputs)
+            if n and first is None:
+                first = time.perf_counter() - sent
+            tokens[0] += n
+        ttft.append(first)
 
-        await _closed_loop(min(args.concurrency, len(workload)), args.concurrency, lambda i: one(i, count=False))  # warm-up
-        wall = await _closed_loop(len(workload), args.concurrency, one)
+    wall = await _closed_loop(len(workload), args.concurrency, one)
     return {"tokens": tokens[0], "seconds": wall, "tokens_per_s": tokens[0] / wall, "ttft": percentiles(ttft)}
 
 
@@ -133,36 +129,63 @@ class Server:
         self.log.close()
 
 
-async def over_http(server: Server, workload, args) -> dict:
+async def over_http(http: httpx.AsyncClient, server: Server, workload, args) -> dict:
     ttft, tokens = [], [0]
-    limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency + 8)
-    async with httpx.AsyncClient(timeout=600, limits=limits, headers={"Authorization": f"Bearer {server.key}"}) as http:
 
-        async def one(i: int, count: bool = True) -> None:
-            a = workload.adapter_of[i]
-            body = {
-                "model": f"a{a}" if a is not None else "base", "prompt": workload.prompts[i], "max_tokens": workload.max_tokens[i],
-                "ignore_eos": True, "temperature": 0.8, "seed": i, "stream": True, "stream_options": {"include_usage": True},
-            }  # fmt: skip
-            sent, first, used = time.perf_counter(), None, 0
-            async with http.stream("POST", f"{server.url}/v1/completions", json=body) as r:
-                if r.status_code != 200:
-                    raise SystemExit(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if chunk.get("usage"):
-                        used = chunk["usage"]["completion_tokens"]
-                    elif first is None and any(c["text"] for c in chunk["choices"]):
-                        first = time.perf_counter() - sent
-            if count:
-                tokens[0] += used
-                ttft.append(first if first is not None else time.perf_counter() - sent)
+    async def one(i: int) -> None:
+        a = workload.adapter_of[i]
+        body = {
+            "model": f"a{a}" if a is not None else "base", "prompt": workload.prompts[i], "max_tokens": workload.max_tokens[i],
+            "ignore_eos": True, "temperature": 0.8, "seed": i, "stream": True, "stream_options": {"include_usage": True},
+        }  # fmt: skip
+        sent, first, used = time.perf_counter(), None, 0
+        async with http.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                raise SystemExit(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    used = chunk["usage"]["completion_tokens"]
+                elif first is None and any(c["text"] for c in chunk["choices"]):
+                    first = time.perf_counter() - sent
+        tokens[0] += used
+        ttft.append(first if first is not None else time.perf_counter() - sent)
 
-        await _closed_loop(min(args.concurrency, len(workload)), args.concurrency, lambda i: one(i, count=False))
-        wall = await _closed_loop(len(workload), args.concurrency, one)
+    wall = await _closed_loop(len(workload), args.concurrency, one)
     return {"tokens": tokens[0], "seconds": wall, "tokens_per_s": tokens[0] / wall, "ttft": percentiles(ttft)}
+
+
+async def _rounds(assets, server: Server, tmp: Path, args) -> dict[str, list[dict]]:
+    """Both in-process engines and the server stay up for the whole run (each warmed up by one unmeasured round of
+    the workload), and the rounds interleave the three systems."""
+    from loraledger import AsyncEngine, LoRARequest
+
+    loras = [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(assets.adapters)]
+    runs: dict[str, list[dict]] = {"in-process audit": [], "in-process no audit": [], "http": []}
+    limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency + 8)
+    audited = AsyncEngine.from_engine_args(_engine_args(assets, f"sqlite:///{tmp / 'inproc.db'}", args.threads, args.concurrency))
+    plain = AsyncEngine.from_engine_args(_engine_args(assets, None, args.threads, args.concurrency))
+    async with audited, plain, httpx.AsyncClient(timeout=600, limits=limits, headers={"Authorization": f"Bearer {server.key}"}) as http:
+        for engine in (audited, plain):
+            for lora in loras:
+                await engine.add_lora(lora)
+        systems = {
+            "in-process audit": lambda w: in_process(audited, loras, w, args),
+            "in-process no audit": lambda w: in_process(plain, loras, w, args),
+            "http": lambda w: over_http(http, server, w, args),
+        }
+        for r in range(args.repeats + 1):  # round 0: the warm-up, not reported
+            workload = batch_workload(100 + r, num_prompts=args.requests, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
+                                      vocab_size=assets.vocab_size, num_adapters=len(assets.adapters))  # fmt: skip
+            for name, run in systems.items():
+                result = await run(workload)
+                if r > 0:
+                    runs[name].append(result)
+            if r > 0:
+                print(f"round {r}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items()), file=sys.stderr)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="streams in flight at once")
     parser.add_argument("--prompt-len", type=int, default=64, help="prompt length in token ids")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (all generated: ignore_eos)")
-    parser.add_argument("--repeats", type=int, default=2, help="interleaved rounds of the three systems (medians reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="measured interleaved rounds of the three systems, after one warm-up round (medians reported)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine (in process, and in the server)")
     parser.add_argument("--out", type=Path, default=RESULTS / "server.json")
     args = parser.parse_args(argv)
@@ -180,18 +203,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     assets = model_assets()
-    runs: dict[str, list[dict]] = {"in-process audit": [], "in-process no audit": [], "http": []}
     with tempfile.TemporaryDirectory(prefix="bench-server-") as tmp_dir:
         tmp = Path(tmp_dir)
         env = environment()
         with Server(assets, f"sqlite:///{tmp / 'server-audit.db'}", args, tmp) as server:
-            for r in range(args.repeats):
-                workload = batch_workload(100 + r, num_prompts=args.requests, prompt_len=args.prompt_len, max_tokens=args.max_tokens,
-                                          vocab_size=assets.vocab_size, num_adapters=len(assets.adapters))  # fmt: skip
-                runs["in-process audit"].append(anyio.run(in_process, assets, workload, f"sqlite:///{tmp / f'inproc-{r}.db'}", args))
-                runs["in-process no audit"].append(anyio.run(in_process, assets, workload, None, args))
-                runs["http"].append(anyio.run(over_http, server, workload, args))
-                print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items()), file=sys.stderr)
+            runs = anyio.run(_rounds, assets, server, tmp, args)
     summary = {
         name: {
             "tokens_per_s": median([x["tokens_per_s"] for x in xs]),

@@ -241,8 +241,17 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 _encode = msgspec.json.Encoder().encode
 
 
+# characters JSON leaves as they are and some line readers split on (str.splitlines: NEL, LINE / PARAGRAPH SEPARATOR)
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+
+
 def sse(payload: dict) -> bytes:
-    return b"data: " + _encode(payload) + b"\n\n"
+    """One server-sent event: the payload as one line of JSON (no byte in it that any line reader breaks on)."""
+    data = _encode(payload)
+    if b"\xc2\x85" in data or b"\xe2\x80\xa8" in data or b"\xe2\x80\xa9" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
