@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import anyio
 from anyio.abc import TaskStatus
@@ -28,6 +28,15 @@ from loraledger.actors.replies import answer
 from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
 from loraledger.store.records import EventKind, EventRecord
+
+
+class AdapterLoaderStats:
+    """Counters the AdapterLoader publishes (it alone writes them, on the event loop), by adapter name."""
+
+    def __init__(self) -> None:
+        self.loads: Counter[str] = Counter()  # adapters read from disk into the host cache
+        self.evictions: Counter[str] = Counter()  # adapters dropped from the host cache (LRU, max_cpu_loras)
+        self.failures: Counter[str] = Counter()  # loads that failed
 
 
 class AdapterLoader:
@@ -56,6 +65,7 @@ class AdapterLoader:
         self._cache: OrderedDict[int, LoraCheckpoint] = OrderedDict()  # host LRU, most recent last
         self._pinned: set[int] = set()
         self._loading: dict[int, list[MemoryObjectSendStream]] = {}
+        self.stats = AdapterLoaderStats()
         self._log = get_logger("adapter_loader")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
@@ -169,6 +179,7 @@ class AdapterLoader:
 
     async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
         self._cache[lora.lora_int_id] = ckpt
+        self.stats.loads[lora.lora_name] += 1
         await self._evict_over_capacity()
         if self._audit is not None:
             await self._audit.send(
@@ -196,6 +207,7 @@ class AdapterLoader:
             if self._names.get(lora.lora_name) == lora.lora_int_id:
                 del self._names[lora.lora_name]
         waiters = self._loading.pop(lora.lora_int_id, [])
+        self.stats.failures[lora.lora_name] += 1
         try:
             await self._record(
                 EventRecord(
@@ -214,6 +226,7 @@ class AdapterLoader:
             if victim is None:
                 return
             ckpt = self._cache.pop(victim)
+            self.stats.evictions[ckpt.name] += 1
             self._log.info("adapter evicted from host cache", adapter=ckpt.name, fingerprint=ckpt.fingerprint[:12])
             await self._record(
                 EventRecord(kind=EventKind.ADAPTER_EVICTED, at=time.time(), payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"})

@@ -338,8 +338,12 @@ class Admission:
             received_at=msg.arrival_time,
             engine_version=__version__,
             base_model_fingerprint=self._base_fp,
+            key_id=msg.key_id,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
+        caller = {k: recordable(v) for k, v in (("request_id", msg.caller_request_id), ("user", msg.user)) if v is not None}
+        if caller:
+            payload["caller"] = caller
         if self._audit_prompts == "text":
             payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
         event = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=msg.request_id, payload=payload, dedup_key=f"admit:{msg.request_id}")

@@ -32,6 +32,17 @@ MAX_BATCH_MESSAGES = 1024
 PG_CONNECT_FLOOR_S = 2  # libpq waits at least this long for a connection, whatever the deadline
 
 
+class AuditWriterStats:
+    """Counters the AuditWriter publishes (it alone writes them, on the event loop; anyone may read them)."""
+
+    def __init__(self) -> None:
+        self.commits = 0  # group commits done
+        self.failures = 0  # writes that failed because the store was unreachable (each retry counts)
+        self.refused = 0  # messages the database refused for good (their senders got the error)
+        self.held = 0  # messages taken from the inbox and not yet committed
+        self.store_down = False
+
+
 class AuditWriter:
     def __init__(
         self,
@@ -56,6 +67,7 @@ class AuditWriter:
         self._give_up_after = math.inf if timeout is None else 2 * (timeout + max(timeout, PG_CONNECT_FLOOR_S)) + 1
         self._writing = threading.Event()  # set while a write runs in its worker thread (abandoned ones included)
         self.commits = 0
+        self.stats = AuditWriterStats()
         self._log = get_logger("audit_writer")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
@@ -83,8 +95,10 @@ class AuditWriter:
                 closing |= self._drain(pending)
                 if not pending:
                     continue
+                self.stats.held = len(pending)
                 if await self._commit(pending):
                     pending.clear()
+                    self.stats.held = 0
                     backoff = self._retry_initial
                     continue
                 # the store is down: keep what we hold, refuse (or keep) new admissions, retry later
@@ -164,6 +178,8 @@ class AuditWriter:
             if not self._down:
                 self._log.error("audit store unreachable; holding records and retrying", error=str(exc))
             self._down = True
+            self.stats.failures += 1
+            self.stats.store_down = True
             return False
         except LoraLedgerError as exc:
             if len(pending) == 1:
@@ -180,6 +196,8 @@ class AuditWriter:
             self._log.warning("audit store reachable again")
         self._down = False
         self.commits += 1
+        self.stats.commits += 1
+        self.stats.store_down = False
         # once committed, a retry can no longer be ambiguous: a later submit of these ids is a duplicate
         self._attempted.difference_update(r.request_id for m in pending for r in m.requests)
         notify = []
@@ -205,6 +223,7 @@ class AuditWriter:
             events=[e.kind for e in msg.events],
         )
         self._attempted.difference_update(r.request_id for r in msg.requests)
+        self.stats.refused += 1
         await answer(msg.reply, error)
         if msg.commit_notify:
             try:

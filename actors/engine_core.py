@@ -49,6 +49,9 @@ class EngineCore:
         self._done: dict[str, anyio.Event] = {name: anyio.Event() for name in INBOX}
         self._scopes: dict[str, anyio.CancelScope] = {}  # each actor's own: cancelling them leaves the caller's code running
         self.runner = None
+        # counters the loader and the audit writer publish (read by AsyncEngine.get_metrics, never written there)
+        self.loader_stats = None
+        self.audit_stats = None
         self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
     def sender(self, name: str) -> MemoryObjectSendStream:
@@ -66,6 +69,7 @@ class EngineCore:
             writer = AuditWriter(
                 recv["audit"], send("assembler"), s.store, on_failure=args.audit_on_failure, timeout=args.audit_timeout
             )
+            self.audit_stats = writer.stats
             await tg.start(self._supervise, "audit", writer)
         executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
         self.runner = await tg.start(self._supervise, "executor", executor)
@@ -107,6 +111,7 @@ class EngineCore:
             max_loras=args.max_loras,
             base_model_fingerprint=s.base_model_fingerprint,
         )
+        self.loader_stats = loader.stats
         await tg.start(self._supervise, "loader", loader)
         admission = Admission(
             recv["admission"],
@@ -151,6 +156,13 @@ class EngineCore:
             return
         async with self.sender("audit") as audit:
             await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+
+    def audit_queue_depth(self) -> int:
+        """Audit messages not yet committed: waiting in the writer's inbox, and taken into its next commit."""
+        if self.audit_stats is None:
+            return 0
+        waiting = self._streams["audit"][1].statistics().current_buffer_used
+        return waiting + self.audit_stats.held
 
     async def stop(self, timeout: float | None = None) -> None:
         """Stop in dependency order: nothing new comes in, running requests end with an error, records are flushed.

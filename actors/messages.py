@@ -55,6 +55,12 @@ class Submit(Msg):
     # LLM.chat: sha256 hex of the chat template that rendered the prompt (the adapter's own, the model's, or the
     # caller's); the audit binding's column for it comes with the request-identity work on the store
     chat_template_sha256: str | None = None
+    # the HTTP server's authenticated caller: the API key's id (the binding's key_id; the key also gave `tenant`)
+    key_id: str | None = None
+    # what the caller said about itself, put on record in the request_admitted event's payload ("caller"): its own
+    # request id (the X-Request-Id header) and OpenAI's `user` field; the request-identity work gives the first a column
+    caller_request_id: str | None = None
+    user: str | None = None
 
 
 class Abort(Msg):

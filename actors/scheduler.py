@@ -124,6 +124,7 @@ class Scheduler:
         self._slot_fp: list[str | None] = [None] * max_loras
         self._fp_slot: dict[str, int] = {}
         self._slot_used_step: list[int] = [-1] * max_loras
+        self._slot_names: dict[str, str] = {}  # fingerprint -> adapter name, for the slot counters
         self._pinned: dict[str, object] = {}  # fingerprint -> checkpoint
         self._draining: str | None = None  # adapter taking no new requests so a starved head gets its slot
         self._yielded_from: set[SchedRequest] = set()  # requests that gave a seat up in this step (fair share)
@@ -203,7 +204,7 @@ class Scheduler:
             case UnpinSlot(fingerprint=fp):
                 self._pinned.pop(fp, None)
             case GetStats(reply=reply):
-                await answer(reply, self._stats.snapshot(self._blocks))
+                await answer(reply, self._stats.snapshot(self._blocks, self._queues()))
             case Shutdown():
                 return False
             case StepDone():
@@ -275,6 +276,22 @@ class Scheduler:
             self._seqs[seq.seq_id] = seq
             self._waiting.append(seq)
         self._requests[req.request_id] = req
+
+    def _queues(self) -> dict:
+        """The queue state GetStats reports (a request is running while any of its sequences is)."""
+        running = {s.request for s in self._running}
+        waiting = [r for r in self._requests.values() if r not in running]
+
+        def names(reqs) -> list[str]:
+            return sorted({r.lora_request.lora_name for r in reqs if r.lora_request is not None})
+
+        return {
+            "num_requests_running": len(running),
+            "num_requests_waiting": len(waiting),
+            "running_lora_adapters": names(running),
+            "waiting_lora_adapters": names(waiting),
+            "max_loras": len(self._slot_fp),
+        }
 
     def _num_logprobs(self, asked: int | None) -> int:
         """SamplingSpec's count: -1 for none; SamplingParams' -1 (the whole vocabulary) as the vocabulary's size."""
@@ -591,8 +608,12 @@ class Scheduler:
                 in_use = fps | {s.request.salt for s in self._running}
                 candidates = [i for i, f in enumerate(self._slot_fp) if f not in in_use and f not in self._pinned]
                 slot = min(candidates, key=lambda i: self._slot_used_step[i])
-                del self._fp_slot[self._slot_fp[slot]]
+                evicted = self._slot_fp[slot]
+                del self._fp_slot[evicted]
+                self._stats.slot_evictions[self._slot_names.get(evicted, evicted[:12])] += 1
             ckpt = self._checkpoint_for(fp)
+            self._slot_names[fp] = getattr(ckpt, "name", None) or fp[:12]
+            self._stats.slot_loads[self._slot_names[fp]] += 1
             self._slot_fp[slot] = fp
             self._fp_slot[fp] = slot
             self._slot_used_step[slot] = self._step_id

@@ -1,6 +1,9 @@
-"""StepStats: the Scheduler's own per-step timing, to show where a step's time goes (forward pass vs engine overhead)."""
+"""StepStats: the Scheduler's own per-step timing (where a step's time goes: forward pass vs engine overhead), and
+the queue state a server's /metrics shows (requests running and waiting, their adapters, KV use, slot churn)."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import msgspec
 
@@ -21,6 +24,16 @@ class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_query_tokens: int
     gpu_seconds: float = 0.0  # CUDA: device time of the steps' work (events around each step)
     gpu_idle_seconds: float = 0.0  # CUDA: device time spent waiting between one step's work and the next
+    # the queues now (vLLM's gauges): requests with a sequence in the running batch, and the others the Scheduler holds
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    running_lora_adapters: list[str] = []  # adapter names of the running requests, sorted
+    waiting_lora_adapters: list[str] = []  # ... of the waiting ones
+    max_loras: int = 0  # adapter slots on the device
+    num_kv_blocks: int = 0
+    kv_cache_usage: float = 0.0  # share of KV blocks held by sequences (cached free blocks count as free), 0..1
+    slot_loads: dict[str, int] = {}  # adapter name -> times its weights were loaded into a device slot
+    slot_evictions: dict[str, int] = {}  # adapter name -> times another adapter took its slot
 
     @property
     def overhead_fraction(self) -> float:
@@ -37,6 +50,8 @@ class StepStats:
         self.steps = self.tokens = self.sequences = 0
         self.wall = self.forward = self.prepare = self.schedule = self.update = 0.0
         self.gpu = self.gpu_idle = 0.0
+        self.slot_loads: Counter[str] = Counter()
+        self.slot_evictions: Counter[str] = Counter()
 
     def add(self, plan: StepPlan, output: StepOutput | None, schedule_s: float, update_s: float, wall_s: float) -> None:
         self.steps += 1
@@ -51,8 +66,10 @@ class StepStats:
             self.gpu += output.gpu_seconds or 0.0
             self.gpu_idle += output.gpu_idle_seconds or 0.0
 
-    def snapshot(self, blocks) -> StatsSnapshot:
+    def snapshot(self, blocks, queues: dict | None = None) -> StatsSnapshot:
+        """queues: the Scheduler's queue state (num_requests_running, ..., max_loras; see StatsSnapshot)."""
         hits, queries = _prefix_counters(blocks)
+        total = int(getattr(blocks, "num_blocks", 0))
         return StatsSnapshot(
             steps=self.steps,
             tokens=self.tokens,
@@ -67,6 +84,11 @@ class StepStats:
             prefix_cache_query_tokens=queries,
             gpu_seconds=self.gpu,
             gpu_idle_seconds=self.gpu_idle,
+            num_kv_blocks=total,
+            kv_cache_usage=(1.0 - blocks.num_free_blocks / total) if total else 0.0,
+            slot_loads=dict(self.slot_loads),
+            slot_evictions=dict(self.slot_evictions),
+            **(queues or {}),
         )
 
 

@@ -278,7 +278,7 @@ def format_lineage(lineage: RequestLineage) -> str:
     lines = [
         f"request {b.request_id}  ({lineage.status})",
         f"  received      {iso(b.received_at)}",
-        f"  tenant        {b.tenant or '-'}",
+        f"  tenant        {b.tenant or '-'}" + (f"  (API key {b.key_id})" if b.key_id else ""),
         f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
         f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
     ]

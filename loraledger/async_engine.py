@@ -18,6 +18,7 @@ from loraledger.actors.messages import (
     Accepted,
     AddLora,
     AdapterResolved,
+    AuditAppend,
     Delivery,
     GetStats,
     ListLoras,
@@ -28,7 +29,9 @@ from loraledger.actors.messages import (
     Submit,
 )
 from loraledger.engine_args import EngineArgs
+from loraledger.engine_metrics import EngineMetrics
 from loraledger.errors import (
+    AuditUnavailableError,
     ConfigError,
     EngineDeadError,
     LoRADisabledError,
@@ -42,6 +45,7 @@ from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import parse_prompt
 from loraledger.sampling_params import SamplingParams
+from loraledger.store.records import EventKind, EventRecord, recordable
 from loraledger.text import storable_text
 
 MAX_ID_CHARS = 1024  # request ids and tenants: keys of the audit log
@@ -196,6 +200,9 @@ class AsyncEngine:
         resume: bool = False,
         bound_fingerprint: str | None = None,
         chat_template_sha256: str | None = None,
+        key_id: str | None = None,
+        caller_request_id: str | None = None,
+        user: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -204,6 +211,9 @@ class AsyncEngine:
         caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
         chat_template_sha256: set by LLM.chat, the digest of the template that rendered the prompt.
+        key_id, caller_request_id, user: set by the HTTP server (loraledger serve): the id of the API key that
+        authenticated the caller (the binding's key_id; the same key gave `tenant`), the caller's own request id
+        (its X-Request-Id header) and OpenAI's `user` field; the last two go into the request_admitted event's payload.
         """
         core = self._live()
         if core.fatal is not None:
@@ -211,6 +221,13 @@ class AsyncEngine:
         submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
         if chat_template_sha256 is not None:
             submit = msgspec.structs.replace(submit, chat_template_sha256=storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64))
+        caller = {
+            name: storable_text(value, f"the {name}", TenantError, max_chars=MAX_ID_CHARS)
+            for name, value in (("key_id", key_id), ("caller_request_id", caller_request_id), ("user", user))
+            if value is not None
+        }
+        if caller:
+            submit = msgspec.structs.replace(submit, **caller)
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send)
         try:
@@ -289,31 +306,45 @@ class AsyncEngine:
         lora_request: LoRARequest | None = None,
         *,
         tenant: str | None = None,
+        **caller,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (per its output_kind); stopping early aborts the request. Without
-        sampling_params, the model's defaults (get_default_sampling_params) apply."""
+        sampling_params, the model's defaults (get_default_sampling_params) apply. caller: submit's key_id,
+        caller_request_id, user and chat_template_sha256."""
         params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         rid = request_id if request_id is not None else self.new_request_id()
-        channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant)
+        channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant, **caller)
         finished = False
         try:
-            async with channel:
-                async for delivery in channel:
-                    item = delivery.item
-                    if isinstance(item, BaseException):
-                        finished = True
-                        raise item
-                    if item.finished:
-                        finished = True
-                    yield item
-                    if finished:
-                        return
+            async for delivery in channel:
+                item = delivery.item
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
             if not finished:
                 raise EngineDeadError(f"the engine stopped before request {rid!r} finished")
         finally:
-            if not finished and self._core is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.abort(rid)
+            try:
+                if not finished and self._core is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self.abort(rid)
+                        await self._until_ended(channel)
+            finally:
+                channel.close()
+
+    async def _until_ended(self, channel: MemoryObjectReceiveStream) -> None:
+        """After an abort: wait for the request's last item, so what it generated is on record as aborted (its final
+        output is released after its commit) when the caller's cleanup ends; at most audit_timeout seconds."""
+        with anyio.move_on_after(self.args.audit_timeout + 1):
+            async for delivery in channel:
+                item = delivery.item
+                if isinstance(item, BaseException) or item.finished:
+                    return
 
     async def generate_many(
         self,
@@ -423,6 +454,12 @@ class AsyncEngine:
         answer: AdapterResolved = await self._ask("loader", lambda reply: AddLora(lora_request=lora_request, reply=reply))
         if answer.error is not None:
             raise answer.error
+        core = self._live()
+        if core.setup.store is not None:
+            # on record (the adapters row and its adapter_registered event) before add_lora returns; the store
+            # writes a fingerprint's row once, so the loader's own record of this load changes nothing
+            record = answer.checkpoint.to_record(core.setup.base_model_fingerprint, time.time())
+            await self._append_and_wait(AuditAppend(adapters=[record]), f"adapter {lora_request.lora_name!r} is loaded")
         return True
 
     async def remove_lora(self, lora_int_id: int) -> bool:
@@ -447,8 +484,64 @@ class AsyncEngine:
         return set(await self._ask("loader", lambda reply: ListLoras(reply=reply)))
 
     async def get_stats(self):
-        """The Scheduler's per-step timing summary (StatsSnapshot)."""
+        """The Scheduler's per-step timing summary and queue state (StatsSnapshot)."""
         return await self._ask("scheduler", lambda reply: GetStats(reply=reply))
+
+    async def get_metrics(self) -> EngineMetrics:
+        """What a server's /metrics shows of the engine: the Scheduler's queues and KV use, adapter loads and
+        evictions (host cache and device slots), the audit writer's queue depth and failures."""
+        core = self._live()
+        snapshot = await self.get_stats()
+        loader, audit = core.loader_stats, core.audit_stats
+        return EngineMetrics(
+            stats=snapshot,
+            host_loads=dict(loader.loads) if loader is not None else {},
+            host_evictions=dict(loader.evictions) if loader is not None else {},
+            host_load_failures=dict(loader.failures) if loader is not None else {},
+            audit_enabled=audit is not None,
+            audit_queue_depth=core.audit_queue_depth(),
+            audit_commits=audit.commits if audit is not None else 0,
+            audit_failures=audit.failures if audit is not None else 0,
+            audit_refused=audit.refused if audit is not None else 0,
+            audit_store_down=audit.store_down if audit is not None else False,
+            dead=core.fatal is not None,
+        )
+
+    # --- the audit log ------------------------------------------------------------------------
+
+    async def record_access_denied(self, *, tenant: str | None, key_id: str | None, adapter: str, route: str, caller_request_id: str | None = None) -> bool:
+        """Put an access_denied event on record (the HTTP server refused a key a model it may not use): tenant, key id,
+        the model (adapter) asked for and the route; no request id, no binding. Waits for the commit, at most
+        audit_timeout seconds; False when it is not on record by then (the store is down: the writer keeps it and
+        retries) or auditing is off."""
+        core = self._live()
+        if core.setup.store is None:
+            return False
+        payload = {"tenant": tenant, "key_id": key_id, "adapter": adapter, "route": route}
+        if caller_request_id is not None:
+            payload["caller_request_id"] = caller_request_id
+        payload = {k: recordable(v) if isinstance(v, str) else v for k, v in payload.items()}
+        event = EventRecord(kind=EventKind.ACCESS_DENIED, at=time.time(), payload=payload)
+        try:
+            await self._append_and_wait(AuditAppend(events=[event]), "access was denied", timeout=self.args.audit_timeout)
+        except AuditUnavailableError:
+            return False
+        return True
+
+    async def _append_and_wait(self, msg: AuditAppend, what: str, *, timeout: float | None = None) -> None:
+        """Send records to the audit writer and wait until they are committed (or refused: its error is raised).
+        timeout: at most this long (default: twice audit_timeout, and a connect), then AuditUnavailableError."""
+        limit = timeout if timeout is not None else 2 * self.args.audit_timeout + 2
+        send, receive = anyio.create_memory_object_stream[object](1)
+        async with self._live().sender("audit") as audit:
+            await audit.send(msgspec.structs.replace(msg, reply=send))
+        async with receive:
+            with anyio.move_on_after(limit):
+                outcome = await receive.receive()
+                if outcome is not None:
+                    raise outcome
+                return
+        raise AuditUnavailableError(f"{what}, but the audit store did not commit its record within {limit:g} s; it is held and retried")
 
 
 def _close_store(store) -> None:

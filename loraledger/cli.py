@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "loraledger.commands",  # demo, generate
     "loraledger.store.commands",  # db upgrade / current / check
     "loraledger.audit.commands",  # audit show / requests / usage / verify / report / verify-report
+    "loraledger.server.cli",  # serve, keys add / list
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -72,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     # a command prints each error it raises once, itself: the engine's warnings would say it twice
-    configure(args.log_level or os.environ.get("LORALEDGER_LOG_LEVEL") or "error")
+    # (serve logs JSON lines of its own, configured by the command)
+    if not getattr(args, "json_logs", False):
+        configure(args.log_level or os.environ.get("LORALEDGER_LOG_LEVEL") or "error")
     try:
         return int(args.func(args) or 0)
     except LoraLedgerError as exc:

@@ -135,7 +135,9 @@ class Request(Base):
     `lora_name` / `lora_int_id` / `lora_path` (the LoRARequest as submitted; NULL for the base
     model), `tenant` (NULL if none), `sampling_params` (JSON), `prompt_text` (NULL unless prompts
     are audited as text), `prompt_sha256` (NULL when prompts are not audited),
-    `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`.
+    `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`, `key_id` (the id
+    of the API key that authenticated the request at the HTTP server, which also set `tenant`; NULL for
+    requests submitted in-process or to a server without keys; revision 0005).
     """
 
     __tablename__ = "requests"
@@ -158,6 +160,7 @@ class Request(Base):
     received_at: Mapped[dt.datetime]
     engine_version: Mapped[str]
     base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
+    key_id: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")

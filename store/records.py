@@ -35,6 +35,9 @@ class EventKind:
     ADAPTER_EVICTED = "adapter_evicted"
     ADAPTER_FAILED = "adapter_failed"
     ADAPTER_REGISTERED = "adapter_registered"  # payload: the `adapters` row, written with it (store/registration.py)
+    # the HTTP server refused a key a model it may not use; payload: tenant, key_id, adapter (the model asked for),
+    # route; no request id and no binding (nothing was admitted)
+    ACCESS_DENIED = "access_denied"
 
     TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
 
@@ -68,6 +71,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     received_at: float
     engine_version: str
     base_model_fingerprint: str
+    key_id: str | None = None  # the API key that authenticated the caller at the HTTP server (and gave the tenant)
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -41,6 +41,7 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "received_at": utc_from_unix(r.received_at),
         "engine_version": r.engine_version,
         "base_model_fingerprint": r.base_model_fingerprint,
+        "key_id": r.key_id,
     }
 
 
@@ -94,4 +95,5 @@ def request_record(row: Any) -> RequestRecord:
         received_at=row.received_at.timestamp(),
         engine_version=row.engine_version,
         base_model_fingerprint=row.base_model_fingerprint,
+        key_id=row.key_id,
     )

@@ -62,7 +62,9 @@ class SynthLog:
     events: int = 0
 
 
-def _binding(rng: random.Random, request_id: str, at: float, adapter: AdapterRecord | None, tenant: str | None) -> RequestRecord:
+def _binding(
+    rng: random.Random, request_id: str, at: float, adapter: AdapterRecord | None, tenant: str | None, key_ids: bool = True
+) -> RequestRecord:
     prompt = f"prompt {request_id} " + "x" * rng.randrange(5, 40)
     return RequestRecord(
         request_id=request_id,
@@ -78,6 +80,8 @@ def _binding(rng: random.Random, request_id: str, at: float, adapter: AdapterRec
         received_at=at,
         engine_version="0.1.0",
         base_model_fingerprint=BASE_FP,
+        # a tenant's requests came through the HTTP server, authenticated by its key (revision 0005 on)
+        key_id=f"key-{tenant}" if tenant and key_ids else None,
     )
 
 
@@ -105,8 +109,11 @@ def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str
     return out
 
 
-def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: int = 0, batch: int = 10) -> SynthLog:
-    """Write n_requests requests spread over days (UTC) starting at START, in group commits of batch requests."""
+def build_log(
+    store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: int = 0, batch: int = 10, key_ids: bool = True
+) -> SynthLog:
+    """Write n_requests requests spread over days (UTC) starting at START, in group commits of batch requests.
+    key_ids=False: bindings as loraledger wrote them before revision 0005 (no key_id, no access_denied events)."""
     rng = random.Random(seed)
     log = SynthLog()
     pending_events: list[EventRecord] = [EventRecord(kind=EventKind.ENGINE_STARTED, at=START, payload={"version": "0.1.0"})]
@@ -123,7 +130,7 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
         events: list[EventRecord] = []
         for i in range(start, min(n_requests, start + batch)):
             adapter = rng.choice((*ADAPTERS, None))
-            binding = _binding(rng, f"req-{seed}-{i:05d}", times[i], adapter, rng.choice(TENANTS))
+            binding = _binding(rng, f"req-{seed}-{i:05d}", times[i], adapter, rng.choice(TENANTS), key_ids)
             outcome = rng.choice(OUTCOMES)
             requests.append(binding)
             events.append(
@@ -166,6 +173,13 @@ def build_log(store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: i
             completions += mine
             log.requests.append(SynthRequest(binding=binding, completions=mine, outcome=outcome))
         log.events = store.write(AuditBatch(requests=requests, completions=completions, events=events)).sequence
+    if key_ids:  # last (the tests know where earlier events sit): a key asked the server for an adapter it may not use
+        denied = EventRecord(
+            kind=EventKind.ACCESS_DENIED,
+            at=START + days * DAY,
+            payload={"tenant": "globex", "key_id": "key-globex", "adapter": ADAPTERS[0].name, "route": "/v1/completions"},
+        )
+        log.events = store.write(AuditBatch(events=[denied])).sequence
     return log
 
 

@@ -6,6 +6,7 @@ import pytest
 from alembic import command
 from sqlalchemy import func, select, text
 
+from loraledger.audit import AuditLog
 from loraledger.errors import AuditSchemaError
 from loraledger.store import audit_store
 from loraledger.store.audit_store import EVENTS, REQUESTS, write_batch
@@ -16,6 +17,27 @@ from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
+# columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
+ADDED_COLUMNS = {"0005_key_id": ("requests", "key_id")}
+
+
+def _revisions_after(start: str) -> set[str]:
+    return {s.revision for s in _scripts().iterate_revisions(head_revision(), start)} - {start}
+
+
+def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write batch into a database at revision `start`, without the columns later revisions added."""
+    dropped = {column for rev, (table, column) in ADDED_COLUMNS.items() if rev in _revisions_after(start) and table == "requests"}
+    with monkeypatch.context() as patch:
+        if dropped:
+            from sqlalchemy import MetaData, Table
+
+            old = Table("requests", MetaData(), *(c._copy() for c in REQUESTS.columns if c.name not in dropped))
+            row = audit_store.request_row
+            patch.setattr(audit_store, "REQUESTS", old)
+            patch.setattr(audit_store, "request_row", lambda r: {k: v for k, v in row(r).items() if k not in dropped})
+        with write_transaction(engine) as conn:
+            write_batch(conn, batch)
 
 
 def drop_guard(url: str, name: str) -> None:
@@ -55,19 +77,24 @@ def test_empty_database_upgrades_to_head_with_every_guard(db_url):
 
 
 @pytest.mark.parametrize("start", EARLIER)
-def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start):
+def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start, monkeypatch):
     assert upgrade(db_url, start) == start
     engine = make_engine(db_url)
     with pytest.raises(AuditSchemaError, match=r"behind head.*loraledger db upgrade --url"):
         ensure_schema(engine, db_url)
-    with write_transaction(engine) as conn:
-        write_batch(conn, sample_batch(["r1", "r2"]))
+    from tests.audit.synth import build_log
+
+    synth = build_log(_StoreAsOf(engine, start, monkeypatch), n_requests=8, days=1, key_ids=False)
     assert upgrade(db_url) == head_revision()
     with engine.connect() as conn:
         assert guards_present(conn) == []
-        assert conn.execute(select(func.count()).select_from(REQUESTS)).scalar_one() == 2
+        assert conn.execute(select(func.count()).select_from(REQUESTS)).scalar_one() == len(synth.requests)
+        assert set(conn.execute(select(REQUESTS.c.key_id)).scalars()) == {None}  # rows on record before 0005
     ensure_schema(engine, db_url)
     engine.dispose()
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
 
 
 def test_ensure_schema_migrates_only_an_empty_database(db_url):
@@ -123,17 +150,28 @@ def test_an_unknown_newer_revision_is_refused(migrated_db_url):
     engine.dispose()
 
 
+class _StoreAsOf:
+    """An AuditStore stand-in that writes batches into a database at revision `start` (see write_as_of)."""
+
+    def __init__(self, engine, start: str, monkeypatch: pytest.MonkeyPatch):
+        self._engine, self._start, self._monkeypatch = engine, start, monkeypatch
+
+    def write(self, batch):
+        write_as_of(self._engine, self._start, batch, self._monkeypatch)
+        with self._engine.connect() as conn:
+            return audit_store._head(conn)
+
+
 class _PreChainStore:
     """Writes batches the way loraledger did before revision 0004: adapter rows, no adapter_registered events."""
 
     def __init__(self, engine, monkeypatch: pytest.MonkeyPatch):
-        self._engine = engine
+        self._store = _StoreAsOf(engine, "0003_audit_views", monkeypatch)
         insert_adapters = audit_store._insert_adapters
         monkeypatch.setattr(audit_store, "_insert_adapters", lambda conn, records: (insert_adapters(conn, records), [])[1])
 
     def write(self, batch):
-        with write_transaction(self._engine) as conn:
-            return write_batch(conn, batch)
+        return self._store.write(batch)
 
 
 def test_0004_brings_the_adapters_of_an_existing_log_into_the_chain(db_url, monkeypatch):
@@ -144,12 +182,11 @@ def test_0004_brings_the_adapters_of_an_existing_log_into_the_chain(db_url, monk
     assert upgrade(db_url, "0003_audit_views") == "0003_audit_views"
     engine = make_engine(db_url)
     with monkeypatch.context() as patch:
-        synth = build_log(_PreChainStore(engine, patch), n_requests=30, days=2)
+        synth = build_log(_PreChainStore(engine, patch), n_requests=30, days=2, key_ids=False)
     with engine.connect() as conn:
         before = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
     assert len(before) == synth.events and not any(k == EventKind.ADAPTER_REGISTERED for k in _kinds(engine))
-    with AuditLog(db_url) as log:
-        stale = log.verify()
+    stale = _verify_with_later_columns(engine)
     assert not stale.ok and {p.key["fingerprint"] for p in stale.problems} == {a.fingerprint for a in ADAPTERS}
     assert all("loraledger db upgrade" in p.message for p in stale.problems)
 
@@ -176,6 +213,21 @@ def test_0004_brings_the_adapters_of_an_existing_log_into_the_chain(db_url, monk
         result = log.verify()
     assert not result.ok and result.first_problem.key == {"fingerprint": ADAPTERS[1].fingerprint}
     assert "in: path" in result.first_problem.message
+
+
+def _verify_with_later_columns(engine):
+    """verify_log on a database at an earlier revision, with the columns later revisions added (NULL) given to it
+    in a transaction that is rolled back: today's verify reads today's columns."""
+    from loraledger.audit.verify import verify_log
+
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            for table, column in ADDED_COLUMNS.values():
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            return verify_log(conn)
+        finally:
+            trans.rollback()
 
 
 def _kinds(engine) -> list[str]:

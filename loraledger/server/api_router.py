@@ -1,0 +1,97 @@
+"""The routes: each a few lines handing the body, the caller (one Depends) and the request's context to a serving class."""
+
+from __future__ import annotations
+
+import msgspec
+import structlog
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import PlainTextResponse, Response
+
+from loraledger.server.auth import Caller, authenticate, require_admin
+from loraledger.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    LoadLoRAAdapterRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    UnloadLoRAAdapterRequest,
+)
+from loraledger.server.serving_engine import RequestContext
+from loraledger.server.streaming import until_disconnect
+from loraledger.version import __version__
+
+router = APIRouter()
+
+
+def _state(request: Request):
+    return request.app.state.server
+
+
+def _context(request: Request) -> RequestContext:
+    return RequestContext(route=request.url.path, caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id"))
+
+
+def _json(body: object, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
+
+
+async def _generate(request: Request, work) -> Response:
+    """A generation route's response; a client gone before it is ready aborts its requests (on record as aborted)."""
+    finished, response = await until_disconnect(request.receive, work)
+    return response if finished else Response(status_code=499)
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return await _generate(request, lambda: _state(request).completion.create(body, caller, _context(request)))
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return await _generate(request, lambda: _state(request).chat.create(body, caller, _context(request)))
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return _json({"object": "list", "data": _state(request).models.cards(caller)})
+
+
+@router.post("/v1/load_lora_adapter")
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)) -> Response:
+    await _state(request).models.load(body.lora_name, body.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter")
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)) -> Response:
+    await _state(request).models.unload(body.lora_name, body.lora_int_id)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return _json(await _state(request).tokenization.tokenize(body, caller, request.url.path))
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return _json(await _state(request).tokenization.detokenize(body, caller, request.url.path))
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    state = _state(request)
+    if state.draining or state.engine_dead():
+        return Response(status_code=503, headers={"Retry-After": "1"})
+    return Response(status_code=200)
+
+
+@router.get("/version")
+async def version() -> Response:
+    return _json({"version": __version__})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return await _state(request).render_metrics()

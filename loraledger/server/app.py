@@ -1,0 +1,189 @@
+"""build_app: the FastAPI app (routes, key checks, metrics, error objects) and ServerState; the lifespan starts the
+engine and drains it, so SIGTERM under uvicorn and a test's shutdown run the same path."""
+
+from __future__ import annotations
+
+import time
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import structlog
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from loraledger.server.auth import KeyRing, RateLimiter
+from loraledger.server.config import ServerConfig
+from loraledger.server.errors import APIError, install_handlers, unavailable
+from loraledger.server.metrics import ServerMetrics
+
+GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+MAX_CALLER_ID_CHARS = 256
+
+
+class ServerState:
+    """Everything the routes share: the engine, the served models, the keys, the metrics, and the drain state."""
+
+    def __init__(self, config: ServerConfig, engine=None) -> None:
+        from loraledger.server.serving_chat import OpenAIServingChat
+        from loraledger.server.serving_completion import OpenAIServingCompletion
+        from loraledger.server.serving_models import OpenAIServingModels
+        from loraledger.server.serving_tokenization import OpenAIServingTokenization
+
+        self.config = config
+        self.engine = engine  # None: the lifespan starts one from config.engine_args
+        self.keys: KeyRing | None = KeyRing(config.api_keys_file) if config.api_keys_file is not None else None
+        self.limiter = RateLimiter()
+        self.metrics = ServerMetrics(config.model_name)
+        self.started = int(time.time())
+        self.models = OpenAIServingModels(self)
+        self.completion = OpenAIServingCompletion(self)
+        self.chat = OpenAIServingChat(self)
+        self.tokenization = OpenAIServingTokenization(self)
+        self.draining = False
+        self.in_flight = 0
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._log = structlog.get_logger().bind(actor="server")
+
+    def engine_dead(self) -> bool:
+        core = getattr(self.engine, "_core", None)
+        return self.engine is None or core is None or core.fatal is not None
+
+    def begin_drain(self) -> None:
+        """Shutdown has begun (SIGTERM): new requests get 503, running ones go on."""
+        if not self.draining:
+            self._log.info("shutting down: no new requests; running requests get the grace period", grace_seconds=self.config.shutdown_grace_seconds)
+        self.draining = True
+
+    def reload_keys(self) -> None:
+        if self.keys is not None:
+            self.keys.reload()
+
+    async def startup(self) -> None:
+        for module in self.config.lora_modules:
+            await self.models.load(module.name, module.path)
+
+    async def wait_idle(self, timeout: float) -> None:
+        """Wait until no request is in flight (requests cancelled at the end of the grace period are still recording
+        their abort)."""
+        with anyio.move_on_after(timeout):
+            while self.in_flight:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        self.metrics.engine.in_flight = self.in_flight
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        self.metrics.engine.in_flight = self.in_flight
+        if self.in_flight == 0:
+            self._idle.set()
+
+    async def render_metrics(self) -> Response:
+        collector = self.metrics.engine
+        if not self.engine_dead():
+            try:
+                collector.latest = await self.engine.get_metrics()
+            except Exception as exc:  # a scrape never fails on the engine's account: its last figures stay
+                self._log.warning("engine metrics not read", error=f"{type(exc).__name__}: {exc}")
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+class ServerMiddleware:
+    """Per request, before any route: the body size limit, the caller's X-Request-Id (checked, echoed, logged), the
+    log context, and for generation routes the drain and capacity checks and the in-flight count."""
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = self.state
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        caller_id = headers.get("x-request-id")
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=None, tenant=None, adapter=None, caller_request_id=None, route=scope.get("path"))
+        try:
+            if caller_id is not None and not (0 < len(caller_id) <= MAX_CALLER_ID_CHARS and caller_id.isprintable() and caller_id.isascii()):
+                raise APIError(400, f"X-Request-Id must be 1-{MAX_CALLER_ID_CHARS} printable ASCII characters", param="X-Request-Id")
+            structlog.contextvars.bind_contextvars(caller_request_id=caller_id)
+            limit = state.config.max_body_bytes
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > limit):
+                raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
+            generation = scope.get("path") in GENERATION_ROUTES
+            if generation:
+                if state.draining:
+                    raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
+                if state.in_flight >= state.config.pending_limit:
+                    raise unavailable(f"the server is over capacity ({state.in_flight} requests in flight); retry shortly", "over_capacity")
+        except APIError as exc:
+            response = exc.response()
+            if caller_id is not None and exc.param != "X-Request-Id":
+                response.headers["x-request-id"] = caller_id
+            await response(scope, receive, send)
+            return
+
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
+            return message
+
+        async def echoing_send(message) -> None:
+            if message["type"] == "http.response.start" and caller_id is not None:
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))]}
+            await send(message)
+
+        if generation:
+            state.enter()
+        try:
+            await self.app(scope, limited_receive, echoing_send)
+        finally:
+            if generation:
+                state.leave()
+
+
+def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
+    """The server's FastAPI app. Without `engine`, its lifespan starts an AsyncEngine from config.engine_args and
+    stops it (flushing the audit writer) at shutdown; with one (already running: a host that owns its engine, as a
+    Ray Serve replica does), it serves that engine and leaves its life to the host."""
+    from loraledger.server.api_router import router
+
+    state = ServerState(config, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with AsyncExitStack() as stack:
+            if state.engine is None:
+                from loraledger import AsyncEngine
+
+                state.engine = await stack.enter_async_context(AsyncEngine.from_engine_args(config.engine_args))
+            await state.startup()
+            state._log.info("serving", model=config.model_name, adapters=sorted(state.models.adapters), keys=len(state.keys) if state.keys else 0)
+            try:
+                yield
+            finally:
+                state.begin_drain()
+                # uvicorn has waited for running requests (the grace period) and cancelled the rest: wait for their
+                # aborts to be on record, then the engine stops and flushes the audit writer
+                await state.wait_idle(config.engine_args.audit_timeout + 5)
+        state._log.info("stopped")
+
+    app = FastAPI(title="loraledger", lifespan=lifespan, root_path=config.root_path, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = state
+    install_handlers(app)
+    app.include_router(router)
+    app.add_middleware(ServerMiddleware, state=state)
+    return app

@@ -1,0 +1,138 @@
+"""Request bodies in OpenAI's and vLLM's shapes (pydantic), checked for types here and for values by SamplingParams.
+
+Fields OpenAI's API has and this server does not act on are refused with a 400 naming them (an audited request
+does what its record says), except the few listed in IGNORED, which change nothing about the output. vLLM's
+extra sampling fields (top_k, min_p, repetition_penalty, ...) are accepted in the body, where the openai client's
+`extra_body` puts them. Responses are built as plain dicts (serving_*.py) and encoded with msgspec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# OpenAI fields accepted and without effect here (billing, storage and routing hints of OpenAI's own service)
+IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_ignored(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(k in data for k in IGNORED):
+            data = {k: v for k, v in data.items() if k not in IGNORED}
+        return data
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class _Sampling(_Body):
+    """The sampling fields completions and chat share (OpenAI's, then vLLM's extras)."""
+
+    model: str = Field(min_length=1, max_length=256)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    n: int | None = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = Field(default=None, max_length=1024)
+    # vLLM's extra sampling parameters
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    stop_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    use_beam_search: bool | None = False
+    priority: int | None = 0
+    vllm_xargs: dict[str, Any] | None = None  # vLLM: SamplingParams.extra_args (kept on record)
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions (OpenAI's legacy completions, with vLLM's extras)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    best_of: int | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    add_special_tokens: bool | None = True
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions (with vLLM's chat extras)."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = None  # deprecated by OpenAI for max_completion_tokens; both are taken, as vLLM does
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    echo: bool | None = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """vLLM's POST /v1/load_lora_adapter body."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """vLLM's POST /v1/unload_lora_adapter body."""
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None
+
+
+class TokenizeCompletionRequest(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    tokens: list[int]
+
+

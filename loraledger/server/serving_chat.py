@@ -1,0 +1,175 @@
+"""POST /v1/chat/completions: a conversation rendered with the adapter's (or the model's) chat template, as LLM.chat
+renders it (loraledger.chat), then one engine request; outputs as a chat completion (JSON or SSE chunks)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import msgspec
+import structlog
+from starlette.responses import Response
+
+from loraledger.chat import render_chat
+from loraledger.errors import LoraLedgerError
+from loraledger.server.auth import Caller
+from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.protocol import ChatCompletionRequest
+from loraledger.server.serving_engine import (
+    SSE_DONE,
+    OpenAIServing,
+    RequestContext,
+    chat_logprobs,
+    new_request_id,
+    outcome_of,
+    response_id,
+    sse,
+    usage,
+)
+from loraledger.server.streaming import SSEResponse
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def render(self, req, lora) -> tuple[dict, str]:
+        """The engine prompt ({"prompt_token_ids", "prompt"}) of a conversation, and the template's sha256."""
+        if req.chat_template is not None and not self.state.config.trust_request_chat_template:
+            raise APIError(
+                400, "a chat_template in the request is refused: this server renders with the model's or the adapter's "
+                "template (start it with --trust-request-chat-template to allow request templates)", param="chat_template",
+            )  # fmt: skip
+        tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+        rendered = render_chat(
+            tokenizer, req.messages, chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message, tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
+        )  # fmt: skip
+        ids = rendered.token_ids
+        if req.add_special_tokens and tokenizer is not None and getattr(tokenizer, "bos_token_id", None) is not None:
+            ids = [tokenizer.bos_token_id, *ids]
+        return {"prompt_token_ids": ids, "prompt": rendered.text}, rendered.template_sha256
+
+    async def create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext) -> Response:
+        tracker = self.tracker(req.model, ctx)
+        try:
+            return await self._create(req, caller, ctx, tracker)
+        except BaseException as exc:
+            tracker.finish(outcome_of(exc) if isinstance(exc, Exception) else "aborted")
+            raise
+
+    async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
+        if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):
+            raise APIError(400, "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')", param="tool_choice")
+        if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
+            raise APIError(400, "structured output (response_format json_object / json_schema) is not supported yet", param="response_format")
+        if req.echo:
+            raise APIError(400, "echo is not supported by this server's chat route", param="echo")
+        top = req.top_logprobs
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param="top_logprobs")
+        if top and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", param="top_logprobs")
+        lora = await self.models.resolve(req.model, caller, ctx.route)
+        stream = bool(req.stream)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream)
+        prompt, template_sha = await self.render(req, lora)
+        rid = new_request_id("chatcmpl")
+        structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
+        gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha)
+        try:
+            first = await anext(gen)  # a refusal at admission is a proper HTTP error
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await gen.aclose()
+            raise
+        created = int(time.time())
+        tracker.prompt_tokens = len(first.prompt_token_ids or ())
+        if stream:
+            return SSEResponse(lambda emit: self._stream(req, created, gen, first, tracker, emit))
+        final = first
+        try:
+            async for out in gen:
+                final = out
+        finally:
+            with anyio.CancelScope(shield=True):
+                await gen.aclose()
+        choices, generated = [], 0
+        for c in final.outputs:
+            generated += len(c.token_ids)
+            logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)} if req.logprobs and c.logprobs is not None else None
+            choices.append({
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            })  # fmt: skip
+        tracker.tokens(generated)
+        body = {
+            "id": response_id(final),
+            "object": "chat.completion",
+            "created": created,
+            "model": req.model,
+            "choices": choices,
+            "usage": usage(tracker.prompt_tokens, generated),
+            "system_fingerprint": self.fingerprint(final),
+            "prompt_logprobs": None,
+        }
+        tracker.finish("ok")
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+    async def _stream(self, req, created: int, gen, first, tracker, emit) -> None:
+        rid = response_id(first)
+        fingerprint = self.fingerprint(first)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        top = req.top_logprobs or 0
+        n = req.n or 1
+        reported: set[int] = set()
+        generated = 0
+
+        def chunk(choices: list[dict]) -> bytes:
+            body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": choices,
+                    "system_fingerprint": fingerprint}  # fmt: skip
+            if include_usage:
+                body["usage"] = None
+            return sse(body)
+
+        outcome = "aborted"
+        try:
+            try:
+                # vLLM's first chunk: the assistant's role, once per choice
+                await emit(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for i in range(n)]))
+                out = first
+                while out is not None:
+                    choices = []
+                    for c in out.outputs:
+                        if c.index in reported or (not c.token_ids and not c.text and c.finish_reason is None):
+                            continue
+                        generated += len(c.token_ids)
+                        tracker.tokens(len(c.token_ids))
+                        logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs, top, None)} if req.logprobs and c.logprobs is not None else None
+                        if c.finish_reason is not None:
+                            reported.add(c.index)
+                        delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                        choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                                        "stop_reason": c.stop_reason})  # fmt: skip
+                    if choices:
+                        await emit(chunk(choices))
+                    if out.finished:
+                        break
+                    out = await anext(gen, None)
+                if include_usage:
+                    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": [],
+                            "system_fingerprint": fingerprint, "usage": usage(tracker.prompt_tokens, generated)}  # fmt: skip
+                    await emit(sse(body))
+                outcome = "ok"
+            except LoraLedgerError as exc:
+                error = from_engine_error(exc)
+                outcome = "rejected" if error.status < 500 else "failed"
+                await emit(sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await gen.aclose()
+            tracker.finish(outcome)
+        await emit(SSE_DONE)

@@ -1,0 +1,257 @@
+"""What every generation route shares: request ids, the response id, SamplingParams from a request body, running a
+request on the engine (aborted, and on record as aborted, when its client goes away), logprobs, per-request metrics."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+
+from loraledger.errors import SamplingParamsError
+from loraledger.lora_request import LoRARequest
+from loraledger.outputs import Logprob, RequestOutput
+from loraledger.sampling_params import RequestOutputKind, SamplingParams
+from loraledger.server.auth import Caller
+from loraledger.server.errors import APIError
+
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
+
+
+def new_request_id(prefix: str) -> str:
+    """`prefix-` and a UUIDv7 (RFC 9562) in hex: unique per request and ordered by time, as the audit log's keys are."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | ((rand >> 62) & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    return f"{prefix}-{value:032x}"
+
+
+def response_id(output: RequestOutput) -> str:
+    """A response's `id`: the audit log's key for the request that produced it (`loraledger audit show ID` finds it).
+
+    Today that key is the request id this server gave the engine (new_request_id: unique per request); when the audit
+    log keys requests with an id the engine makes, it is that id, which RequestOutput carries. This function is the
+    one place that choice is made. (A /v1/completions body with several prompts runs one request per prompt, keyed
+    `ID-0`, `ID-1`, ...; its response's id is `ID`, the prefix `audit show` lists them by.)"""
+    return output.request_id
+
+
+@dataclass
+class RequestContext:
+    """What the server knows about one HTTP request beyond its body."""
+
+    route: str
+    caller_request_id: str | None = None  # the client's X-Request-Id, echoed back and put on record with the request
+    received: float = field(default_factory=time.perf_counter)
+
+
+class Tracker:
+    """One HTTP request's metrics: outcome, tokens, time to first token and end to end, labelled by adapter (model)."""
+
+    def __init__(self, metrics, adapter: str, ctx: RequestContext) -> None:
+        self.metrics, self.adapter, self.ctx = metrics, adapter, ctx
+        self.first_token: float | None = None
+        self.prompt_tokens = 0
+        self.generated = 0
+        self.done = False
+
+    def tokens(self, n: int) -> None:
+        if n and self.first_token is None:
+            self.first_token = time.perf_counter()
+            self.metrics.ttft.labels(adapter=self.adapter).observe(self.first_token - self.ctx.received)
+        self.generated += n
+
+    def finish(self, outcome: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        m = self.metrics
+        m.requests.labels(adapter=self.adapter, outcome=outcome).inc()
+        m.prompt_tokens.labels(adapter=self.adapter).inc(self.prompt_tokens)
+        m.generation_tokens.labels(adapter=self.adapter).inc(self.generated)
+        m.e2e.labels(adapter=self.adapter).observe(time.perf_counter() - self.ctx.received)
+
+
+def outcome_of(exc: BaseException | None, outputs_aborted: bool = False) -> str:
+    if exc is None:
+        return "aborted" if outputs_aborted else "ok"
+    status = getattr(exc, "status", None)
+    if status is None:
+        from loraledger.server.errors import from_engine_error
+        from loraledger.errors import LoraLedgerError
+
+        status = from_engine_error(exc).status if isinstance(exc, LoraLedgerError) else 500
+    return "rejected" if status < 500 else "failed"
+
+
+# body field -> SamplingParams field, where the two names agree on the meaning
+_SAME = (
+    "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
+    "min_tokens", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "stop_token_ids", "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs",
+)  # fmt: skip
+
+
+class OpenAIServing:
+    """Base of the serving classes: the engine, the models, and the request-to-engine plumbing they share."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self._defaults: dict | None = None
+        self._log = structlog.get_logger().bind(actor="server")
+
+    @property
+    def engine(self):
+        return self.state.engine
+
+    @property
+    def models(self):
+        return self.state.models
+
+    def defaults(self) -> dict:
+        """The model's generation_config.json defaults that differ from SamplingParams' (vLLM's serve applies them
+        to every field a request leaves out)."""
+        if self._defaults is None:
+            plain = msgspec.structs.asdict(SamplingParams())
+            model = msgspec.structs.asdict(self.engine.get_default_sampling_params())
+            self._defaults = {k: v for k, v in model.items() if v != plain.get(k)}
+        return self._defaults
+
+    def sampling_params(self, req, *, max_tokens: int | None, logprobs: int | None, stream: bool) -> SamplingParams:
+        """SamplingParams for a request body: its fields over the model's defaults. SamplingParamsError (400) names
+        a bad value as SamplingParams' field; what this server does not do is refused with a 400 here."""
+        if req.use_beam_search:
+            raise APIError(400, "use_beam_search is not supported by this server", param="use_beam_search")
+        if req.priority not in (None, 0):
+            raise APIError(400, "priority scheduling is not supported by this server; leave priority at 0", param="priority")
+        fields = dict(self.defaults())
+        for name in _SAME:
+            value = getattr(req, name)
+            if value is not None:
+                fields[name] = value
+        if req.stop is not None:
+            fields["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
+        if req.logit_bias is not None:
+            fields["logit_bias"] = dict(req.logit_bias)  # str keys: SamplingParams takes JSON's token ids
+        if max_tokens is not None or "max_tokens" not in fields:
+            fields["max_tokens"] = max_tokens
+        if logprobs is not None:
+            fields["logprobs"] = logprobs
+        if req.vllm_xargs is not None:
+            fields["extra_args"] = req.vllm_xargs
+        fields["output_kind"] = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+        try:
+            return SamplingParams(**fields)
+        except TypeError as exc:  # a value of a type SamplingParams cannot even compare
+            raise SamplingParamsError(f"a sampling value has the wrong type: {exc}") from None
+
+    def fingerprint(self, output: RequestOutput) -> str:
+        """system_fingerprint: the adapter's content fingerprint, or the base model's for base requests."""
+        metrics = output.metrics
+        fp = metrics.adapter_fingerprint if metrics is not None else None
+        return fp or self.engine.base_model_fingerprint
+
+    def tracker(self, model: str, ctx: RequestContext) -> Tracker:
+        return Tracker(self.state.metrics, model, ctx)
+
+    async def outputs(
+        self,
+        request_id: str,
+        prompt: object,
+        params: SamplingParams,
+        lora: LoRARequest | None,
+        caller: Caller,
+        ctx: RequestContext,
+        *,
+        user: str | None = None,
+        chat_template_sha256: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """The request's outputs from the engine. Leaving early (the client went away; the server shutting down past
+        its grace period) aborts the request, and returns once what it generated is on record as aborted."""
+        gen = self.engine.generate(
+            prompt, params, request_id, lora,
+            tenant=caller.tenant, key_id=caller.key_id, caller_request_id=ctx.caller_request_id, user=user,
+            chat_template_sha256=chat_template_sha256,
+        )  # fmt: skip
+        async with aclosing(gen) as stream:
+            async for out in stream:
+                yield out
+
+
+# --- logprobs in OpenAI's two shapes ----------------------------------------------------------------
+
+
+def _lp(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)
+
+
+def _token_text(entry: Logprob | None, token_id: int, tokenizer) -> str:
+    if entry is not None and entry.decoded_token is not None:
+        return entry.decoded_token
+    if tokenizer is not None:
+        return tokenizer.decode([token_id])
+    return f"token_id:{token_id}"
+
+
+def _ranked(entries: dict[int, Logprob]) -> list[tuple[int, Logprob]]:
+    return sorted(entries.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0))
+
+
+def completion_logprobs(token_ids, logprobs, offset: int, tokenizer) -> tuple[dict, int]:
+    """The completions API's logprobs object for these tokens, text offsets from `offset`; returns it and the next offset."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for token_id, entries in zip(token_ids, logprobs or []):
+        chosen = entries.get(token_id)
+        text = _token_text(chosen, token_id, tokenizer)
+        tokens.append(text)
+        token_logprobs.append(_lp(chosen.logprob) if chosen is not None else None)
+        top.append({_token_text(lp, tid, tokenizer): _lp(lp.logprob) for tid, lp in _ranked(entries)})
+        offsets.append(offset)
+        offset += len(text)
+    return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": top}, offset
+
+
+def chat_logprobs(token_ids, logprobs, k: int, tokenizer) -> list[dict]:
+    """The chat API's logprobs.content entries for these tokens, each with its top `k` alternatives."""
+    content = []
+    for token_id, entries in zip(token_ids, logprobs or []):
+        chosen = entries.get(token_id)
+        text = _token_text(chosen, token_id, tokenizer)
+        alternatives = [(tid, lp) for tid, lp in _ranked(entries) if lp.rank is not None and lp.rank <= k][:k]
+        content.append({
+            "token": text,
+            "logprob": _lp(chosen.logprob) if chosen is not None else LOGPROB_FLOOR,
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [
+                {"token": (t := _token_text(lp, tid, tokenizer)), "logprob": _lp(lp.logprob), "bytes": list(t.encode("utf-8"))}
+                for tid, lp in alternatives
+            ],
+        })  # fmt: skip
+    return content
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+# characters JSON leaves as they are and some line readers split on (str.splitlines: NEL, LINE / PARAGRAPH SEPARATOR)
+_LINE_BREAKS = ((b"\xc2\x85", b"\\u0085"), ("\u2028".encode(), b"\\u2028"), ("\u2029".encode(), b"\\u2029"))
+
+
+def sse(payload: dict) -> bytes:
+    """One server-sent event: the payload as one line of JSON (no byte in it that any line reader breaks on)."""
+    data = _encode(payload)
+    if b"\xc2\x85" in data or b"\xe2\x80\xa8" in data or b"\xe2\x80\xa9" in data:
+        for raw, escaped in _LINE_BREAKS:
+            data = data.replace(raw, escaped)
+    return b"data: " + data + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,110 @@
+"""The models a server serves: the base model under its served names and every adapter by name; who may use which
+(403 and an access_denied event otherwise), /v1/models, and vLLM's load / unload routes (admin keys only)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import structlog
+
+from loraledger.errors import LoRARequestError
+from loraledger.lora_request import LoRARequest
+from loraledger.server.auth import Caller
+from loraledger.server.errors import APIError
+
+OWNED_BY = "loraledger"
+
+
+class OpenAIServingModels:
+    def __init__(self, state) -> None:
+        self._state = state
+        self.base_names: tuple[str, ...] = state.config.served_model_name
+        self.model_path = str(state.config.engine_args.model)
+        self.adapters: dict[str, LoRARequest] = {}
+        self._created: dict[str, int] = {}
+        self._next_id = 1
+        self._lock = anyio.Lock()  # loads and unloads one at a time: names and ids stay consistent
+        self._log = structlog.get_logger().bind(actor="server")
+
+    @property
+    def base_name(self) -> str:
+        return self.base_names[0]
+
+    async def resolve(self, model: str, caller: Caller, route: str) -> LoRARequest | None:
+        """The LoRARequest a request's `model` names (None: the base model). A name the caller's key may not use is
+        refused (403) and on record as access_denied, whether or not the model exists, so a key learns nothing
+        about models it may not use; an unknown name it may use is a 404."""
+        if not caller.may_use(model):
+            await self.deny(model, caller, route)
+        if model in self.base_names:
+            return None
+        lora = self.adapters.get(model)
+        if lora is None:
+            raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+        return lora
+
+    async def deny(self, model: str, caller: Caller, route: str):
+        state = self._state
+        state.metrics.access_denied.labels(adapter=model).inc()
+        self._log.warning("access denied", adapter=model, route=route)
+        ctx = structlog.contextvars.get_contextvars()
+        on_record = await state.engine.record_access_denied(
+            tenant=caller.tenant, key_id=caller.key_id, adapter=model, route=route, caller_request_id=ctx.get("caller_request_id")
+        )
+        if not on_record and state.engine.args.audit_url is not None:
+            self._log.error("access_denied event not yet on record (the audit store did not answer); the writer retries it", adapter=model)
+        who = f"key {caller.key_id}" if caller.key_id else "this caller"
+        raise APIError(403, f"{who} may not use model `{model}`", type="permission_error", code="model_not_permitted", param="model")
+
+    def cards(self, caller: Caller) -> list[dict]:
+        """vLLM's model cards: the base model (root: its path) and each adapter (root: its path, parent: the base)."""
+        max_len = self._state.engine.max_model_len
+        out = []
+        for name in self.base_names:
+            if caller.may_use(name):
+                out.append(_card(name, self._state.started, self.model_path, None, max_len))
+        for name, lora in self.adapters.items():
+            if caller.may_use(name):
+                out.append(_card(name, self._created[name], lora.lora_path, self.base_name, max_len))
+        return out
+
+    async def load(self, name: str, path: str) -> LoRARequest:
+        """Register, load and fingerprint an adapter; it is on record (the `adapters` table) before any request can
+        name it, since it joins the served names only after the engine's add_lora has returned."""
+        async with self._lock:
+            if name in self.base_names or name in self.adapters:
+                raise APIError(400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name")
+            try:
+                lora = LoRARequest(name, self._next_id, path)
+            except LoRARequestError as exc:
+                raise APIError(400, str(exc), param="lora_name") from None
+            await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
+            self._next_id += 1
+            self.adapters[name] = lora
+            self._created[name] = int(time.time())
+            self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)
+            return lora
+
+    async def unload(self, name: str, lora_int_id: int | None = None) -> None:
+        async with self._lock:
+            lora = self.adapters.get(name)
+            if lora is None or (lora_int_id is not None and lora.lora_int_id != lora_int_id):
+                raise APIError(404, f"The lora adapter '{name}' cannot be found.", code="adapter_not_found", param="lora_name")
+            del self.adapters[name]  # no new request can name it; requests already admitted finish on it
+            self._created.pop(name, None)
+            await self._state.engine.remove_lora(lora.lora_int_id)
+            self._log.info("adapter unloaded", adapter=name)
+
+
+def _card(name: str, created: int, root: str, parent: str | None, max_model_len: int) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": OWNED_BY,
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+        "permission": [],
+    }

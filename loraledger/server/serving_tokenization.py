@@ -1,0 +1,41 @@
+"""vLLM's POST /tokenize and /detokenize, with the tokenizer (and chat template) requests on that model use."""
+
+from __future__ import annotations
+
+import anyio
+
+from loraledger.server.auth import Caller
+from loraledger.server.errors import APIError
+from loraledger.server.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from loraledger.server.serving_chat import OpenAIServingChat
+
+
+class OpenAIServingTokenization(OpenAIServingChat):
+    async def _tokenizer(self, model: str, caller: Caller, route: str):
+        lora = await self.models.resolve(model, caller, route)
+        tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+        if tokenizer is None:
+            raise APIError(400, "this server has no tokenizer (skip_tokenizer_init)", param="model")
+        return lora, tokenizer
+
+    async def tokenize(self, req: TokenizeCompletionRequest | TokenizeChatRequest, caller: Caller, route: str) -> dict:
+        lora, tokenizer = await self._tokenizer(req.model, caller, route)
+        if isinstance(req, TokenizeChatRequest):
+            prompt, _ = await self.render(req, lora)
+            ids = prompt["prompt_token_ids"]
+        else:
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        return {
+            "count": len(ids),
+            "max_model_len": self.engine.max_model_len,
+            "tokens": ids,
+            "token_strs": tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None,
+        }
+
+    async def detokenize(self, req: DetokenizeRequest, caller: Caller, route: str) -> dict:
+        _, tokenizer = await self._tokenizer(req.model, caller, route)
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": tokenizer.decode(req.tokens)}

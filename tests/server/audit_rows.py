@@ -1,0 +1,35 @@
+"""Reading a server's audit database in the tests."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS
+from loraledger.store.db import make_engine
+
+
+def query(url: str, statement):
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(statement).all()
+    finally:
+        engine.dispose()
+
+
+def binding(url: str, request_id: str):
+    rows = query(url, select(REQUESTS).where(REQUESTS.c.request_id == request_id))
+    return rows[0] if rows else None
+
+
+def completions(url: str, request_id: str):
+    return query(url, select(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id).order_by(COMPLETIONS.c.completion_index))
+
+
+def events(url: str, kind: str | None = None, request_id: str | None = None):
+    stmt = select(EVENTS).order_by(EVENTS.c.seq)
+    if kind is not None:
+        stmt = stmt.where(EVENTS.c.kind == kind)
+    if request_id is not None:
+        stmt = stmt.where(EVENTS.c.request_id == request_id)
+    return query(url, stmt)
