@@ -63,7 +63,7 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
     modules = [f"{name}={tiny_llama.adapters[name]}" for name in ("qv_r4", "all_r8", "ogd_r16_rslora")]
     args = [str(tiny_llama.model_dir), "--served-model-name", "tiny", "--lora-modules", *modules, "--max-loras", "2",
             "--max-lora-rank", "16", "--block-size", "4", "--max-num-seqs", "64", "--api-keys", str(keys_file),
-            "--audit-url", url_db, "--shutdown-grace", "1", "--num-threads", "1", "--log-level", "info"]  # fmt: skip
+            "--audit-url", url_db, "--shutdown-grace", "0.3", "--num-threads", "1", "--log-level", "info"]  # fmt: skip
     rng = random.Random(3)
     with ServerProcess(args, log=tmp_path / "server.log") as server:
         url = server.base_url
@@ -114,7 +114,7 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
                 tenant = list(TENANTS)[i % len(TENANTS)]
                 model = "qv_r4" if tenant != "globex" else "all_r8"
                 try:
-                    seen = await stream_one(http, url, keys[tenant][1], model, 4 if i % 3 == 0 else 240, None, one_started)
+                    seen = await stream_one(http, url, keys[tenant][1], model, 3 if i % 3 == 0 else 240, None, one_started)
                 except httpx.HTTPError:  # the server closed the connection at the end of the grace period
                     seen = {"id": None, "done": False}
                 long_results.append({**seen, "tenant": tenant})
