@@ -32,6 +32,7 @@ class RayServe:
             "LORALEDGER_HOME": os.environ["LORALEDGER_HOME"],
             "OMP_NUM_THREADS": "1",
             "RAY_TMPDIR": self.tmp,
+            "RAY_AUTH_MODE": "disabled",
             **(env or {}),
         }
 
@@ -42,7 +43,9 @@ class RayServe:
         from loraledger.server.ray_app import EngineReplica, Router
         from loraledger.server.ray_config import RayServeArgs
 
-        os.environ["RAY_TMPDIR"] = self.tmp
+        # Ray's token authentication would write a token into the home folder; this instance listens on loopback only
+        self._saved = {name: os.environ.get(name) for name in ("RAY_TMPDIR", "RAY_AUTH_MODE")}
+        os.environ.update(RAY_TMPDIR=self.tmp, RAY_AUTH_MODE="disabled")
         ray.init(
             num_cpus=8, include_dashboard=False, _temp_dir=self.tmp, namespace="loraledger-test", log_to_driver=False,
             runtime_env={"env_vars": self.env}, _node_ip_address="127.0.0.1",
@@ -98,5 +101,9 @@ class RayServe:
                 serve.shutdown()
         finally:
             ray.shutdown()
-            os.environ.pop("RAY_TMPDIR", None)
+            for name, value in self._saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
             shutil.rmtree(self.tmp, ignore_errors=True)
