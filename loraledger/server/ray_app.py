@@ -86,21 +86,29 @@ class EngineReplica:
             path = self._folder.path(name)
             if path is None:
                 raise APIError(404, f"The model `{name}` does not exist (no adapter folder of that name).", code="model_not_found", param="model")
-            lora = await models.load(name, str(path))  # registered, loaded, on record
+            try:
+                lora = await models.load(name, str(path))  # registered, loaded, on record
+            except APIError as exc:
+                if exc.code != "adapter_exists":
+                    raise
+                lora = models.adapters[name]  # a concurrent request registered it first
         else:
             await self.state.engine.add_lora(lora)  # Ray routes it here again: back into the host cache
         return ReplicaAdapter(name=name, lora_int_id=lora.lora_int_id)
 
-    async def relay(self, request: HttpRequest) -> AsyncIterator[HttpResponseStart | HttpBody]:
-        model = serve.get_multiplexed_model_id()
+    async def relay(self, request: HttpRequest, adapter: str | None = None) -> AsyncIterator[HttpResponseStart | HttpBody]:
+        """Serve one relayed request. `adapter`: the adapter it names, which its caller may use (the Router checked
+        the key); routed by affinity, it is also this call's multiplexed model id."""
         app = self.app
-        if model:
-            try:
-                await self._adapter(model)
-            except APIError as exc:
-                app = exc.response()
-            except LoraLedgerError as exc:
-                app = from_engine_error(exc).response()
+        try:
+            if serve.get_multiplexed_model_id():
+                await self._adapter(serve.get_multiplexed_model_id())
+            elif adapter and adapter not in self.state.models.adapters:
+                await self._load_adapter(adapter)  # without affinity: registered here on first use, cached by the engine
+        except APIError as exc:
+            app = exc.response()
+        except LoraLedgerError as exc:
+            app = from_engine_error(exc).response()
         async for message in run_asgi(app, request):
             yield message
 
@@ -141,6 +149,7 @@ class Router:
         self._keys = KeyRing(config.api_keys_file) if config.api_keys_file is not None else None
         self._base_names = frozenset(config.served_model_name)
         self._max_body = config.max_body_bytes
+        self._affinity = args.adapter_affinity
         self._log = structlog.get_logger().bind(actor="router")
 
     @router_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
@@ -158,9 +167,12 @@ class Router:
             method=request.method, path=request.url.path, query_string=request.url.query.encode("latin-1"),
             headers=tuple(request.headers.raw), body=body, client=tuple(request.client) if request.client else None,
         )  # fmt: skip
-        model = self._adapter_for(request, body)
-        handle = self._replicas.options(stream=True, multiplexed_model_id=model) if model else self._replicas.options(stream=True)
-        stream = handle.relay.remote(relayed)
+        adapter = self._adapter_for(request, body)
+        if adapter and self._affinity:
+            handle = self._replicas.options(stream=True, multiplexed_model_id=adapter)
+        else:
+            handle = self._replicas.options(stream=True)
+        stream = handle.relay.remote(relayed, adapter)
         try:
             start = await stream.__anext__()
         except (RayError, StopAsyncIteration) as exc:

@@ -30,6 +30,9 @@ class RayServeArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     shutdown_grace_seconds: float = DEFAULT_GRACE_SECONDS
     max_pending_requests: int | None = None
     trust_request_chat_template: bool = False
+    # true: an adapter's requests go to replicas that hold it (Ray's multiplexed routing); false: to any replica
+    # (Ray's request router alone), the baseline that bench.scale_out compares affinity with
+    adapter_affinity: bool = True
 
     @classmethod
     def parse(cls, args: object) -> "RayServeArgs":
