@@ -2,11 +2,12 @@
 messages, made by running the server's own ASGI app (so a replica serves exactly the routes of `loraledger serve`).
 
 Ray Serve carries these between its deployments (a handle call's argument, a streaming call's items); nothing
-here imports Ray.
+here imports Ray. It runs on asyncio, as uvicorn and Ray Serve do.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import anyio
@@ -93,15 +94,18 @@ async def run_asgi(app: ASGIApp, request: HttpRequest) -> AsyncIterator[HttpResp
                 if not started:
                     await error_response(500, "the server failed on this request", type="server_error")(scope, receive, send)
 
+    # an asyncio task, not a task group: a task group's cancel scope cannot span the yields of an async generator
+    # that its consumer may close, or leave to the garbage collector, from another task
+    task = asyncio.ensure_future(serve())
     finished = False
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(serve)
-        try:
-            async with received:
-                async for message in received:
-                    yield message
-            finished = True  # the app returned: its post-response work (metrics, the in-flight count) is done
-        finally:
-            if not finished:  # closed early: the caller went away
-                gone.set()
-                tg.cancel_scope.cancel()
+    try:
+        async with received:
+            async for message in received:
+                yield message
+        finished = True  # the app returned: its post-response work (metrics, the in-flight count) is done
+    finally:
+        if not finished:  # closed early: the caller went away
+            gone.set()
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(task, return_exceptions=True)
