@@ -48,6 +48,12 @@ def test_the_example_config_is_a_valid_serve_config_and_builds_the_application()
     assert args.engine_args().max_loras == 4 and args.server_config().api_keys_file == "/etc/loraledger/keys.toml"
 
 
+def test_the_readme_shows_the_example_config_as_it_is():
+    readme = (REPO / "README.md").read_text()
+    assert f"```yaml\n{EXAMPLE.read_text()}```" in readme
+    assert "serve run examples/ray_serve.yaml" in readme
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
