@@ -121,6 +121,9 @@ def test_two_replicas_serve_like_one_engine_and_a_killed_one_loses_nothing_relea
             openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="not-a-key", max_retries=0).completions.create(model="qv_r4", prompt="x", max_tokens=1)
         with pytest.raises(openai.NotFoundError, match="no adapter folder"):
             client.completions.create(model="no_such_adapter", prompt="x", max_tokens=1)
+        refused = httpx.post(f"{cluster.base_url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"}, headers={"Authorization": f"Bearer {key}"})
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "adapters_from_folder"
+        assert BASE in {m.id for m in client.models.list()}
 
         # load from four clients; one replica is killed with SIGKILL once responses are flowing
         pids = cluster.replica_pids()
