@@ -59,7 +59,9 @@ class RayServeArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             )
         if "model" in self.engine or "audit_url" in self.engine:
             raise ConfigError("give model and audit_url at the top of args, not under engine")
-        self.engine_args()  # a bad engine argument is refused here, not in every replica
+        args = self.engine_args()  # a bad engine argument is refused here, not in every replica
+        if self.adapters_dir is not None and not args.enable_lora:
+            raise ConfigError("adapters_dir needs an engine with enable_lora: true (leave it out: it is on by default)")
 
     def engine_args(self) -> EngineArgs:
         engine = {"enable_lora": True, **self.engine}

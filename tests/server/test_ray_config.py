@@ -64,6 +64,8 @@ def test_the_readme_shows_the_example_config_as_it_is():
         ({"engine": {"max_loras": 4, "max_cpu_loras": 2}}, "max_cpu_loras"),
         ({"engine": {"model": "/other"}}, "not under engine"),
         ({"served_model_name": "llama"}, "served_model_name"),
+        ({"engine": {"max_loras": "4"}}, "max_loras must be an integer"),
+        ({"adapters_dir": "/a", "engine": {"enable_lora": False}}, "needs an engine with enable_lora"),
     ],
 )
 def test_bad_args_are_refused_before_any_replica_starts(change, message):
