@@ -345,7 +345,7 @@ class OutputAssembler:
                 )
             )
         return RequestOutput(
-            request_id=req.msg.request_id,
+            request_id=req.msg.caller_request_id or req.msg.request_id,
             prompt=req.msg.prompt,
             prompt_token_ids=req.msg.prompt_token_ids,
             prompt_logprobs=req.prompt_logprobs,
@@ -354,6 +354,7 @@ class OutputAssembler:
             metrics=msgspec.structs.replace(req.metrics),
             lora_request=lora,
             num_cached_tokens=req.num_cached_tokens,
+            audit_id=req.msg.request_id,
         )
 
     async def _finish(self, rid: str, req: _ReqOut, now: float) -> None:

@@ -35,8 +35,10 @@ def test_completion_and_chat_are_bound_to_the_key_and_on_record(live, client, ke
     assert (row.tenant, row.key_id, row.lora_name) == ("acme", keys.ids["acme"], "qv_r4")
     assert r.system_fingerprint == row.adapter_fingerprint == adapter_fingerprint(live.audit_url, "qv_r4")
     assert [c.text for c in completions(live.audit_url, r.id)] == [r.choices[0].text]
+    # the response id is the audit key; the client's X-Request-Id is the request's caller id, under the hash chain
+    assert row.caller_request_id == "client-42" and r.id != "client-42"
     [admitted] = events(live.audit_url, EventKind.REQUEST_ADMITTED, r.id)
-    assert admitted.payload["caller"] == {"request_id": "client-42"}
+    assert admitted.payload["binding"]["caller_request_id"] == "client-42" and "caller" not in admitted.payload
 
     c = client.chat.completions.create(model=BASE, messages=CHAT, max_completion_tokens=4, temperature=0, user="end-user-7")
     assert c.object == "chat.completion" and c.choices[0].message.role == "assistant"
