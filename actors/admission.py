@@ -109,7 +109,7 @@ class Admission:
                 self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                 if isinstance(msg, Submit):
                     self._forget(rid, msg.channel)
-                    await _deliver(msg.channel, rid, request_error(exc, rid, "admission"))
+                    await _deliver(msg.channel, rid, request_error(exc, _shown_id(msg), "admission", audit_id=rid))
 
     async def _handle(self, tg, msg) -> None:
         match msg:
@@ -185,7 +185,7 @@ class Admission:
                 await self._record_binding(msg, prompt_ids, ckpt)
                 bound = True
         except Exception as exc:
-            error = request_error(exc, shown, "admission")
+            error = request_error(exc, shown, "admission", audit_id=rid)
             if error is exc:
                 log.info("request refused", error=str(exc), error_type=type(exc).__name__)
             else:
@@ -225,10 +225,11 @@ class Admission:
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
                     bad_words_token_ids=bad_words,
+                    caller_request_id=msg.caller_request_id,
                 )
             )
         except Exception as exc:
-            error = request_error(exc, shown, "admission")
+            error = request_error(exc, shown, "admission", audit_id=rid)
             log.error("handing the request on failed", error=repr(exc), exc_info=exc)
             self._forget(rid, msg.channel)
             if tracked:  # the OutputAssembler ends it: records the failure, tells the caller, frees the id

@@ -126,6 +126,7 @@ class NewRequest(Msg):
     arrival_time: float
     queued_time: float
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
+    caller_request_id: str | None = None  # named in the errors the Scheduler fails the request with
 
 
 class TrackRequest(Msg):
