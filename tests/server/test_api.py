@@ -59,6 +59,28 @@ def test_the_caller_request_id_is_echoed(live, keys):
     assert bad.status_code == 400 and "X-Request-Id" in bad.json()["error"]["message"]
 
 
+def test_an_x_request_id_is_the_caller_id_reusable_once_its_request_finished(live, keys):
+    """vLLM's request-id rule over HTTP: the client's X-Request-Id names its request; while that request runs a
+    second one with the same id is refused (409), and once it finished the id may be used again. Each request has
+    its own audit key (the response id), both on record with the client's id."""
+    headers = {"Authorization": f"Bearer {keys.acme}", "X-Request-Id": "dup-1"}
+    body = {"model": BASE, "prompt": "count to a hundred", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{live.base_url}/v1/completions", json={**body, "stream": True}, headers=headers) as r:
+            lines = r.iter_lines()
+            first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
+            clash = http.post(f"{live.base_url}/v1/completions", json={**body, "max_tokens": 1}, headers=headers)
+            assert clash.status_code == 409 and _error(clash)["code"] == "duplicate_request_id", clash.text
+            assert "dup-1" in _error(clash)["message"]
+            for _ in lines:  # the first request runs to its end
+                pass
+        again = http.post(f"{live.base_url}/v1/completions", json={**body, "max_tokens": 1}, headers=headers)
+    assert again.status_code == 200 and again.headers["x-request-id"] == "dup-1"
+    second = again.json()["id"]
+    assert second != first
+    assert binding(live.audit_url, first).caller_request_id == binding(live.audit_url, second).caller_request_id == "dup-1"
+
+
 def test_streaming_n_logprobs_and_usage_match_the_unstreamed_request(client, live):
     common = dict(model="qv_r4", prompt="the sea", max_tokens=6, temperature=0.9, seed=11, n=2, logprobs=2)
     whole = client.completions.create(**common)
