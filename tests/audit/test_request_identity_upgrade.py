@@ -4,6 +4,8 @@ reuse it later (vLLM lets a caller reuse an id once its request has finished).""
 
 from __future__ import annotations
 
+from sqlalchemy import text
+
 from loraledger import LLM, SamplingParams
 from loraledger.audit import AuditLog
 from loraledger.cli import main
@@ -43,4 +45,14 @@ def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_
     with AuditLog(db_url) as log:
         result = log.verify()
     assert result.ok, result.problems
+    # the request_lineage view names both by the caller's id (an old row's key is its caller id)
+    engine = make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT DISTINCT request_id FROM request_lineage WHERE caller_request_id = :id"), {"id": old.request_id}
+            ).scalars()
+            assert set(found) == {old.request_id, new.audit_id}
+    finally:
+        engine.dispose()
 
