@@ -131,3 +131,20 @@ def test_a_new_folder_under_a_loaded_id_needs_load_inplace(tiny_llama, tmp_path,
         second = llm.generate("hello", GREEDY, lora_request=moved, use_tqdm=False)[0]
     assert first.metrics.adapter_fingerprint == fingerprint_adapter(str(a))
     assert second.metrics.adapter_fingerprint == fingerprint_adapter(str(b))
+
+
+def test_lora_request_takes_vllms_positional_fields_and_is_equal_and_hashed_by_name():
+    """vLLM's LoRARequest(lora_name, lora_int_id, lora_path, base_model_name, tensorizer_config_dict, load_inplace);
+    its __eq__ and __hash__ use lora_name alone."""
+    from loraledger.errors import LoRARequestError
+
+    a = LoRARequest("policy", 1, "/adapters/a", "base-model", None, True)
+    assert (a.base_model_name, a.tensorizer_config_dict, a.load_inplace) == ("base-model", None, True)
+    assert LoRARequest("policy", 1, "/adapters/a").load_inplace is False
+    same_name = LoRARequest("policy", 2, "/adapters/b")
+    assert a == same_name and hash(a) == hash(same_name) and len({a, same_name}) == 1
+    assert a != LoRARequest("other", 1, "/adapters/a") and a != "policy"
+    with pytest.raises(LoRARequestError, match="tensorizer"):
+        LoRARequest("policy", 1, "/adapters/a", None, {"tensorizer_uri": "s3://x"})
+    with pytest.raises(LoRARequestError, match="load_inplace"):
+        LoRARequest("policy", 1, "/adapters/a", load_inplace="yes")
