@@ -109,11 +109,14 @@ class AdapterLoader:
 
     def _register(self, lora: LoRARequest) -> None:
         known = self._registry.get(lora.lora_int_id)
+        if known is not None and lora.load_inplace and known.lora_name == lora.lora_name:
+            self._registry[lora.lora_int_id] = lora  # an in-place reload may read the adapter from a new folder
+            return
         if known is not None and known.lora_path != lora.lora_path:
             raise LoRARequestConflictError(
                 f"lora_int_id {lora.lora_int_id} is already registered for path {known.lora_path!r} "
                 f"(as {known.lora_name!r}); got path {lora.lora_path!r}. Use a new id for a different adapter, "
-                "or remove_lora() the old one first"
+                "remove_lora() the old one first, or reload it under the same name with load_inplace=True"
             )
         other = self._names.get(lora.lora_name)
         if other is not None and self._registry[other].lora_path != lora.lora_path:
@@ -131,14 +134,19 @@ class AdapterLoader:
         except LoRARequestConflictError as exc:
             tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, error=exc))
             return
+        waiters = self._loading.get(lora.lora_int_id)
+        if waiters is not None:  # a load of this adapter is already running (an in-place reload too): share it
+            waiters.append(reply)
+            return
+        if lora.load_inplace:
+            # vLLM's in-place reload: read the folder again. Requests admitted before keep the checkpoint they were
+            # bound to (its device slot and prefix-cache blocks are keyed by its fingerprint, the new content's by
+            # its own), so nothing running changes under them.
+            self._cache.pop(lora.lora_int_id, None)
         cached = self._cache.get(lora.lora_int_id)
         if cached is not None:
             self._cache.move_to_end(lora.lora_int_id)
             tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
-            return
-        waiters = self._loading.get(lora.lora_int_id)
-        if waiters is not None:  # a load of this adapter is already running: share it
-            waiters.append(reply)
             return
         self._loading[lora.lora_int_id] = [reply]
         tg.start_soon(self._load, lora)

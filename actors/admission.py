@@ -77,7 +77,10 @@ class Admission:
         self._enable_lora = enable_lora
         self._audit_prompts = audit_prompts
         self._base_fp = base_model_fingerprint
-        self._in_flight: set[str] = set()  # admitted or being admitted, not yet released
+        self._in_flight: dict[str, str] = {}  # audit key -> caller id: admitted or being admitted, not yet released
+        # caller id -> the audit key of the live request holding it; freed when that request ends or is aborted
+        # (vLLM: a caller may reuse an id once its request is finished or aborted; only two live ones clash)
+        self._live_callers: dict[str, str] = {}
         self._admitting: dict[str, object] = {}  # request id -> caller channel, while being admitted
         self._abort_on_admit: set[str] = set()
         self._log = get_logger("admission")
@@ -106,48 +109,72 @@ class Admission:
                 self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                 if isinstance(msg, Submit):
                     self._forget(rid, msg.channel)
-                    await _deliver(msg.channel, rid, request_error(exc, rid, "admission"))
+                    await _deliver(msg.channel, rid, request_error(exc, _shown_id(msg), "admission", audit_id=rid))
 
     async def _handle(self, tg, msg) -> None:
         match msg:
             case Submit(request_id=rid):
-                if rid in self._in_flight:
-                    await _deliver(msg.channel, rid, DuplicateRequestError(f"request id {rid!r} is already in flight; use a new id"))
+                # a resumed request holds its audit key, not its caller id: that id may be a newer request's by now
+                caller = rid if msg.resume else msg.caller_request_id or rid
+                if caller in self._live_callers or rid in self._in_flight:
+                    await _deliver(
+                        msg.channel,
+                        rid,
+                        DuplicateRequestError(
+                            f"request id {caller!r} is already in use by a request that has not finished; "
+                            "use a new id, or reuse this one once that request has finished or been aborted"
+                        ),
+                    )
                     return
-                self._in_flight.add(rid)
+                self._in_flight[rid] = caller
+                self._live_callers[caller] = rid
                 self._admitting[rid] = msg.channel
                 tg.start_soon(self._admit, msg)
-            case Abort(request_ids=ids):
+            case Abort(request_ids=callers, audit_ids=keys):
+                ids = [self._live_callers.pop(c) for c in callers if c in self._live_callers]
+                for rid in keys:
+                    if rid in self._in_flight:
+                        self._free_caller(rid)
+                        ids.append(rid)
                 pending = [rid for rid in ids if rid in self._admitting]
                 self._abort_on_admit.update(pending)
                 rest = [rid for rid in ids if rid not in self._admitting]
                 if rest:
                     await self._scheduler.send(Abort(request_ids=rest))
             case RequestDone(request_id=rid):
-                self._in_flight.discard(rid)
+                self._free_caller(rid)
+                self._in_flight.pop(rid, None)
+
+    def _free_caller(self, rid: str) -> None:
+        """The caller id request `rid` holds may be used again (it may already hold a newer request: leave that)."""
+        caller = self._in_flight.get(rid)
+        if caller is not None and self._live_callers.get(caller) == rid:
+            del self._live_callers[caller]
 
     def _forget(self, rid: str, channel) -> None:
         """Drop a request that will not reach the Scheduler from admission's bookkeeping."""
         if self._admitting.get(rid) is channel:
             del self._admitting[rid]
-            self._in_flight.discard(rid)
+            self._free_caller(rid)
+            self._in_flight.pop(rid, None)
             self._abort_on_admit.discard(rid)
 
     async def _admit(self, msg: Submit) -> None:
         """Check, resolve and bind one request, then hand it on. Whatever it raises fails this request only."""
         rid = msg.request_id
+        shown = _shown_id(msg)
         lora = msg.lora_request
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
         bound = False
         try:
             tokenizer = await self._tokenizer_for(lora)
             prompt_ids = await self._prompt_token_ids(msg, tokenizer)
-            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, rid)
+            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
                     raise LoRADisabledError(
-                        f"request {rid!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
+                        f"request {shown!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
                         "pass enable_lora=True (and max_loras / max_lora_rank) to serve adapters"
                     )
                 ckpt = await self._resolve(lora)
@@ -158,7 +185,7 @@ class Admission:
                 await self._record_binding(msg, prompt_ids, ckpt)
                 bound = True
         except Exception as exc:
-            error = request_error(exc, rid, "admission")
+            error = request_error(exc, shown, "admission", audit_id=rid)
             if error is exc:
                 log.info("request refused", error=str(exc), error_type=type(exc).__name__)
             else:
@@ -183,6 +210,7 @@ class Admission:
                     queued_time=queued,
                     channel=msg.channel,
                     tokenizer=tokenizer if msg.params.detokenize else None,
+                    caller_request_id=msg.caller_request_id or rid,
                 )
             )
             tracked = True
@@ -197,10 +225,11 @@ class Admission:
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
                     bad_words_token_ids=bad_words,
+                    caller_request_id=msg.caller_request_id,
                 )
             )
         except Exception as exc:
-            error = request_error(exc, rid, "admission")
+            error = request_error(exc, shown, "admission", audit_id=rid)
             log.error("handing the request on failed", error=repr(exc), exc_info=exc)
             self._forget(rid, msg.channel)
             if tracked:  # the OutputAssembler ends it: records the failure, tells the caller, frees the id
@@ -236,7 +265,7 @@ class Admission:
         return await anyio.to_thread.run_sync(self._tokenizers.get, lora)
 
     async def _prompt_token_ids(self, msg: Submit, tokenizer) -> list[int]:
-        rid = msg.request_id
+        rid = _shown_id(msg)
         truncate = msg.params.truncate_prompt_tokens
         if truncate == -1:
             truncate = self._max_model_len  # vLLM: -1 truncates to the model's length
@@ -339,11 +368,12 @@ class Admission:
             engine_version=__version__,
             base_model_fingerprint=self._base_fp,
             key_id=msg.key_id,
+            caller_request_id=recordable(msg.caller_request_id or msg.request_id),
+            chat_template_sha256=msg.chat_template_sha256,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
-        caller = {k: recordable(v) for k, v in (("request_id", msg.caller_request_id), ("user", msg.user)) if v is not None}
-        if caller:
-            payload["caller"] = caller
+        if msg.user is not None:
+            payload["caller"] = {"user": recordable(msg.user)}
         if self._audit_prompts == "text":
             payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
         event = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=msg.request_id, payload=payload, dedup_key=f"admit:{msg.request_id}")
@@ -355,6 +385,11 @@ class Admission:
                 admission=True,
             )
         )
+
+
+def _shown_id(msg: Submit) -> str:
+    """The id an error message names: the caller's own (the one it knows), else the audit key."""
+    return msg.caller_request_id or msg.request_id
 
 
 async def _deliver(channel, request_id: str, item: object) -> None:

@@ -250,7 +250,8 @@ class AuditWriter:
                 if msg.admission and any(r.request_id in existing for r in msg.requests):
                     rid = next(r.request_id for r in msg.requests if r.request_id in existing)
                     refused[id(msg)] = DuplicateRequestError(
-                        f"request id {rid!r} is already in the audit log (ids are never reused); submit it under a new id"
+                        f"audit key {rid!r} is already in the audit log (audit keys are never reused); leave audit_id out "
+                        "and the engine makes a new one"
                     )
         batch = AuditBatch(
             adapters=[a for m in pending if id(m) not in refused for a in m.adapters],

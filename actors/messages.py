@@ -42,6 +42,9 @@ class Delivery(Msg):
 
 
 class Submit(Msg):
+    """One request for Admission. request_id is the audit key the engine made for it (loraledger.audit_ids);
+    caller_request_id the caller's own id (outputs carry it; only one live request may hold it)."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int] | None
@@ -52,19 +55,24 @@ class Submit(Msg):
     channel: object  # MemoryObjectSendStream[Delivery], owned by the caller's side
     resume: bool = False  # crash recovery: re-run under the binding already on record
     bound_fingerprint: str | None = None  # with resume: the adapter fingerprint the binding names
-    # LLM.chat: sha256 hex of the chat template that rendered the prompt (the adapter's own, the model's, or the
-    # caller's); the audit binding's column for it comes with the request-identity work on the store
+    # LLM.chat and the chat route: sha256 hex of the chat template that rendered the prompt (the adapter's own, the
+    # model's, or the caller's); the binding's chat_template_sha256
     chat_template_sha256: str | None = None
     # the HTTP server's authenticated caller: the API key's id (the binding's key_id; the key also gave `tenant`)
     key_id: str | None = None
-    # what the caller said about itself, put on record in the request_admitted event's payload ("caller"): its own
-    # request id (the X-Request-Id header) and OpenAI's `user` field; the request-identity work gives the first a column
+    # the caller's own request id (the binding's caller_request_id); and OpenAI's `user` field, put on record in the
+    # request_admitted event's payload ("caller")
     caller_request_id: str | None = None
     user: str | None = None
 
 
 class Abort(Msg):
+    """Abort requests. To Admission: request_ids are caller ids (the live request holding each), audit_ids audit keys;
+    Admission frees the caller ids at once (vLLM: an aborted id may be reused) and passes audit keys on. From
+    Admission and the OutputAssembler to the Scheduler: request_ids are audit keys."""
+
     request_ids: list[str]
+    audit_ids: list[str] = []
 
 
 class RequestDone(Msg):
@@ -118,6 +126,7 @@ class NewRequest(Msg):
     arrival_time: float
     queued_time: float
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
+    caller_request_id: str | None = None  # named in the errors the Scheduler fails the request with
 
 
 class TrackRequest(Msg):
@@ -133,6 +142,7 @@ class TrackRequest(Msg):
     queued_time: float
     channel: object
     tokenizer: object = None  # the request's tokenizer (an adapter's own, or the model's); None: no text
+    caller_request_id: str | None = None  # RequestOutput.request_id (request_id, the audit key, is its audit_id)
 
 
 class PinSlot(Msg):

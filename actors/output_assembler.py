@@ -145,9 +145,9 @@ class OutputAssembler:
 
         Called from the failure boundary, so it must not raise itself: a request it cannot reach any more
         (already released, or half torn down) is only logged."""
-        error = request_error(exc, rid, "output assembler")
         try:
             req = self._reqs.get(rid) or self._held.pop(rid, None) or req
+            error = request_error(exc, (req.msg.caller_request_id if req is not None else None) or rid, "output assembler", audit_id=rid)
             if req is not None and rid not in self._reqs:
                 self._reqs[rid] = req  # held for its audit commit, or half finished: _fail ends it the same way
             await self._fail(rid, error)
@@ -345,7 +345,7 @@ class OutputAssembler:
                 )
             )
         return RequestOutput(
-            request_id=req.msg.request_id,
+            request_id=req.msg.caller_request_id or req.msg.request_id,
             prompt=req.msg.prompt,
             prompt_token_ids=req.msg.prompt_token_ids,
             prompt_logprobs=req.prompt_logprobs,
@@ -354,6 +354,7 @@ class OutputAssembler:
             metrics=msgspec.structs.replace(req.metrics),
             lora_request=lora,
             num_cached_tokens=req.num_cached_tokens,
+            audit_id=req.msg.request_id,
         )
 
     async def _finish(self, rid: str, req: _ReqOut, now: float) -> None:

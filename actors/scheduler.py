@@ -185,7 +185,8 @@ class Scheduler:
             rid = getattr(msg, "request_id", None)
             self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
             if isinstance(msg, NewRequest):  # _add enters a request whole or not at all: nothing to undo here
-                await self._to_assembler(RequestFailed(request_id=rid, error=request_error(exc, rid, "scheduler")))
+                error = request_error(exc, msg.caller_request_id or rid, "scheduler", audit_id=rid)
+                await self._to_assembler(RequestFailed(request_id=rid, error=error))
             elif isinstance(msg, (PinSlot, GetStats)):
                 await answer(msg.reply, request_error(exc, "-", "scheduler"))
             return True

@@ -31,7 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     audit.set_defaults(func=show_help(audit))
 
     p = _command(sub, "show", "the full lineage of one request: binding, prompt, adapter, completions, events", _show)
-    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id, or any unique prefix of it (as the other commands print it)")
+    p.add_argument(
+        "request_id", metavar="REQUEST_ID",
+        help="the request's audit key (RequestOutput.audit_id), any unique prefix of it, or the caller's own request id "
+        "(every request that used it is shown)",
+    )  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for programs")
 
     p = _command(sub, "requests", "list requests (received order)", _requests)
@@ -130,7 +134,7 @@ def _open(args: argparse.Namespace) -> AuditLog:
 def _requests(args: argparse.Namespace) -> int:
     out = sys.stdout
     table = (
-        ("request_id", "request", 32), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
+        ("request_id", "request", 36), ("caller_request_id", "caller id", 10), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
         ("lora_name", "adapter", 16), ("adapter_fingerprint", "fingerprint", 12), ("status", "status", 11),
         ("num_completions", "n", 2), ("prompt_token_count", "prompt", 7), ("generated_tokens", "generated", 9),
         ("finish_reasons", "finish", 12),
@@ -252,13 +256,20 @@ def _fit(name: str, text: str, width: int) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
+    """One request's lineage; for a caller id that several requests used, each of theirs (a JSON list with --format
+    json), oldest first."""
     out = sys.stdout
     with _open(args) as log:
-        lineage = log.request(log.resolve_request_id(args.request_id))
+        keys, total = log.resolve_request_ids(args.request_id)
+        lineages = [log.request(key) for key in keys]
     if args.format == "json":
-        out.write(msgspec.json.format(msgspec.json.encode(lineage), indent=2).decode() + "\n")
-    else:
-        out.write(format_lineage(lineage))
+        shown = lineages[0] if total == 1 else lineages
+        out.write(msgspec.json.format(msgspec.json.encode(shown), indent=2).decode() + "\n")
+        return 0
+    if total > 1:
+        more = f"; the first {len(keys)} are shown" if total > len(keys) else ""
+        out.write(f"caller request id {args.request_id} was used by {total} requests{more}\n\n")
+    out.write("\n".join(format_lineage(lineage) for lineage in lineages))
     return 0
 
 
@@ -277,6 +288,7 @@ def format_lineage(lineage: RequestLineage) -> str:
     b = lineage.binding
     lines = [
         f"request {b.request_id}  ({lineage.status})",
+        f"  caller id     {b.caller_request_id if b.caller_request_id is not None else b.request_id}",
         f"  received      {iso(b.received_at)}",
         f"  tenant        {b.tenant or '-'}" + (f"  (API key {b.key_id})" if b.key_id else ""),
         f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
@@ -285,6 +297,8 @@ def format_lineage(lineage: RequestLineage) -> str:
     if b.prompt_text is not None:
         lines.append(f"                {json.dumps(b.prompt_text, ensure_ascii=False)}")
     lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
+    if b.chat_template_sha256 is not None:
+        lines.append(f"  chat template sha256 {b.chat_template_sha256}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:

@@ -27,8 +27,9 @@ from loraledger.store.db import display_url, make_engine, normalize_url, unavail
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
 
-_LISTING_REQUEST_COLUMNS = ("received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count")
+_LISTING_REQUEST_COLUMNS = ("caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count")
 AMBIGUOUS_SHOWN = 10  # candidates an ambiguous prefix error lists
+SHOWN_PER_CALLER_ID = 100  # `audit show CALLER-ID`: the lineages shown of the requests that used one caller id
 _LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
 
 
@@ -154,15 +155,35 @@ class AuditLog:
         status = q.status_of(kinds[-1] if kinds else None)
         return RequestLineage(binding=binding, adapter=adapter, completions=completions, events=events, status=status)
 
-    def resolve_request_id(self, text: str) -> str:
-        """The request id text names: the id itself, or the one id it is a prefix of (as git takes short hashes).
+    def resolve_request_ids(self, text: str, limit: int = SHOWN_PER_CALLER_ID) -> tuple[list[str], int]:
+        """The audit keys of the requests text names, in received order, and how many there are: the requests whose
+        caller used text as its request id (a caller may reuse an id once its request has finished, so there may be
+        several; the first `limit` of them; a request from before revision 0006 was keyed by its caller id); else
+        the audit key text is; else the one audit key text is a prefix of (as git takes short hashes).
 
-        Raises UnknownRequestError when no request matches, AmbiguousRequestIdError (listing them)
-        when several do.
+        Raises UnknownRequestError when no request matches, AmbiguousRequestIdError (listing them) when text is a
+        prefix of several keys.
         """
         with self.snapshot() as conn:
+            keys, total = q.request_ids_of_caller_id(conn, text, limit)
+            if keys:
+                return keys, total
             if conn.execute(select(q.R.c.request_id).where(q.R.c.request_id == text)).first() is not None:
-                return text
+                return [text], 1
+        return [self._resolve_prefix(text)], 1
+
+    def resolve_request_id(self, text: str) -> str:
+        """The one request text names (see resolve_request_ids); AmbiguousRequestIdError when a caller id names several."""
+        keys, _ = self.resolve_request_ids(text)
+        if len(keys) > 1:
+            listed = ", ".join(keys[:AMBIGUOUS_SHOWN]) + (", ..." if len(keys) > AMBIGUOUS_SHOWN else "")
+            raise AmbiguousRequestIdError(
+                f"caller request id {text!r} was used by {len(keys)} requests (audit keys {listed}); give an audit key"
+            )
+        return keys[0]
+
+    def _resolve_prefix(self, text: str) -> str:
+        with self.snapshot() as conn:
             matches = q.request_ids_with_prefix(conn, text, AMBIGUOUS_SHOWN + 1) if text else []
         if not matches:
             raise UnknownRequestError(f"request {text!r} is not in the audit log at {display_url(self.url)}")
@@ -260,6 +281,7 @@ def request_row(request: Any, completions: Iterable[Any]) -> RequestRow:
         finished = c.c_finished_at if finished is None else max(finished, c.c_finished_at)
     return RequestRow(
         request_id=request.request_id,
+        caller_request_id=request.caller_request_id,
         received_at=request.received_at.timestamp(),
         tenant=request.tenant,
         adapter_fingerprint=request.adapter_fingerprint,

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Row, Select, case, exists, false, func, or_, select
+from sqlalchemy import Connection, Row, Select, and_, case, exists, false, func, or_, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
@@ -275,6 +275,19 @@ def events_window(flt: RequestFilter) -> Select[Any]:
     if flt.until is not None:
         clauses.append(E.c.at < utc_from_unix(flt.until))
     return select(func.min(E.c.seq), func.max(E.c.seq)).where(*clauses)
+
+
+def request_ids_of_caller_id(conn: Connection, caller_request_id: str, limit: int) -> tuple[list[str], int]:
+    """The audit keys of the first `limit` requests submitted with this caller request id, in received order, and how
+    many there are in all (a caller may reuse an id once its request has finished; rows from before revision 0006
+    hold NULL there: their key is their caller id, and they are found by it)."""
+    legacy = and_(R.c.caller_request_id.is_(None), R.c.request_id == caller_request_id)
+    match = or_(R.c.caller_request_id == caller_request_id, legacy)
+    total = conn.execute(select(func.count()).select_from(R).where(match)).scalar_one()
+    if not total:
+        return [], 0
+    stmt = select(R.c.request_id).where(match).order_by(R.c.received_at, R.c.request_id).limit(limit)
+    return list(conn.execute(stmt).scalars()), int(total)
 
 
 def request_ids_with_prefix(conn: Connection, prefix: str, limit: int) -> list[str]:

@@ -35,7 +35,7 @@ class RequestLineage(msgspec.Struct, frozen=True, kw_only=True):
 class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
     """One line of a request listing."""
 
-    request_id: str
+    request_id: str  # the audit key
     received_at: float
     tenant: str | None
     adapter_fingerprint: str | None
@@ -47,6 +47,7 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
     finish_reasons: str | None  # the distinct finish reasons of its completions, sorted, comma-separated
     status: str
     finished_at: float | None
+    caller_request_id: str | None = None  # the caller's own id (NULL on rows from before revision 0006: request_id)
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -17,7 +17,7 @@ from loraledger.audit.progress import Progress
 from loraledger.audit.records import FAILED, ExportedFile, UsageRow
 
 REQUEST_COLUMNS = (
-    "request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",
+    "request_id", "caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",
     "base_model_fingerprint", "engine_version", "prompt_sha256", "prompt_text", "prompt_token_count",
     "sampling_params", "status", "num_completions", "generated_tokens",
 )  # fmt: skip
@@ -29,6 +29,7 @@ COMPLETION_COLUMNS = (
 # Selected in file order, so a joined row is a line with few changes. The database formats the
 # times (ISO text) and hands over the stored JSON text: no Python object per value on the way.
 _REQUEST_SELECT = (
+    q.R.c.caller_request_id,
     q.iso_text(q.R.c.received_at).label("received_iso"),
     func.nullif(q.R.c.tenant, "").label("tenant"),  # an empty tenant exports like no tenant
     *(q.R.c[name] for name in (

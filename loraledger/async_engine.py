@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -28,6 +27,7 @@ from loraledger.actors.messages import (
     ResolveAdapter,
     Submit,
 )
+from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
 from loraledger.engine_metrics import EngineMetrics
 from loraledger.errors import (
@@ -60,8 +60,8 @@ class AsyncEngine:
         self._stack: AsyncExitStack | None = None
         self._tg = None
         self._admission: MemoryObjectSendStream | None = None
-        self.interrupted: list[str] = []  # request ids found unfinished in the audit log at start
-        self.resumed: dict[str, object] = {}  # with resume_interrupted: request id -> final RequestOutput or error
+        self.interrupted: list[str] = []  # audit keys of the requests found unfinished in the audit log at start
+        self.resumed: dict[str, object] = {}  # with resume_interrupted: audit key -> final RequestOutput or error
         self._resume_done = anyio.Event()
 
     @classmethod
@@ -180,8 +180,9 @@ class AsyncEngine:
     # --- requests -----------------------------------------------------------------------------
 
     def new_request_id(self) -> str:
-        """Globally unique (the audit log outlives this process)."""
-        return uuid.uuid4().hex
+        """A request id no other request uses: a new audit key (loraledger.audit_ids), used as the caller's id when
+        the caller gives none."""
+        return new_audit_id()
 
     def _channel_size(self, params: SamplingParams) -> int:
         # a request delivers at most one item per generated token, plus acceptance and the final
@@ -201,29 +202,36 @@ class AsyncEngine:
         bound_fingerprint: str | None = None,
         chat_template_sha256: str | None = None,
         key_id: str | None = None,
-        caller_request_id: str | None = None,
         user: str | None = None,
+        audit_id: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
+
+        request_id is the caller's id (vLLM's: any non-empty str; DuplicateRequestError while another live request
+        holds it, reusable once that one has finished or been aborted). The audit log keys the request with
+        audit_id, a new UUIDv7 (loraledger.audit_ids) unless given: the caller passes its own only to know the key
+        before the first output (generate and LLMEngine do, to abort precisely) or, with resume, the key on record.
 
         The API edge of every entry point (LLM.generate, LLMEngine.add_request, generate): each argument's
         type and value is checked here and the engine keeps its own immutable copy, so a value the
         caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
-        chat_template_sha256: set by LLM.chat, the digest of the template that rendered the prompt.
-        key_id, caller_request_id, user: set by the HTTP server (loraledger serve): the id of the API key that
-        authenticated the caller (the binding's key_id; the same key gave `tenant`), the caller's own request id
-        (its X-Request-Id header) and OpenAI's `user` field; the last two go into the request_admitted event's payload.
+        chat_template_sha256: set by LLM.chat and the chat route, the digest of the template that rendered the prompt
+        (the binding's chat_template_sha256).
+        key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
+        binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
         """
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
         submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
+        if audit_id is not None:
+            submit = msgspec.structs.replace(submit, request_id=storable_text(audit_id, "the audit id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False))
         if chat_template_sha256 is not None:
             submit = msgspec.structs.replace(submit, chat_template_sha256=storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64))
         caller = {
             name: storable_text(value, f"the {name}", TenantError, max_chars=MAX_ID_CHARS)
-            for name, value in (("key_id", key_id), ("caller_request_id", caller_request_id), ("user", user))
+            for name, value in (("key_id", key_id), ("user", user))
             if value is not None
         }
         if caller:
@@ -240,7 +248,7 @@ class AsyncEngine:
             first = await receive.receive()
         except anyio.EndOfStream:
             receive.close()
-            raise self._dead_error(f"the engine stopped while admitting request {submit.request_id!r}")
+            raise self._dead_error(f"the engine stopped while admitting request {submit.caller_request_id!r}")
         if isinstance(first.item, BaseException):
             receive.close()
             raise first.item
@@ -286,7 +294,8 @@ class AsyncEngine:
         elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
             raise ConfigError(f"arrival_time must be a finite number of seconds (time.time()), got {type(arrival_time).__name__}")
         return Submit(
-            request_id=rid,
+            request_id=new_audit_id(),
+            caller_request_id=rid,
             prompt=text,
             prompt_token_ids=ids,
             params=frozen,
@@ -309,11 +318,12 @@ class AsyncEngine:
         **caller,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs (per its output_kind); stopping early aborts the request. Without
-        sampling_params, the model's defaults (get_default_sampling_params) apply. caller: submit's key_id,
-        caller_request_id, user and chat_template_sha256."""
+        sampling_params, the model's defaults (get_default_sampling_params) apply; without request_id, the request's
+        audit key is its id too. caller: submit's key_id, user and chat_template_sha256."""
         params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
-        rid = request_id if request_id is not None else self.new_request_id()
-        channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant, **caller)
+        audit_id = new_audit_id()
+        rid = request_id if request_id is not None else audit_id
+        channel = await self.submit(rid, prompt, params, lora_request, tenant=tenant, audit_id=audit_id, **caller)
         finished = False
         try:
             async for delivery in channel:
@@ -332,7 +342,7 @@ class AsyncEngine:
             try:
                 if not finished and self._core is not None:
                     with anyio.CancelScope(shield=True):
-                        await self.abort(rid)
+                        await self.abort_audit_ids([audit_id])  # by its key: its caller id may be another request's by now
                         await self._until_ended(channel)
             finally:
                 channel.close()
@@ -359,12 +369,13 @@ class AsyncEngine:
         n = len(requests)
         channels: list[MemoryObjectReceiveStream | None] = [None] * n
         errors: list[BaseException | None] = [None] * n
+        audit_ids = [new_audit_id() for _ in range(n)]
 
         async def admit(i: int) -> None:
             rid, prompt, params, lora, tenant = requests[i]
             sha = chat_template_sha256[i] if chat_template_sha256 is not None else None
             try:
-                channels[i] = await self.submit(rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha)
+                channels[i] = await self.submit(rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha, audit_id=audit_ids[i])
             except Exception as exc:  # reported below, in prompt order
                 errors[i] = exc
 
@@ -373,8 +384,7 @@ class AsyncEngine:
                 tg.start_soon(admit, i)
         first_error = next((e for e in errors if e is not None), None)
         if first_error is not None:
-            admitted = [requests[i][0] for i in range(n) if channels[i] is not None]
-            await self.abort(admitted)
+            await self.abort_audit_ids([audit_ids[i] for i in range(n) if channels[i] is not None])
             for channel in channels:
                 if channel is not None:
                     channel.close()
@@ -405,17 +415,27 @@ class AsyncEngine:
         return results  # type: ignore[return-value]
 
     async def abort(self, request_id: str | list[str]) -> None:
-        """Abort requests by id; ids that are not in flight are ignored."""
+        """Abort requests by the caller's id; ids that are not in flight are ignored. An aborted request's id is free
+        for a new request at once (vLLM); its audit record ends as aborted, with what it generated."""
         if isinstance(request_id, str):
             ids = [request_id]
         elif isinstance(request_id, (list, tuple, set, frozenset)) and all(isinstance(rid, str) for rid in request_id):
             ids = list(request_id)
         else:
             raise RequestIdError(f"abort takes a request id (str) or a list of them, got {type(request_id).__name__}")
+        await self._send_abort(Abort(request_ids=ids))
+
+    async def abort_audit_ids(self, audit_ids: list[str]) -> None:
+        """Abort requests by their audit keys (RequestOutput.audit_id); keys not in flight are ignored."""
+        if not isinstance(audit_ids, (list, tuple)) or not all(isinstance(k, str) for k in audit_ids):
+            raise RequestIdError(f"abort_audit_ids takes a list of audit ids (str), got {type(audit_ids).__name__}")
+        await self._send_abort(Abort(request_ids=[], audit_ids=list(audit_ids)))
+
+    async def _send_abort(self, msg: Abort) -> None:
         if self._admission is None:
             return
         try:
-            await self._admission.send(Abort(request_ids=ids))
+            await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass
 

@@ -111,8 +111,8 @@ def run_demo(args: argparse.Namespace) -> int:
     print("What matters is which adapter wrote each answer, and that every answer is on record.\n")
     _print_table(outputs)
     print(f"\naudit log: {url}")
-    print("every row above is on record; look one up by its id (any unique prefix works), or check the log:")
-    print(f"  loraledger audit show {short_id(outputs[0].request_id)}")
+    print("every row above is on record; look one up by its audit key (or any unique prefix of it), or check the log:")
+    print(f"  loraledger audit show {outputs[0].audit_id}")
     print("  loraledger audit verify")
     print("or in SQL:")
     print("  SELECT r.request_id, r.lora_name, r.adapter_fingerprint, c.finish_reason, c.text")
@@ -153,26 +153,20 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-SHORT_ID = 12  # printed ids are prefixes, as git prints commits: `loraledger audit show` takes any unique prefix
-
-
-def short_id(request_id: str) -> str:
-    return request_id[:SHORT_ID]
-
-
 def _one_line(text: str, width: int) -> str:
     flat = " ".join(text.split())  # one line, whatever the model wrote
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 def _print_table(outputs) -> None:
+    # the audit key, whole: a UUIDv7's first characters are its time, shared by the requests of one batch
     rows = [("request id", "adapter", "fingerprint", "finish", "tokens", "prompt", "text")]
     for out in outputs:
         completion = out.outputs[0]
         fp = (out.metrics.adapter_fingerprint or "") if out.metrics else ""
         rows.append(
             (
-                short_id(out.request_id),
+                out.audit_id or out.request_id,
                 out.lora_request.lora_name if out.lora_request else "(base)",
                 fp[:12] or "-",
                 completion.finish_reason or "",

@@ -92,7 +92,8 @@ class SamplingParamsError(LoraLedgerError, ValueError):
 
 
 class DuplicateRequestError(LoraLedgerError, ValueError):
-    """The request id is already in use (in flight, or already in the audit log)."""
+    """The request id is held by a request that has not finished (vLLM's rule: an id may be reused once its request
+    has finished or been aborted; the audit log keys every request with an id of its own)."""
 
 
 class RequestIdError(LoraLedgerError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -23,6 +24,9 @@ class LLM:
         check_argument_names(kwargs, set(EngineArgs.__struct_fields__) - {"model"}, "LLM")
         args = EngineArgs(model=str(model), **kwargs)
         self.llm_engine = LLMEngine(args)
+        # vLLM's request ids: generate() and chat() number their requests "0", "1", ... per LLM instance (vLLM's
+        # request_counter); the audit log keys each with an id of its own (RequestOutput.audit_id)
+        self.request_counter = itertools.count()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: a new SamplingParams with the model's generation_config.json defaults (generation_config="auto"),
@@ -97,7 +101,7 @@ class LLM:
         params = [msgspec.structs.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params]
         loras = _per_prompt(lora_request, n, "lora_request", LoRARequest, LoRARequestError)
         engine = self.llm_engine.engine
-        requests = [(engine.new_request_id(), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
+        requests = [(str(next(self.request_counter)), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
         bar = _progress_bar(use_tqdm, n)
         try:
             return self.llm_engine._portal.call(

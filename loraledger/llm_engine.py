@@ -11,6 +11,7 @@ from anyio.from_thread import start_blocking_portal
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from loraledger.async_engine import AsyncEngine
+from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import DuplicateRequestError
 from loraledger.lora_request import LoRARequest
@@ -31,9 +32,12 @@ class LLMEngine:
             self._stack.close()
             raise
         self._merged_send, self._merged = anyio.create_memory_object_stream[tuple[str, object]](1 << 16)
-        self._unfinished: set[str] = set()
+        # caller id -> audit key of each unfinished request; an aborted one leaves at once (vLLM), and what its
+        # audit key still delivers is dropped
+        self._unfinished: dict[str, str] = {}
+        self._aborted: set[str] = set()  # audit keys
         self.errors: dict[str, BaseException] = {}  # request id -> why it failed after admission
-        self._loras: dict[str, LoRARequest | None] = {}
+        self._loras: dict[str, LoRARequest | None] = {}  # audit key -> its adapter
         self._lock = threading.Lock()
         self._closed = False
         # threading's atexit hooks run before Python joins non-daemon threads and finalizes: a script that
@@ -56,23 +60,33 @@ class LLMEngine:
         *,
         tenant: str | None = None,
         arrival_time: float | None = None,
-    ) -> None:
-        """Admit a request (its binding is on record when this returns) or raise the typed reason it was refused.
-        Without params, the model's defaults (generation_config.json) apply."""
+    ) -> str:
+        """Admit a request (its binding is on record when this returns) and return its request_id, as vLLM's
+        add_request does; or raise the typed reason it was refused. request_id may be one a finished or aborted
+        request used (DuplicateRequestError only while another unfinished request holds it). The audit log keys the
+        request with an id the engine makes (its outputs' audit_id). Without params, the model's defaults
+        (generation_config.json) apply."""
         params = params if params is not None else self.engine.get_default_sampling_params()
         with self._lock:  # the id itself is checked by the engine (AsyncEngine.submit), like every other argument
             if isinstance(request_id, str) and request_id in self._unfinished:
-                raise DuplicateRequestError(f"request id {request_id!r} is already in flight; use a new id")
-        channel = self._portal.call(lambda: self.engine.submit(request_id, prompt, params, lora_request, tenant=tenant, arrival_time=arrival_time))
+                raise DuplicateRequestError(
+                    f"request id {request_id!r} is already in use by an unfinished request; use a new id, or reuse this "
+                    "one once that request has finished or been aborted"
+                )
+        audit_id = new_audit_id()
+        channel = self._portal.call(
+            lambda: self.engine.submit(request_id, prompt, params, lora_request, tenant=tenant, arrival_time=arrival_time, audit_id=audit_id)
+        )
         with self._lock:
-            self._unfinished.add(request_id)
-            self._loras[request_id] = lora_request
-        self._portal.start_task_soon(self._forward, request_id, channel)
+            self._unfinished[request_id] = audit_id
+            self._loras[audit_id] = lora_request
+        self._portal.start_task_soon(self._forward, request_id, audit_id, channel)
+        return request_id
 
-    async def _forward(self, request_id: str, channel: MemoryObjectReceiveStream) -> None:
+    async def _forward(self, request_id: str, audit_id: str, channel: MemoryObjectReceiveStream) -> None:
         async with channel:
             async for delivery in channel:
-                await self._merged_send.send((request_id, delivery.item))
+                await self._merged_send.send((request_id, audit_id, delivery.item))
                 if isinstance(delivery.item, BaseException) or delivery.item.finished:
                     return
 
@@ -83,18 +97,25 @@ class LLMEngine:
                 return []
         items = self._portal.call(self._collect)
         outputs = []
-        for request_id, item in items:
+        for request_id, audit_id, item in items:
+            ended = isinstance(item, BaseException) or item.finished
+            with self._lock:
+                if audit_id in self._aborted:  # vLLM's LLMEngine emits nothing for a request once it is aborted
+                    if ended:
+                        self._aborted.discard(audit_id)
+                        self._loras.pop(audit_id, None)
+                    continue
+                if ended:
+                    if self._unfinished.get(request_id) == audit_id:
+                        del self._unfinished[request_id]
+                    lora = self._loras.pop(audit_id, None)
             if isinstance(item, BaseException):
                 self.errors[request_id] = item
-                item = _error_output(request_id, item, self._loras.get(request_id))
-            if item.finished:
-                with self._lock:
-                    self._unfinished.discard(request_id)
-                    self._loras.pop(request_id, None)
+                item = _error_output(request_id, audit_id, item, lora)
             outputs.append(item)
         return outputs
 
-    async def _collect(self) -> list[tuple[str, object]]:
+    async def _collect(self) -> list[tuple[str, str, object]]:
         items = [await self._merged.receive()]
         while True:
             try:
@@ -111,8 +132,17 @@ class LLMEngine:
             return len(self._unfinished)
 
     def abort_request(self, request_id: str | list[str]) -> None:
-        """Abort; the request's final output (finish_reason "abort") still comes out of step()."""
-        self._portal.call(self.engine.abort, request_id)
+        """Abort requests by id, as vLLM's LLMEngine does: they leave get_num_unfinished_requests() and
+        has_unfinished_requests() at once, step() returns nothing more of them, and their ids may be used again
+        at once. The audit log records each as aborted, with what it had generated. Unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        if not isinstance(ids, (list, tuple, set, frozenset)) or not all(isinstance(rid, str) for rid in ids):
+            self._portal.call(self.engine.abort, request_id)  # raises the engine's typed error for a bad argument
+            return
+        with self._lock:
+            keys = [self._unfinished.pop(rid) for rid in ids if rid in self._unfinished]
+            self._aborted.update(keys)
+        self._portal.call(self.engine.abort_audit_ids, keys)
 
     # --- adapters -----------------------------------------------------------------------------
 
@@ -159,7 +189,7 @@ class LLMEngine:
             pass
 
 
-def _error_output(request_id: str, error: BaseException, lora: LoRARequest | None) -> RequestOutput:
+def _error_output(request_id: str, audit_id: str, error: BaseException, lora: LoRARequest | None) -> RequestOutput:
     """A request that failed after admission ends with finish_reason "error" (as in vLLM v1); the exception is in LLMEngine.errors."""
     return RequestOutput(
         request_id=request_id,
@@ -169,6 +199,7 @@ def _error_output(request_id: str, error: BaseException, lora: LoRARequest | Non
         outputs=[CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None, logprobs=None, finish_reason="error", stop_reason=str(error), lora_request=lora)],
         finished=True,
         lora_request=lora,
+        audit_id=audit_id,
     )
 
 

@@ -87,10 +87,17 @@ class _RequestOutputFields(msgspec.Struct):
 
 class RequestOutput(_RequestOutputFields, kw_only=True):
     """The output of one request so far (or in full, when finished); positional arguments in vLLM's order,
-    then vLLM's keyword-only ones (None here: no multimodal inputs, no disaggregated KV transfer)."""
+    then vLLM's keyword-only ones (None here: no multimodal inputs, no disaggregated KV transfer), then ours.
+
+    request_id is the caller's id, as in vLLM (LLM.generate numbers its requests "0", "1", ...; a caller may reuse
+    an id once its request has finished). audit_id is the key the audit log files the request under: an id the
+    engine made (a UUIDv7, unique across engines and restarts, ordered by time); `loraledger audit show AUDIT_ID`
+    shows its record, and `requests.caller_request_id` holds request_id beside it.
+    """
 
     multi_modal_placeholders: dict | None = None
     kv_transfer_params: dict | None = None
+    audit_id: str | None = None  # None only for outputs made outside the engine
 
     def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
         """Merge a later output of the same request into this one.

@@ -58,7 +58,8 @@ async def _append(engine, msg) -> None:
 
 
 async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> None:
-    """Re-run interrupted requests under their original binding; each outcome (final output or error) lands in `results`."""
+    """Re-run interrupted requests under their original binding; each outcome (final output or error) lands in `results`,
+    keyed by the request's audit key (RequestOutput.audit_id; its request_id is the caller's id, as first submitted)."""
     store = engine._live().setup.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
 
@@ -81,13 +82,14 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
             lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
         params = msgspec.convert(record.sampling_params, SamplingParams, str_keys=True)  # logit_bias keys come back as JSON str
         channel = await engine.submit(
-            rid,
+            record.caller_request_id or rid,  # a binding from before revision 0006: its key was the caller's id
             {"prompt_token_ids": prompt_ids},
             params,
             lora,
             tenant=record.tenant,
             resume=True,
             bound_fingerprint=record.adapter_fingerprint,
+            audit_id=rid,  # it runs under the binding on record, keyed as it was
         )
         async with channel:
             async for delivery in channel:

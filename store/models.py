@@ -137,7 +137,11 @@ class Request(Base):
     are audited as text), `prompt_sha256` (NULL when prompts are not audited),
     `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`, `key_id` (the id
     of the API key that authenticated the request at the HTTP server, which also set `tenant`; NULL for
-    requests submitted in-process or to a server without keys; revision 0005).
+    requests submitted in-process or to a server without keys; revision 0005), `caller_request_id` (the caller's
+    own request id, which it may reuse once the earlier request has finished; `request_id` is the audit key the
+    engine made, a UUIDv7) and `chat_template_sha256` (sha256 hex of the chat template that rendered a chat
+    request's prompt; NULL for other requests), both revision 0006. Rows written before 0006 hold NULL in both:
+    their `request_id` was the caller's id too.
     """
 
     __tablename__ = "requests"
@@ -145,6 +149,7 @@ class Request(Base):
         Index(None, "adapter_fingerprint", "received_at"),
         Index(None, "tenant", "received_at"),
         Index(None, "received_at"),
+        Index(None, "caller_request_id"),
     )
 
     request_id: Mapped[str] = mapped_column(primary_key=True)
@@ -161,6 +166,8 @@ class Request(Base):
     engine_version: Mapped[str]
     base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
     key_id: Mapped[str | None]
+    caller_request_id: Mapped[str | None]
+    chat_template_sha256: Mapped[str | None] = mapped_column(Sha256)
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")

@@ -56,7 +56,11 @@ class AdapterRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """The binding: request id <-> LoRARequest as submitted <-> adapter fingerprint. Never changes."""
+    """The binding: request id <-> LoRARequest as submitted <-> adapter fingerprint. Never changes.
+
+    request_id is the audit key the engine made (loraledger.audit_ids: a UUIDv7, unique forever); the caller's
+    own id, which vLLM lets it reuse once the earlier request has finished, is caller_request_id.
+    """
 
     request_id: str
     adapter_fingerprint: str | None  # None: the base model
@@ -72,6 +76,9 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     engine_version: str
     base_model_fingerprint: str
     key_id: str | None = None  # the API key that authenticated the caller at the HTTP server (and gave the tenant)
+    # revision 0006; bindings admitted before it carry neither key (read as None, so they verify as before)
+    caller_request_id: str | None = None  # the caller's request id (RequestOutput.request_id)
+    chat_template_sha256: str | None = None  # LLM.chat / the chat route: sha256 hex of the template that rendered the prompt
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):

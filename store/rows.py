@@ -42,6 +42,8 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "engine_version": r.engine_version,
         "base_model_fingerprint": r.base_model_fingerprint,
         "key_id": r.key_id,
+        "caller_request_id": r.caller_request_id,
+        "chat_template_sha256": r.chat_template_sha256,
     }
 
 
@@ -96,4 +98,6 @@ def request_record(row: Any) -> RequestRecord:
         engine_version=row.engine_version,
         base_model_fingerprint=row.base_model_fingerprint,
         key_id=row.key_id,
+        caller_request_id=row.caller_request_id,
+        chat_template_sha256=row.chat_template_sha256,
     )

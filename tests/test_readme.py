@@ -14,6 +14,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # the README's placeholders, and what stands for them here (fixture name, adapter name)
 MODEL_PATH = "/models/llama-3.2-1b"
 ADAPTER_PATH = "/adapters/sql-lora"
+POLICY_PATH = "/adapters/policy"  # the in-place reload example's adapter (its training step is a comment)
 
 
 def blocks(language: str) -> list[str]:
@@ -54,7 +55,7 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
     The model is the tiny fixture with a chat template (the chat example renders with it)."""
     tiny_llama = tiny_llama_chat
     monkeypatch.chdir(tmp_path)
-    substitutes = {MODEL_PATH: str(tiny_llama.model_dir), ADAPTER_PATH: str(tiny_llama.adapters["all_r8"]), **readme_server}
+    substitutes = {MODEL_PATH: str(tiny_llama.model_dir), ADAPTER_PATH: str(tiny_llama.adapters["all_r8"]), POLICY_PATH: str(tiny_llama.adapters["qv_r4"]), **readme_server}
     for run in (1, 2):
         for i, source in enumerate(blocks("python")):
             for placeholder, path in substitutes.items():
@@ -73,7 +74,9 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
             requests = conn.execute(text("SELECT count(*) FROM requests")).scalar_one()
     finally:
         engine.dispose()
-    assert requests == 2 * 6  # per run: two from LLM.generate, two from LLM.chat, one from LLMEngine, one from AsyncEngine
+    # per run: two from LLM.generate, two from LLM.chat, one from LLMEngine, one from AsyncEngine, three from the
+    # in-place reload loop
+    assert requests == 2 * 9
 
 
 def _only_comments(statement: str) -> bool:

@@ -43,6 +43,7 @@ _STATUSES: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (e.AuditIntegrityError, 500, "server_error", "audit_refused"),
     (e.RequestFailedError, 500, "server_error", "request_failed"),
     (e.AdapterChangedError, 409, "invalid_request_error", "adapter_changed"),
+    (e.DuplicateRequestError, 409, "invalid_request_error", "duplicate_request_id"),
     (e.AdapterNotFoundError, 400, "invalid_request_error", "adapter_not_found"),
     (e.AdapterError, 400, "invalid_request_error", "invalid_adapter"),
     (e.LoRARequestConflictError, 400, "invalid_request_error", "adapter_conflict"),

@@ -19,8 +19,8 @@ from loraledger.server.serving_engine import (
     SSE_DONE,
     OpenAIServing,
     RequestContext,
+    caller_request_id,
     chat_logprobs,
-    new_request_id,
     outcome_of,
     response_id,
     sse,
@@ -74,7 +74,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = self.sampling_params(req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream)
         prompt, template_sha = await self.render(req, lora)
-        rid = new_request_id("chatcmpl")
+        rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
         gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha)
         try:

@@ -17,8 +17,8 @@ from loraledger.server.serving_engine import (
     SSE_DONE,
     OpenAIServing,
     RequestContext,
+    caller_request_id,
     completion_logprobs,
-    new_request_id,
     outcome_of,
     response_id,
     sse,
@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
         stream = bool(req.stream)
         params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, stream=stream)
         prompts = await self._prompts(req, lora)
-        base = new_request_id("cmpl")
+        base = caller_request_id("cmpl", ctx)
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         structlog.contextvars.bind_contextvars(request_id=base, adapter=req.model)
         echo = await self._echo_texts(req, prompts, lora) if req.echo else None

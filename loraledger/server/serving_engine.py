@@ -3,7 +3,6 @@ request on the engine (aborted, and on record as aborted, when its client goes a
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 import msgspec
 import structlog
 
+from loraledger.audit_ids import new_audit_id
 from loraledger.errors import SamplingParamsError
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import Logprob, RequestOutput
@@ -22,22 +22,19 @@ from loraledger.server.errors import APIError
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 
 
-def new_request_id(prefix: str) -> str:
-    """`prefix-` and a UUIDv7 (RFC 9562) in hex: unique per request and ordered by time, as the audit log's keys are."""
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | ((rand >> 62) & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
-    return f"{prefix}-{value:032x}"
+def caller_request_id(prefix: str, ctx: "RequestContext") -> str:
+    """The request id the engine gets as the caller's (vLLM's): the client's X-Request-Id, else `prefix-` and a new
+    UUIDv7. It is on record beside the request's audit key (requests.caller_request_id); two unfinished requests
+    cannot share one (a repeated X-Request-Id while the first runs is refused), a finished one's may be reused."""
+    return ctx.caller_request_id if ctx.caller_request_id is not None else f"{prefix}-{new_audit_id()}"
 
 
 def response_id(output: RequestOutput) -> str:
-    """A response's `id`: the audit log's key for the request that produced it (`loraledger audit show ID` finds it).
-
-    Today that key is the request id this server gave the engine (new_request_id: unique per request); when the audit
-    log keys requests with an id the engine makes, it is that id, which RequestOutput carries. This function is the
-    one place that choice is made. (A /v1/completions body with several prompts runs one request per prompt, keyed
-    `ID-0`, `ID-1`, ...; its response's id is `ID`, the prefix `audit show` lists them by.)"""
-    return output.request_id
+    """A response's `id`: the audit key of the request that produced it (RequestOutput.audit_id; `loraledger audit show
+    ID` shows its record). This function is the one place that choice is made. (A /v1/completions body with several
+    prompts runs one request per prompt, whose caller ids are `ID-0`, `ID-1`, ...; its response's id is `ID`, and
+    `audit show ID-0` finds the first.)"""
+    return output.audit_id or output.request_id
 
 
 @dataclass
@@ -45,7 +42,7 @@ class RequestContext:
     """What the server knows about one HTTP request beyond its body."""
 
     route: str
-    caller_request_id: str | None = None  # the client's X-Request-Id, echoed back and put on record with the request
+    caller_request_id: str | None = None  # the client's X-Request-Id: echoed back, and the request's caller id on record
     received: float = field(default_factory=time.perf_counter)
 
 
@@ -174,7 +171,7 @@ class OpenAIServing:
         its grace period) aborts the request, and returns once what it generated is on record as aborted."""
         gen = self.engine.generate(
             prompt, params, request_id, lora,
-            tenant=caller.tenant, key_id=caller.key_id, caller_request_id=ctx.caller_request_id, user=user,
+            tenant=caller.tenant, key_id=caller.key_id, user=user,
             chat_template_sha256=chat_template_sha256,
         )  # fmt: skip
         async with aclosing(gen) as stream:

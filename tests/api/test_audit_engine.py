@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import func, select, text
 
 from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
-from loraledger.errors import DuplicateRequestError
 from loraledger.gpu.lora_checkpoint import fingerprint_adapter
 from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
@@ -67,18 +66,21 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
     fps = {name: fingerprint_adapter(str(path)) for name, path in tiny_llama.adapters.items()}
     log = read_log(db_url)
     requests = {r.request_id: r for r in log["requests"]}
-    assert sorted(requests) == sorted(o.request_id for o in outs)  # exactly one binding per request
+    assert sorted(requests) == sorted(o.audit_id for o in outs)  # exactly one binding per request, keyed by its audit id
+    # vLLM's LLM.generate numbers its requests "0", "1", ...; the binding keeps that id beside its own key
+    assert [o.request_id for o in outs] == ["0", "1", "2", "3"]
+    assert [requests[o.audit_id].caller_request_id for o in outs] == ["0", "1", "2", "3"]
     base_fps = {r.base_model_fingerprint for r in requests.values()}
     assert len(base_fps) == 1
     for out, lora, prompt, p in zip(outs, per_prompt, prompts, params):
-        req = requests[out.request_id]
+        req = requests[out.audit_id]
         fp = fps[lora.lora_name] if lora else None
         assert req.adapter_fingerprint == fp  # NULL for the base model
         assert (req.lora_name, req.lora_int_id, req.lora_path) == ((lora.lora_name, lora.lora_int_id, lora.lora_path) if lora else (None, None, None))
         assert req.tenant == "acme"
         assert (req.prompt_text, req.prompt_sha256) == (prompt, sha256(prompt))
         assert req.sampling_params.get("n", 1) == p.n
-        rows = [c for c in log["completions"] if c.request_id == out.request_id]
+        rows = [c for c in log["completions"] if c.request_id == out.audit_id]
         assert len(rows) == p.n == len(out.outputs)
         assert [(c.completion_index, c.text, c.token_ids, c.adapter_fingerprint) for c in rows] == [
             (o.index, o.text, o.token_ids, fp) for o in out.outputs
@@ -90,12 +92,12 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
 
     per_request = Counter((e.kind, e.request_id) for e in log["events"] if e.request_id is not None)
     for out in outs:
-        assert per_request[(EventKind.REQUEST_ADMITTED, out.request_id)] == 1
-        assert per_request[(EventKind.REQUEST_FINISHED, out.request_id)] == 1
+        assert per_request[(EventKind.REQUEST_ADMITTED, out.audit_id)] == 1
+        assert per_request[(EventKind.REQUEST_FINISHED, out.audit_id)] == 1
     assert chain_break(db_url) is None
 
     expected = sorted(
-        (out.request_id, lora.lora_name, fps[lora.lora_name], o.text)
+        (out.audit_id, lora.lora_name, fps[lora.lora_name], o.text)
         for out, lora in zip(outs, per_prompt)
         if lora is not None
         for o in out.outputs
@@ -111,7 +113,7 @@ def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
         outs = llm.generate([secret, {"prompt_token_ids": [11, 12, 13, 14]}], GREEDY, lora_request=loras_for(tiny_llama)["qv_r4"], tenant="t1")
     log = read_log(db_url)
     requests = {r.request_id: r for r in log["requests"]}
-    text_req, ids_req = requests[outs[0].request_id], requests[outs[1].request_id]
+    text_req, ids_req = requests[outs[0].audit_id], requests[outs[1].audit_id]
     assert text_req.prompt_text is None and ids_req.prompt_text is None
     if mode == "hash":
         assert text_req.prompt_sha256 == sha256(secret)
@@ -128,7 +130,9 @@ def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
     assert chain_break(db_url) is None
 
 
-def test_a_request_id_already_in_the_log_is_refused_by_a_later_engine(db_url, tiny_llama):
+def test_a_caller_id_may_repeat_across_engines_on_one_log_each_request_under_its_own_audit_key(db_url, tiny_llama):
+    """vLLM: a request id may be reused once its request has finished, in a later engine too (LLM.generate numbers
+    from "0" in every instance); the audit log keys every request with an id of its own and keeps the caller's."""
     qv = loras_for(tiny_llama)["qv_r4"]
     with LLM(**engine_kwargs(tiny_llama, db_url)) as llm:
         first = llm.generate(["one", "two", "three"], GREEDY)
@@ -140,23 +144,24 @@ def test_a_request_id_already_in_the_log_is_refused_by_a_later_engine(db_url, ti
 
     with LLM(**engine_kwargs(tiny_llama, db_url)) as llm:
         engine = llm.llm_engine
-        with pytest.raises(DuplicateRequestError, match="order-42"):
-            engine.add_request("order-42", "a different prompt", GREEDY, qv, tenant="mallory")
-        second = llm.generate(["one", "two", "three"], GREEDY)  # the engine serves on
-        engine.add_request("order-43", "a new id", GREEDY, qv)
+        engine.add_request("order-42", "a different prompt", GREEDY, qv, tenant="mallory")
+        second = llm.generate(["one", "two", "three"], GREEDY)
         while engine.has_unfinished_requests():
             engine.step()
     after = read_log(db_url)
 
-    generated = [o.request_id for o in first + second]
-    assert len(set(generated)) == 6, "engine-generated ids must never repeat across engines on one log"
-    ids = [r.request_id for r in after["requests"]]
-    assert sorted(ids) == sorted(generated + ["order-42", "order-43"])
-    original = next(r for r in before["requests"] if r.request_id == "order-42")
-    assert next(r for r in after["requests"] if r.request_id == "order-42") == original  # the binding is untouched
-    kinds = [e.kind for e in after["events"] if e.request_id == "order-42"]
+    assert [o.request_id for o in first] == [o.request_id for o in second] == ["0", "1", "2"]
+    keys = [o.audit_id for o in first + second]
+    assert len(set(keys)) == 6, "audit keys never repeat across engines on one log"
+    by_caller = Counter(r.caller_request_id for r in after["requests"])
+    assert by_caller == {"0": 2, "1": 2, "2": 2, "order-42": 2}
+    for r in before["requests"]:  # the earlier bindings are untouched
+        assert next(a for a in after["requests"] if a.request_id == r.request_id) == r
+    (original,) = [r for r in before["requests"] if r.caller_request_id == "order-42"]
+    (repeat,) = [r for r in after["requests"] if r.caller_request_id == "order-42" and r.request_id != original.request_id]
+    assert (original.tenant, repeat.tenant, repeat.lora_name) == ("acme", "mallory", "qv_r4")
+    kinds = [e.kind for e in after["events"] if e.request_id == repeat.request_id]
     assert kinds == [EventKind.REQUEST_ADMITTED, EventKind.REQUEST_FINISHED]
-    assert [c for c in after["completions"] if c.request_id == "order-42"] == [c for c in before["completions"] if c.request_id == "order-42"]
     assert chain_break(db_url) is None
 
 
@@ -175,9 +180,9 @@ def gate_completion_writes(monkeypatch) -> tuple[threading.Event, threading.Even
     return reached, release
 
 
-def count_completions(store: AuditStore, request_id: str) -> int:
+def count_completions(store: AuditStore) -> int:
     with store.engine.connect() as conn:
-        return conn.execute(select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id)).scalar_one()
+        return conn.execute(select(func.count()).select_from(COMPLETIONS)).scalar_one()
 
 
 @pytest.mark.parametrize("durable", [True, False], ids=["durable", "not-durable"])
@@ -195,7 +200,7 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
                     async for out in engine.generate("hold me", params, "held-1", lora, tenant="acme"):
                         if out.finished:
                             # read the log at the very moment the caller gets the output
-                            finals.append((out, count_completions(reader, "held-1")))
+                            finals.append((out, count_completions(reader)))
                             got_final.set()
 
                 async with anyio.create_task_group() as tg:
@@ -206,7 +211,7 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
                         with anyio.move_on_after(0.5):
                             await got_final.wait()
                         assert finals == []
-                        assert count_completions(reader, "held-1") == 0
+                        assert count_completions(reader) == 0
                         release.set()
                     with anyio.fail_after(WAIT_S):
                         await got_final.wait()
@@ -218,7 +223,7 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
     # the control: without audit_durable the output does come out before its rows are written
     assert rows_when_released == (1 if durable else 0)
     log = read_log(db_url)
-    assert [(c.request_id, c.token_ids) for c in log["completions"]] == [("held-1", out.outputs[0].token_ids)]
+    assert [(c.request_id, c.token_ids) for c in log["completions"]] == [(out.audit_id, out.outputs[0].token_ids)]
     assert chain_break(db_url) is None
 
 

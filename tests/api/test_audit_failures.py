@@ -90,6 +90,8 @@ class Outage:
         assert await anyio.to_thread.run_sync(wait), "the outage never reached the expected state"
 
 
+# the requests here are submitted with their caller id as their audit key too (submit's audit_id), so the store's
+# rows and the callers' outputs are matched by one id
 async def run_through_outage(engine: AsyncEngine, outage: Outage, tiny, policy: str, restore=None) -> tuple[dict, str]:
     """Admit N requests, take the store down at the first completion write, check what callers see, bring it back.
 
@@ -114,7 +116,7 @@ async def run_through_outage(engine: AsyncEngine, outage: Outage, tiny, policy: 
 
     async def submit_late() -> None:
         try:
-            channel = await engine.submit(late_id, {"prompt_token_ids": [7, 8, 9]}, SamplingParams(temperature=0, max_tokens=3), loras[1])
+            channel = await engine.submit(late_id, {"prompt_token_ids": [7, 8, 9]}, SamplingParams(temperature=0, max_tokens=3), loras[1], audit_id=late_id)
         except AuditUnavailableError as exc:
             late["error"] = exc
             return
@@ -125,7 +127,7 @@ async def run_through_outage(engine: AsyncEngine, outage: Outage, tiny, policy: 
         channels = {}
 
         async def admit(i: int) -> None:
-            channels[ids[i]] = await engine.submit(ids[i], {"prompt_token_ids": prompts[i]}, params[i], loras[i % len(loras)])
+            channels[ids[i]] = await engine.submit(ids[i], {"prompt_token_ids": prompts[i]}, params[i], loras[i % len(loras)], audit_id=ids[i])
 
         async with anyio.create_task_group() as admissions:
             for i in range(N_REQUESTS):
@@ -257,11 +259,11 @@ async def test_a_hung_postgres_refuses_new_requests_within_the_deadline_and_clos
                 # long generations (hundreds of steps): bound and on record in milliseconds, still running when it hangs
                 params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
                 for i, rid in enumerate(ids):
-                    tg.start_soon(collect, rid, await engine.submit(rid, {"prompt_token_ids": [5 + i, 6, 7]}, params, loras[i % len(loras)]))
+                    tg.start_soon(collect, rid, await engine.submit(rid, {"prompt_token_ids": [5 + i, 6, 7]}, params, loras[i % len(loras)], audit_id=rid))
                 proxy.freeze()
                 started = time.monotonic()
                 with pytest.raises(AuditUnavailableError):
-                    await engine.submit("hung-late", {"prompt_token_ids": [9, 9, 9]}, params, loras[1])
+                    await engine.submit("hung-late", {"prompt_token_ids": [9, 9, 9]}, params, loras[1], audit_id="hung-late")
                 refused_after = time.monotonic() - started
                 await attempts.wait_for(set(ids))  # every output computed and tried on record
             finally:

@@ -197,11 +197,13 @@ def test_bad_inputs_never_stop_the_engine_or_change_good_outputs(env, attack_lis
 
 
 def _assert_on_record(url: str, request_ids: list[str]) -> None:
+    """Each of these caller ids (unique here) has one binding, its completion and its finished event."""
     with AuditStore(url) as store:
         with store.engine.connect() as conn:
-            bound = set(conn.execute(select(REQUESTS.c.request_id).where(REQUESTS.c.request_id.in_(request_ids))).scalars())
-            rows = Counter(conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(request_ids))).scalars())
-            ended = set(conn.execute(select(EVENTS.c.request_id).where(EVENTS.c.request_id.in_(request_ids), EVENTS.c.kind == EventKind.REQUEST_FINISHED)).scalars())
+            keys = dict(conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id).where(REQUESTS.c.caller_request_id.in_(request_ids))).all())
+            bound = set(keys.values())
+            rows = Counter(keys[k] for k in conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(keys))).scalars())
+            ended = {keys[k] for k in conn.execute(select(EVENTS.c.request_id).where(EVENTS.c.request_id.in_(keys), EVENTS.c.kind == EventKind.REQUEST_FINISHED)).scalars()}
     for rid in request_ids:
         assert rid in bound and rows[rid] == 1 and rid in ended, f"{rid} is not on record"
 
@@ -296,7 +298,8 @@ def _call_shape(env: Env, shape: str, good: dict[str, int]) -> None:
     except E.LoraLedgerError as exc:
         env.outcomes[f"refused: {type(exc).__name__}"] += 1
         return
-    assert shape == "generate_empty_list", f"{shape} was accepted"
+    # vLLM: an id may be reused once its request has finished (a finished one exists after the first example)
+    assert shape == "generate_empty_list" or (shape == "duplicate_finished" and env.finished_ids), f"{shape} was accepted"
     env.outcomes["served"] += 1
 
 

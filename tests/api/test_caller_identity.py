@@ -3,8 +3,6 @@ engine tells a server's /metrics (AsyncEngine.get_metrics)."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from sqlalchemy import select
 
@@ -32,13 +30,13 @@ def _rows(url: str, query):
 async def test_key_id_caller_and_access_denied_are_on_record_and_verified(tiny_llama, tmp_path):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     sql = LoRARequest("sql", 1, str(tiny_llama.adapters["qv_r4"]))
-    rid = f"cmpl-{uuid.uuid4().hex}"
+    rid = "client-7"  # the caller's own id (a server passes the client's X-Request-Id)
     async with AsyncEngine.from_engine_args(_args(tiny_llama, url)) as engine:
         assert await engine.add_lora(sql)
         # on record when add_lora returns, before any request used it
         assert [r.name for r in _rows(url, select(ADAPTERS.c.name))] == ["sql"]
         params = SamplingParams(temperature=0, max_tokens=3)
-        async for out in engine.generate("hello", params, rid, sql, tenant="acme", key_id="key-1", caller_request_id="client-7", user="u-9"):
+        async for out in engine.generate("hello", params, rid, sql, tenant="acme", key_id="key-1", user="u-9"):
             pass
         assert out.finished
         assert await engine.record_access_denied(tenant="acme", key_id="key-1", adapter="secret", route="/v1/completions")
@@ -47,11 +45,12 @@ async def test_key_id_caller_and_access_denied_are_on_record_and_verified(tiny_l
     assert metrics.audit_enabled and metrics.audit_commits >= 2 and metrics.audit_failures == 0
     assert metrics.stats.max_loras == 2 and metrics.stats.num_requests_running == 0 and 0 <= metrics.stats.kv_cache_usage <= 1
 
-    [(tenant, key_id)] = _rows(url, select(REQUESTS.c.tenant, REQUESTS.c.key_id))
-    assert (tenant, key_id) == ("acme", "key-1")
+    [(request_id, caller_id, tenant, key_id)] = _rows(url, select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id, REQUESTS.c.tenant, REQUESTS.c.key_id))
+    assert (request_id, caller_id, tenant, key_id) == (out.audit_id, "client-7", "acme", "key-1")
     events = _rows(url, select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).order_by(EVENTS.c.seq))
     admitted = next(e for e in events if e.kind == EventKind.REQUEST_ADMITTED)
-    assert admitted.payload["caller"] == {"request_id": "client-7", "user": "u-9"}
+    assert admitted.payload["caller"] == {"user": "u-9"}
+    assert admitted.payload["binding"]["caller_request_id"] == "client-7"
     assert admitted.payload["binding"]["key_id"] == "key-1"
     denied = [e for e in events if e.kind == EventKind.ACCESS_DENIED]
     assert [(e.request_id, e.payload) for e in denied] == [
@@ -67,7 +66,7 @@ async def test_key_id_caller_and_access_denied_are_on_record_and_verified(tiny_l
     assert not result.ok and "access_denied" in result.first_problem.message
 
 
-@pytest.mark.parametrize("field", ["key_id", "caller_request_id", "user"])
+@pytest.mark.parametrize("field", ["key_id", "user"])
 async def test_caller_fields_are_checked_like_the_tenant(tiny_llama, field):
     from loraledger.errors import TenantError
 

@@ -172,8 +172,8 @@ def test_an_adapters_chat_template_renders_its_conversations_and_the_sha256_reac
     assert outs[1].prompt == outs[2].prompt == "<s>[USER] How many legs does a spider have?\n[ANSWER]"
     assert outs[2].prompt_token_ids == base_tokenizer.encode(outs[2].prompt, add_special_tokens=False)
     digest = {t: hashlib.sha256(t.encode()).hexdigest() for t in (CHAT_TEMPLATE, ADAPTER_TEMPLATE)}
-    assert [seen[o.request_id] for o in outs] == [digest[CHAT_TEMPLATE], digest[ADAPTER_TEMPLATE], digest[ADAPTER_TEMPLATE]]
-    assert seen[plain.request_id] is None
+    assert [seen[o.audit_id] for o in outs] == [digest[CHAT_TEMPLATE], digest[ADAPTER_TEMPLATE], digest[ADAPTER_TEMPLATE]]
+    assert seen[plain.audit_id] is None
 
 
 def test_an_adapters_tokenizer_that_does_not_load_refuses_its_requests(chat_llm, shipped):

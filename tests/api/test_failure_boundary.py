@@ -18,12 +18,14 @@ from loraledger.actors import adapter_loader
 from loraledger.actors.admission import Admission
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
-from loraledger.store.audit_store import EVENTS, AuditStore
+from loraledger.store.audit_store import EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.api.conftest import loras_for, random_prompts
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPTS = random_prompts(3, seed=41)
+# the victim's own prompt: past admission, actors know a request by its audit key, which the engine makes
+VICTIM_PROMPT = [9, 9, 9, 9, 9, 9, 9]
 
 
 class Injected(RuntimeError):
@@ -36,7 +38,7 @@ def _inject(monkeypatch, where: str) -> None:
         original = Admission._prompt_token_ids
 
         async def patched(self, msg, *args):
-            if msg.request_id == "victim":
+            if msg.caller_request_id == "victim":
                 raise Injected("admission")
             return await original(self, msg, *args)
 
@@ -45,7 +47,7 @@ def _inject(monkeypatch, where: str) -> None:
         original = Scheduler._add
 
         def patched(self, msg):
-            if msg.request_id == "victim":
+            if msg.prompt_token_ids == VICTIM_PROMPT:
                 raise Injected("scheduler")
             return original(self, msg)
 
@@ -54,7 +56,7 @@ def _inject(monkeypatch, where: str) -> None:
         original = OutputAssembler._on_update
 
         async def patched(self, req, update, touched):
-            if update.request_id == "victim" and req.seqs[0].token_ids:
+            if req.msg.prompt_token_ids == VICTIM_PROMPT and req.seqs[0].token_ids:
                 raise Injected("assembler")  # after the first token: the request is half assembled
             return await original(self, req, update, touched)
 
@@ -98,7 +100,7 @@ def test_an_unexpected_error_fails_that_request_only(tiny_llama, tmp_path, monke
             async with anyio.create_task_group() as tg:  # the victim runs among good requests
                 for i, p in enumerate(PROMPTS):
                     tg.start_soon(run, f"good-{i}", p, loras["all_r8"] if i else None)
-                tg.start_soon(run, "victim", PROMPTS[0], victim_lora)
+                tg.start_soon(run, "victim", VICTIM_PROMPT, victim_lora)
             after = await one("after", PROMPTS[1], loras["all_r8"])  # the engine still serves
             return reference, results, after
 
@@ -114,7 +116,9 @@ def test_an_unexpected_error_fails_that_request_only(tiny_llama, tmp_path, monke
     with AuditStore(url) as store:
         assert store.first_break() is None
         with store.engine.connect() as conn:
-            ends = {rid: kind for kind, rid in conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.request_id.is_not(None)))
+            # by the callers' ids: events are keyed by the audit keys the requests rows hold beside them
+            callers = dict(conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id)).all())
+            ends = {callers[rid]: kind for kind, rid in conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.request_id.is_not(None)))
                     if kind in EventKind.TERMINAL}
     assert all(ends[f"good-{i}"] == EventKind.REQUEST_FINISHED for i in range(3))
     if where in ("scheduler", "assembler"):  # admitted (on record) before it failed: its end is on record too

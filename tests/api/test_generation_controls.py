@@ -115,8 +115,8 @@ def test_llm_engine_step_loop_with_late_requests_and_abort(tiny_llama):
         assert finished["a-0"].outputs[0].token_ids == reference["ref-0"]
         assert finished["a-1"].outputs[0].token_ids == reference["ref-1"]
         assert finished["a-3"].outputs[0].token_ids == reference["ref-3"]
-        assert finished["victim"].outputs[0].finish_reason == "abort"
-        assert len(finished["victim"].outputs[0].token_ids) < 200
+        # vLLM's LLMEngine: an aborted request leaves at once, and step() returns nothing more of it
+        assert "victim" not in finished
     finally:
         engine.close()
 

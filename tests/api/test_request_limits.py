@@ -42,7 +42,7 @@ def test_n_at_the_limit_is_served_in_full_and_on_record_and_above_it_is_refused(
         top = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(logprobs=20, prompt_logprobs=20, temperature=0, max_tokens=2))[0]
         assert all(len(step) >= 20 for step in top.outputs[0].logprobs)
     with AuditStore(url) as store, store.engine.connect() as conn:
-        rows = conn.execute(select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == out.request_id)).scalar()
+        rows = conn.execute(select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == out.audit_id)).scalar()
     assert rows == limit
 
 

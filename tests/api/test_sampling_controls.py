@@ -217,7 +217,7 @@ def test_the_audit_binding_records_the_new_parameters_and_verify_passes(tiny_lla
     with LLM(model=str(tiny_llama.model_dir), audit_url=url) as llm:
         out = llm.generate({"prompt_token_ids": random_prompts(1, seed=89)[0]}, params, use_tqdm=False)[0]
     with AuditLog(url) as log:
-        lineage = log.request(out.request_id)
+        lineage = log.request(out.audit_id)
         recorded = lineage.binding.sampling_params
         assert recorded["logit_bias"] == {"300": 2.0} and recorded["bad_words"] == ["fox"] and recorded["extra_args"] == {"tag": "x"}
         assert [c.token_ids for c in lineage.completions] == [out.outputs[0].token_ids]

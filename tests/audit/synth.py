@@ -82,6 +82,10 @@ def _binding(
         base_model_fingerprint=BASE_FP,
         # a tenant's requests came through the HTTP server, authenticated by its key (revision 0005 on)
         key_id=f"key-{tenant}" if tenant and key_ids else None,
+        # revision 0006 on: the caller's own id, reused once its earlier request finished (as vLLM's LLM.generate
+        # numbers requests "0", "1", ... per instance), and the digest of the chat template of chat requests
+        caller_request_id=str(int(request_id.rsplit("-", 1)[-1]) % 7) if key_ids else None,
+        chat_template_sha256=hashlib.sha256(f"template {tenant}".encode()).hexdigest() if tenant and key_ids else None,
     )
 
 
@@ -113,7 +117,8 @@ def build_log(
     store: AuditStore, *, n_requests: int = 60, days: int = 5, seed: int = 0, batch: int = 10, key_ids: bool = True
 ) -> SynthLog:
     """Write n_requests requests spread over days (UTC) starting at START, in group commits of batch requests.
-    key_ids=False: bindings as loraledger wrote them before revision 0005 (no key_id, no access_denied events)."""
+    key_ids=False: bindings as loraledger wrote them before revision 0005 (no key_id, no access_denied events, and
+    none of revision 0006's caller_request_id and chat_template_sha256)."""
     rng = random.Random(seed)
     log = SynthLog()
     pending_events: list[EventRecord] = [EventRecord(kind=EventKind.ENGINE_STARTED, at=START, payload={"version": "0.1.0"})]

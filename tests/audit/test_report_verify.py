@@ -79,8 +79,9 @@ def test_an_edited_csv_cell_fails_even_with_a_fixed_up_digest(copy: Path):
     path = copy / "requests.csv"
     lines = path.read_text().split("\n")
     cells = lines[1].split(",")
-    assert cells[2] != "mallory"  # the tenant column
-    cells[2] = "mallory"
+    tenant = lines[0].split(",").index("tenant")
+    assert cells[tenant] != "mallory"
+    cells[tenant] = "mallory"
     lines[1] = ",".join(cells)
     path.write_text("\n".join(lines))
     check = verify_report(copy, env=ENV)

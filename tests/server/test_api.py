@@ -35,8 +35,10 @@ def test_completion_and_chat_are_bound_to_the_key_and_on_record(live, client, ke
     assert (row.tenant, row.key_id, row.lora_name) == ("acme", keys.ids["acme"], "qv_r4")
     assert r.system_fingerprint == row.adapter_fingerprint == adapter_fingerprint(live.audit_url, "qv_r4")
     assert [c.text for c in completions(live.audit_url, r.id)] == [r.choices[0].text]
+    # the response id is the audit key; the client's X-Request-Id is the request's caller id, under the hash chain
+    assert row.caller_request_id == "client-42" and r.id != "client-42"
     [admitted] = events(live.audit_url, EventKind.REQUEST_ADMITTED, r.id)
-    assert admitted.payload["caller"] == {"request_id": "client-42"}
+    assert admitted.payload["binding"]["caller_request_id"] == "client-42" and "caller" not in admitted.payload
 
     c = client.chat.completions.create(model=BASE, messages=CHAT, max_completion_tokens=4, temperature=0, user="end-user-7")
     assert c.object == "chat.completion" and c.choices[0].message.role == "assistant"
@@ -55,6 +57,28 @@ def test_the_caller_request_id_is_echoed(live, keys):
     bad = httpx.post(f"{live.base_url}/v1/completions", headers={"Authorization": f"Bearer {keys.acme}", "X-Request-Id": "x" * 300},
                      json={"model": BASE, "prompt": "hi", "max_tokens": 1})  # fmt: skip
     assert bad.status_code == 400 and "X-Request-Id" in bad.json()["error"]["message"]
+
+
+def test_an_x_request_id_is_the_caller_id_reusable_once_its_request_finished(live, keys):
+    """vLLM's request-id rule over HTTP: the client's X-Request-Id names its request; while that request runs a
+    second one with the same id is refused (409), and once it finished the id may be used again. Each request has
+    its own audit key (the response id), both on record with the client's id."""
+    headers = {"Authorization": f"Bearer {keys.acme}", "X-Request-Id": "dup-1"}
+    body = {"model": BASE, "prompt": "count to a hundred", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{live.base_url}/v1/completions", json={**body, "stream": True}, headers=headers) as r:
+            lines = r.iter_lines()
+            first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
+            clash = http.post(f"{live.base_url}/v1/completions", json={**body, "max_tokens": 1}, headers=headers)
+            assert clash.status_code == 409 and _error(clash)["code"] == "duplicate_request_id", clash.text
+            assert "dup-1" in _error(clash)["message"]
+            for _ in lines:  # the first request runs to its end
+                pass
+        again = http.post(f"{live.base_url}/v1/completions", json={**body, "max_tokens": 1}, headers=headers)
+    assert again.status_code == 200 and again.headers["x-request-id"] == "dup-1"
+    second = again.json()["id"]
+    assert second != first
+    assert binding(live.audit_url, first).caller_request_id == binding(live.audit_url, second).caller_request_id == "dup-1"
 
 
 def test_streaming_n_logprobs_and_usage_match_the_unstreamed_request(client, live):

@@ -17,8 +17,12 @@ from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
-# columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
-ADDED_COLUMNS = {"0005_key_id": ("requests", "key_id")}
+# columns a revision added, (table, column, ...): a database at an earlier revision is written the way loraledger
+# wrote it then
+ADDED_COLUMNS = {
+    "0005_key_id": ("requests", "key_id"),
+    "0006_request_identity": ("requests", "caller_request_id", "chat_template_sha256"),
+}
 
 
 def _revisions_after(start: str) -> set[str]:
@@ -27,7 +31,12 @@ def _revisions_after(start: str) -> set[str]:
 
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
-    dropped = {column for rev, (table, column) in ADDED_COLUMNS.items() if rev in _revisions_after(start) and table == "requests"}
+    dropped = {
+        column
+        for rev, (table, *columns) in ADDED_COLUMNS.items()
+        if rev in _revisions_after(start) and table == "requests"
+        for column in columns
+    }
     with monkeypatch.context() as patch:
         if dropped:
             from sqlalchemy import MetaData, Table
@@ -90,6 +99,8 @@ def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start, monke
         assert guards_present(conn) == []
         assert conn.execute(select(func.count()).select_from(REQUESTS)).scalar_one() == len(synth.requests)
         assert set(conn.execute(select(REQUESTS.c.key_id)).scalars()) == {None}  # rows on record before 0005
+        if "0006_request_identity" in _revisions_after(start):  # rows on record before 0006: request_id is the caller's id
+            assert set(conn.execute(select(REQUESTS.c.caller_request_id, REQUESTS.c.chat_template_sha256))) == {(None, None)}
     ensure_schema(engine, db_url)
     engine.dispose()
     with AuditLog(db_url) as log:
@@ -223,8 +234,9 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            for table, column in ADDED_COLUMNS.values():
-                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            for table, *columns in ADDED_COLUMNS.values():
+                for column in columns:
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             return verify_log(conn)
         finally:
             trans.rollback()

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
@@ -16,13 +16,18 @@ END_KINDS = (*WITH_COMPLETIONS, EventKind.REQUEST_FAILED)
 
 
 def log_problems(url: str, admitted: set[str], released: Mapping[str, int]) -> list[str]:
-    """What is wrong with the audit log after a crash, given what the dead process reported (empty: nothing)."""
+    """What is wrong with the audit log after a crash, given what the dead process reported (empty: nothing).
+
+    admitted and released name requests by their callers' ids (unique within one run); the log's rows, keyed by
+    audit keys, are matched to them through requests.caller_request_id."""
     problems: list[str] = []
     with AuditStore(url) as store:
         with store.engine.connect() as conn:
-            wanted = {rid: params.get("n", 1) for rid, params in conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.sampling_params))}
-            rows = Counter(rid for (rid,) in conn.execute(select(COMPLETIONS.c.request_id)))
-            ends = list(conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.kind.in_(END_KINDS))))
+            caller = func.coalesce(REQUESTS.c.caller_request_id, REQUESTS.c.request_id)
+            callers = dict(conn.execute(select(REQUESTS.c.request_id, caller)).all())
+            wanted = {rid: params.get("n", 1) for rid, params in conn.execute(select(caller, REQUESTS.c.sampling_params))}
+            rows = Counter(callers.get(key, key) for (key,) in conn.execute(select(COMPLETIONS.c.request_id)))
+            ends = [(kind, callers.get(key, key)) for kind, key in conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.kind.in_(END_KINDS)))]
         chain = store.first_break()
     ended = Counter(rid for _, rid in ends)
     with_rows = {rid for kind, rid in ends if kind in WITH_COMPLETIONS}
