@@ -58,6 +58,7 @@ CATALOGUE = (
     Benchmark("schedule", "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock", "seconds", "bench.slot_sim", "--rates 5.4 9.8 --max-loras 8"),
     Benchmark("overlap", "overlapped scheduling on vs off (async_scheduling), one workload, alternating rounds", "~1 min (CPU)", "bench.overlap", "--device cpu|cuda"),
     Benchmark("server", "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams", "~4 min", "bench.server", "--concurrency 32"),
+    Benchmark("scale-out", "Ray Serve: adapter-affinity hit rate and throughput, multiplexed vs round-robin (2 replicas, 16 adapters); simulated 8-64 replicas over 1,000", "~5 min", "bench.scale_out", "--skip-live"),
     Benchmark("kernels", "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth", "<= 4 min (H100)", "bench.kernels", "--sweep"),
     Benchmark("gpu-step", "GPU: a decode step's time vs its bytes on 1B and 8B shapes, batches 32/64/128; a 4,096-token prefill", "<= 5 min (H100)", "bench.gpu_step", "--shape 1b 8b"),
     Benchmark("gpu-decode", "GPU: batch-32 decode with 32 adapters vs none vs transformers + PEFT, end to end", "<= 5 min (H100)", "bench.gpu_decode", "--eager"),

@@ -195,7 +195,8 @@ class RateLimiter:
             return (1.0 - tokens) / rate
 
 
-def _bearer(request: Request) -> str | None:
+def bearer_key(request: Request) -> str | None:
+    """The key of `Authorization: Bearer <key>`, or None."""
     header = request.headers.get("authorization")
     if header is None:
         return None
@@ -216,7 +217,7 @@ async def authenticate(request: Request) -> Caller:
     if ring is None:
         caller = ANONYMOUS
     else:
-        presented = _bearer(request)
+        presented = bearer_key(request)
         if presented is None:
             state.metrics.auth_failures.labels(reason="missing").inc()
             raise unauthorized("no API key: send it as `Authorization: Bearer <key>` (the openai client's api_key)")

@@ -10,7 +10,7 @@ from bench import run
 
 BENCH = Path(run.__file__).resolve().parent
 # modules that are no benchmark of their own: the scenarios' parts and their shared helpers
-SUPPORT = {"__init__", "run", "assets", "workload", "offline_engine", "hf_baseline", "stats", "patching", "throughput", "serving", "churn"}
+SUPPORT = {"__init__", "run", "assets", "workload", "offline_engine", "hf_baseline", "stats", "patching", "throughput", "serving", "churn", "affinity_sim"}
 
 
 def test_every_module_is_a_listed_benchmark_or_a_part_of_one():
