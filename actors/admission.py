@@ -44,6 +44,7 @@ from loraledger.errors import (
 )
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.canonical import digest
+from loraledger.structured_outputs import canonical_constraint
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -65,6 +66,7 @@ class Admission:
         enable_lora: bool,
         audit_prompts: str,
         base_model_fingerprint: str,
+        grammars=None,
     ) -> None:
         self._inbox = inbox
         self._loader = loader
@@ -77,6 +79,7 @@ class Admission:
         self._enable_lora = enable_lora
         self._audit_prompts = audit_prompts
         self._base_fp = base_model_fingerprint
+        self._grammars = grammars  # GrammarCompiler: structured_outputs compiled once per distinct constraint
         self._in_flight: set[str] = set()  # admitted or being admitted, not yet released
         self._admitting: dict[str, object] = {}  # request id -> caller channel, while being admitted
         self._abort_on_admit: set[str] = set()
@@ -143,6 +146,7 @@ class Admission:
             tokenizer = await self._tokenizer_for(lora)
             prompt_ids = await self._prompt_token_ids(msg, tokenizer)
             bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, rid)
+            grammar = await self._grammar_for(msg.params, tokenizer)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -197,6 +201,7 @@ class Admission:
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
                     bad_words_token_ids=bad_words,
+                    grammar=grammar,
                 )
             )
         except Exception as exc:
@@ -226,6 +231,19 @@ class Admission:
         )
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._audit.send(AuditAppend(events=[event]))
+
+    async def _grammar_for(self, params, tokenizer):
+        """The compiled grammar of the request's structured_outputs (None without one), compiled in a worker thread
+        unless the cache has it; a constraint that does not compile fails this request with StructuredOutputError."""
+        if params.structured_outputs is None:
+            return None
+        if tokenizer is None or self._grammars is None:
+            raise NoTokenizerError(
+                "structured_outputs needs the model's tokenizer (the grammar is matched against its vocabulary), and this "
+                "engine was built with skip_tokenizer_init=True"
+            )
+        constraint = canonical_constraint(params.structured_outputs)
+        return await anyio.to_thread.run_sync(self._grammars.compile, constraint, tokenizer)
 
     async def _tokenizer_for(self, lora):
         """The request's tokenizer: its adapter's own (read off the event loop the first time) or the model's."""
@@ -324,6 +342,7 @@ class Admission:
             prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
         else:
             prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
+        constraint = None if msg.params.structured_outputs is None else canonical_constraint(msg.params.structured_outputs)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -331,7 +350,7 @@ class Admission:
             lora_int_id=lora.lora_int_id if lora else None,
             lora_path=lora.lora_path if lora else None,
             tenant=recordable(msg.tenant),
-            sampling_params=_recordable_params(msg.params),
+            sampling_params=_recordable_params(msg.params, keep_constraint=self._audit_prompts == "text"),
             prompt_text=recordable(prompt_text) if self._audit_prompts == "text" else None,
             prompt_sha256=None if self._audit_prompts == "none" else prompt_hash,
             prompt_token_count=len(prompt_ids),
@@ -339,6 +358,10 @@ class Admission:
             engine_version=__version__,
             base_model_fingerprint=self._base_fp,
             key_id=msg.key_id,
+            constraint_kind=None if constraint is None else constraint.kind,
+            constraint_sha256=None if constraint is None else constraint.sha256,
+            # the constraint's text follows the prompt's policy (a schema can say as much as a prompt)
+            constraint_text=recordable(constraint.canonical) if constraint is not None and self._audit_prompts == "text" else None,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
         caller = {k: recordable(v) for k, v in (("request_id", msg.caller_request_id), ("user", msg.user)) if v is not None}
@@ -364,9 +387,12 @@ async def _deliver(channel, request_id: str, item: object) -> None:
         pass
 
 
-def _recordable_params(params) -> dict:
-    """Sampling params as builtins, stop strings made recordable like every other text."""
+def _recordable_params(params, *, keep_constraint: bool) -> dict:
+    """Sampling params as builtins, stop strings made recordable like every other text; structured_outputs only where
+    the audit_prompts policy keeps texts (otherwise the binding's constraint_kind and constraint_sha256 name it)."""
     out = msgspec.to_builtins(params)
+    if not keep_constraint:
+        out.pop("structured_outputs", None)
     for name in ("stop", "bad_words"):
         if out.get(name):
             out[name] = [recordable(s) for s in out[name]]

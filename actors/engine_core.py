@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.actors.adapter_loader import AdapterLoader
 from loraledger.actors.admission import Admission
 from loraledger.actors.audit_writer import AuditWriter
@@ -125,6 +126,7 @@ class EngineCore:
             enable_lora=args.enable_lora,
             audit_prompts=args.audit_prompts,
             base_model_fingerprint=s.base_model_fingerprint,
+            grammars=GrammarCompiler(s.model_config.vocab_size, _eos_ids(s.model_config, s.tokenizer)) if s.tokenizer is not None else None,
         )
         await tg.start(self._supervise, "admission", admission)
         await self.record(EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)})

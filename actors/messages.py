@@ -118,6 +118,7 @@ class NewRequest(Msg):
     arrival_time: float
     queued_time: float
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
+    grammar: object = None  # gpu.grammar_compiler.CompiledConstraint of SamplingParams.structured_outputs
 
 
 class TrackRequest(Msg):

@@ -245,6 +245,7 @@ class Scheduler:
             max_output=max(1, max_output),
             stop_ids=stop_ids,
             eos_ids=eos,
+            grammar=msg.grammar,
         )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         bias = params.logit_bias or {}
@@ -638,7 +639,9 @@ class Scheduler:
             req = seq.request
             if not seq.announced:
                 seq.announced = True
-                new_seqs.append(NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len]))
+                new_seqs.append(
+                    NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len], grammar=req.grammar)
+                )
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             start, end = seq.num_scheduled, seq.num_scheduled + num_new
@@ -709,7 +712,7 @@ class Scheduler:
             if token is None:
                 continue
             seq.token_ids.append(token.token_id)
-            finish, stop_reason = self._check_stop(seq, token.token_id)
+            finish, stop_reason = self._check_stop(seq, token.token_id, token.grammar_done)
             updates.append(
                 SeqUpdate(
                     request_id=rid,
@@ -741,9 +744,11 @@ class Scheduler:
         await self._flush_tokens()
         await self._assembler.send(msg)
 
-    def _check_stop(self, seq: Seq, token: int) -> tuple[str | None, int | None]:
+    def _check_stop(self, seq: Seq, token: int, grammar_done: bool = False) -> tuple[str | None, int | None]:
         req = seq.request
         n_out = seq.num_output
+        if grammar_done:  # the grammar is complete (it took EOS): nothing more may follow, whatever min_tokens or ignore_eos say
+            return "stop", token if token in req.stop_ids else None
         if n_out >= req.params.min_tokens:
             if token in req.stop_ids:
                 return "stop", token

@@ -91,6 +91,10 @@ class SamplingParamsError(LoraLedgerError, ValueError):
     """A sampling value is out of range."""
 
 
+class StructuredOutputError(SamplingParamsError):
+    """A structured-outputs constraint is malformed, or its grammar does not compile (the message names the problem)."""
+
+
 class DuplicateRequestError(LoraLedgerError, ValueError):
     """The request id is already in use (in flight, or already in the audit log)."""
 

@@ -137,7 +137,10 @@ class Request(Base):
     are audited as text), `prompt_sha256` (NULL when prompts are not audited),
     `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`, `key_id` (the id
     of the API key that authenticated the request at the HTTP server, which also set `tenant`; NULL for
-    requests submitted in-process or to a server without keys; revision 0005).
+    requests submitted in-process or to a server without keys; revision 0005), `constraint_kind` /
+    `constraint_sha256` / `constraint_text` (structured outputs: the constraint's kind, the sha256 of its
+    canonical JSON text, and that text where prompts are audited as text; NULL for unconstrained
+    requests; revision 0008).
     """
 
     __tablename__ = "requests"
@@ -161,6 +164,9 @@ class Request(Base):
     engine_version: Mapped[str]
     base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
     key_id: Mapped[str | None]
+    constraint_kind: Mapped[str | None]
+    constraint_sha256: Mapped[str | None] = mapped_column(Sha256)
+    constraint_text: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")

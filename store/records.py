@@ -72,6 +72,11 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     engine_version: str
     base_model_fingerprint: str
     key_id: str | None = None  # the API key that authenticated the caller at the HTTP server (and gave the tenant)
+    # structured outputs: the constraint's kind (json, regex, choice, grammar, json_object), the sha256 of its canonical
+    # JSON text, and that text itself where audit_prompts is "text"; None for unconstrained requests
+    constraint_kind: str | None = None
+    constraint_sha256: str | None = None
+    constraint_text: str | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,6 +42,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "engine_version": r.engine_version,
         "base_model_fingerprint": r.base_model_fingerprint,
         "key_id": r.key_id,
+        "constraint_kind": r.constraint_kind,
+        "constraint_sha256": r.constraint_sha256,
+        "constraint_text": r.constraint_text,
     }
 
 
@@ -96,4 +99,7 @@ def request_record(row: Any) -> RequestRecord:
         engine_version=row.engine_version,
         base_model_fingerprint=row.base_model_fingerprint,
         key_id=row.key_id,
+        constraint_kind=row.constraint_kind,
+        constraint_sha256=row.constraint_sha256,
+        constraint_text=row.constraint_text,
     )
