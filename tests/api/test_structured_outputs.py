@@ -187,13 +187,16 @@ def test_preemption_and_async_scheduling_keep_the_grammar(tiny_llama):
     prompts = random_prompts(6, seed=240, lo=10, hi=16)
     params = [SamplingParams(temperature=t, seed=3, max_tokens=MAX, structured_outputs=_so(k))
               for t, k in zip([0, 1.0, 0, 1.0, 0, 1.0], ["json", "json", "regex", "grammar", "choice", "json_object"])]
-    outs = {}
-    for name, kw in {"roomy": {}, "tight": {"num_kv_blocks": 24}, "async": {"async_scheduling": True}}.items():
+    outs, preemptions = {}, {}
+    for name, kw in {"roomy": {}, "tight": {"num_kv_blocks": 20}, "async": {"async_scheduling": True}}.items():
         engine = LLM(model=str(tiny_llama.model_dir), block_size=4, audit_url=None, seed=0, **kw)
         try:
-            outs[name] = [o.outputs[0].token_ids for o in _gen(engine, prompts, params)]
+            done = _gen(engine, prompts, params)
         finally:
             engine.close()
+        outs[name] = [o.outputs[0].token_ids for o in done]
+        preemptions[name] = sum(o.metrics.num_preemptions for o in done)
+    assert preemptions["tight"] > 0, "the cache was meant to be too small"
     assert outs["tight"] == outs["roomy"]
     assert outs["async"] == outs["roomy"]
 
