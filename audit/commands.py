@@ -285,6 +285,10 @@ def format_lineage(lineage: RequestLineage) -> str:
     if b.prompt_text is not None:
         lines.append(f"                {json.dumps(b.prompt_text, ensure_ascii=False)}")
     lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
+    if b.constraint_kind is not None:
+        lines.append(f"  constraint    {b.constraint_kind}, sha256 {b.constraint_sha256 or '-'}")
+        if b.constraint_text is not None:
+            lines.append(f"                {b.constraint_text}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:

@@ -82,7 +82,14 @@ def _binding(
         base_model_fingerprint=BASE_FP,
         # a tenant's requests came through the HTTP server, authenticated by its key (revision 0005 on)
         key_id=f"key-{tenant}" if tenant and key_ids else None,
+        # and some were constrained to a JSON schema (revision 0008 on)
+        **(_constraint(request_id) if tenant and key_ids else {}),
     )
+
+
+def _constraint(request_id: str) -> dict:
+    canonical = '{"kind":"json","spec":{"properties":{"id":{"const":"%s"}},"type":"object"},"any_whitespace":true}' % request_id
+    return {"constraint_kind": "json", "constraint_sha256": hashlib.sha256(canonical.encode()).hexdigest(), "constraint_text": canonical}
 
 
 def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str) -> list[CompletionRecord]:

@@ -18,7 +18,11 @@ from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
 # columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
-ADDED_COLUMNS = {"0005_key_id": ("requests", "key_id")}
+# revision -> the (table, column)s it added
+ADDED_COLUMNS = {
+    "0005_key_id": [("requests", "key_id")],
+    "0008_structured_outputs": [("requests", "constraint_kind"), ("requests", "constraint_sha256"), ("requests", "constraint_text")],
+}
 
 
 def _revisions_after(start: str) -> set[str]:
@@ -27,7 +31,9 @@ def _revisions_after(start: str) -> set[str]:
 
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
-    dropped = {column for rev, (table, column) in ADDED_COLUMNS.items() if rev in _revisions_after(start) and table == "requests"}
+    dropped = {
+        column for rev, added in ADDED_COLUMNS.items() if rev in _revisions_after(start) for table, column in added if table == "requests"
+    }
     with monkeypatch.context() as patch:
         if dropped:
             from sqlalchemy import MetaData, Table
@@ -90,8 +96,11 @@ def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start, monke
         assert guards_present(conn) == []
         assert conn.execute(select(func.count()).select_from(REQUESTS)).scalar_one() == len(synth.requests)
         assert set(conn.execute(select(REQUESTS.c.key_id)).scalars()) == {None}  # rows on record before 0005
+        assert set(conn.execute(select(REQUESTS.c.constraint_sha256)).scalars()) == {None}  # and before 0008
     ensure_schema(engine, db_url)
     engine.dispose()
+    with AuditLog(db_url) as log:  # the rows written before the upgrade verify after it
+        assert log.verify().ok
     with AuditLog(db_url) as log:
         result = log.verify()
     assert result.ok, result.problems
@@ -223,7 +232,7 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            for table, column in ADDED_COLUMNS.values():
+            for table, column in (pair for added in ADDED_COLUMNS.values() for pair in added):
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             return verify_log(conn)
         finally:
