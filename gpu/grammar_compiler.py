@@ -14,6 +14,7 @@ canonical constraint text); a compile error becomes StructuredOutputError naming
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import xgrammar as xgr
 
 from loraledger.errors import StructuredOutputError
-from loraledger.structured_outputs import Constraint
+from loraledger.structured_outputs import MAX_JSON_WHITESPACE, Constraint
 
 
 @dataclass(frozen=True)
@@ -82,9 +83,11 @@ def _compile(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGramma
     try:
         match c.kind:
             case "json":
-                return compiler.compile_json_schema(c.spec, any_whitespace=c.any_whitespace)
+                return compiler.compile_json_schema(c.spec, any_whitespace=c.any_whitespace, max_whitespace_cnt=_whitespace(c))
             case "json_object":
-                return compiler.compile_json_schema({"type": "object"}, any_whitespace=c.any_whitespace, strict_mode=False)
+                return compiler.compile_json_schema(
+                    {"type": "object"}, any_whitespace=c.any_whitespace, strict_mode=False, max_whitespace_cnt=_whitespace(c)
+                )
             case "regex":
                 return compiler.compile_regex(c.spec)
             case "choice":
@@ -98,10 +101,12 @@ def _compile(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGramma
     raise StructuredOutputError(f"unknown structured-outputs kind {c.kind!r}")
 
 
+def _whitespace(c: Constraint) -> int | None:
+    return MAX_JSON_WHITESPACE if c.any_whitespace else None
+
+
 def _choice_grammar(choices: list[str]) -> str:
     """An EBNF grammar whose language is exactly the choices (each a JSON-escaped string literal)."""
-    import json
-
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
 
 

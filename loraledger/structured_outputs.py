@@ -14,6 +14,9 @@ from loraledger.text import storable_text
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 MAX_SPEC_CHARS = 256 << 10  # a schema, pattern, grammar or list of choices, as canonical text
 MAX_CHOICES = 4096
+# JSON kinds: whitespace between tokens comes in runs of at most this many characters (room for pretty-printed JSON's
+# newline and indentation); unbounded, a model that favours whitespace never closes the object
+MAX_JSON_WHITESPACE = 16
 
 
 class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -22,7 +25,8 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     json: a JSON schema (dict, or its JSON text); regex: a pattern the whole output matches;
     choice: the output is exactly one of these strings; grammar: an EBNF grammar (GBNF style,
     as xgrammar takes it, `root ::= ...`); json_object: any JSON object. The options shape the JSON
-    kinds: disable_any_whitespace (no whitespace between JSON tokens), disable_additional_properties
+    kinds: disable_any_whitespace (no whitespace between JSON tokens but xgrammar's ", " and ": "; otherwise runs
+    of at most MAX_JSON_WHITESPACE whitespace characters), disable_additional_properties
     (objects of the schema that do not say otherwise get `additionalProperties: false`);
     whitespace_pattern is vLLM's field, refused here with the reason (the grammar engine has no such option).
     """
@@ -83,6 +87,8 @@ def canonical_constraint(params: StructuredOutputsParams) -> Constraint:
     body = {"kind": kind, "spec": spec}
     if kind in ("json", "json_object"):
         body["any_whitespace"] = not params.disable_any_whitespace
+        if not params.disable_any_whitespace:
+            body["max_whitespace"] = MAX_JSON_WHITESPACE  # part of what the digest names: it shapes the grammar
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     if len(canonical) > MAX_SPEC_CHARS:
         raise StructuredOutputError(
