@@ -162,6 +162,7 @@ class ModelRunner:
         self.kv_cache = None
         self.lora_slots = None
         self.sampler = None
+        self.grammar_mask = None
         self._seqs.clear()
         self._unfinished.clear()
         self._previous = None
