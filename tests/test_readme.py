@@ -73,7 +73,7 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
             requests = conn.execute(text("SELECT count(*) FROM requests")).scalar_one()
     finally:
         engine.dispose()
-    assert requests == 2 * 6  # per run: two from LLM.generate, two from LLM.chat, one from LLMEngine, one from AsyncEngine
+    assert requests == 2 * 9  # per run: two from LLM.generate, two from LLM.chat, one from LLMEngine, one from AsyncEngine, three structured
 
 
 def _only_comments(statement: str) -> bool:
