@@ -9,8 +9,10 @@ from typing import Any
 
 import msgspec
 
-from loraledger.errors import SamplingParamsError, StructuredOutputError
+from loraledger.errors import SamplingParamsError
 from loraledger.structured_outputs import StructuredOutputsParams, frozen_params
+
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
 from loraledger.text import storable_text
 
 
