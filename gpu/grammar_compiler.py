@@ -2,10 +2,10 @@
 
 Why xgrammar rather than llguidance (measured with `python -m bench.run --only structured`, recorded
 in bench/RESULTS.md, "Structured outputs"): filling one step's bitmask for 32 JSON-schema matchers
-takes xgrammar 0.02 ms at the fixture's 512-token vocabulary and 0.1 ms at the bench model's 32k,
-4x and 12x less than llguidance; at a synthetic 150k vocabulary llguidance is ahead (3.0 against
-3.6 ms), but both are a few percent of a batch-32 step there, and the mask is applied by xgrammar's
-kernel either way. llguidance compiles lazily (its first mask is cheaper than xgrammar's compile at
+takes xgrammar 0.015 ms at the fixture's 512-token vocabulary and 0.1 ms at the bench model's 32k,
+at least 4x and 11x less than llguidance (two runs); at a synthetic 150k vocabulary llguidance is
+ahead (2.6-3.0 against 3.6-4.8 ms), which is a few percent of a batch-32 step of a model with such
+a vocabulary on this CPU, and xgrammar's kernel applied masks faster than llguidance's at every size. llguidance compiles lazily (its first mask is cheaper than xgrammar's compile at
 32k and 150k), which a compile cache hides after the first request of a schema. xgrammar is also
 vLLM's default backend, so a vLLM user's schema means the same grammar here.
 
