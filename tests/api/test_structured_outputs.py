@@ -153,24 +153,30 @@ def test_greedy_equals_transformers_masked_by_the_same_grammar(llm, tiny_llama, 
         assert ref[-1] == eos and out.outputs[0].finish_reason == "stop"
 
 
-def test_sampled_n_and_logprobs_report_the_constrained_distribution(llm):
-    """Sampled rows and n > 1: every completion has its own matcher and validates; logprobs are those of the masked
-    logits (tokens the grammar forbids have no probability, the chosen tokens' probabilities over allowed ones sum to 1)."""
-    prompts = _texts(2, seed=220)
-    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=MAX, logprobs=5, structured_outputs=_so("choice"))
-    outs = _gen_text(llm, prompts, params)
+def test_sampled_n_and_logprobs_report_the_constrained_distribution(llm, tiny_llama):
+    """Sampled rows and n > 1: every completion has its own matcher and validates. Logprobs are those of the masked
+    logits: at each step the tokens the grammar allows carry the whole probability (their top-20 logprobs sum to 1),
+    and every token with a finite logprob continues the output towards one of the choices."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama.model_dir)
+    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=MAX, logprobs=20, structured_outputs=_so("choice"))
+    outs = _gen_text(llm, _texts(2, seed=220), params)
     for out in outs:
         assert len(out.outputs) == 3
         for c in out.outputs:
             assert c.text in CHOICES and c.finish_reason == "stop"
+            prefix: list[int] = []
             for token, step in zip(c.token_ids, c.logprobs):
-                assert step[token].logprob <= 0.0
-                # whatever the top-5 list holds past the allowed tokens has no probability at all
-                finite = [lp.logprob for lp in step.values() if lp.logprob != float("-inf")]
-                assert sum(torch.tensor(finite).exp().tolist()) <= 1.0 + 1e-4
-    # the first token of "yes" / "no" / "maybe later" is forced among few: its logprob is far above the raw one's scale
-    first = outs[0].outputs[0].logprobs[0]
-    assert max(lp.logprob for lp in first.values()) > -3.0
+                finite = {t: lp.logprob for t, lp in step.items() if lp.logprob != float("-inf")}
+                assert token in finite
+                if token == tokenizer.eos_token_id:
+                    assert list(finite) == [token] and finite[token] == pytest.approx(0.0, abs=1e-5)  # complete: EOS alone
+                    break
+                assert sum(torch.tensor(list(finite.values())).exp().tolist()) == pytest.approx(1.0, abs=1e-3)
+                for t in finite:
+                    if t != tokenizer.eos_token_id:
+                        text = tokenizer.decode(prefix + [t])
+                        assert any(choice.startswith(text) for choice in CHOICES), (text, CHOICES)
+                prefix.append(token)
 
 
 def test_stop_strings_and_constraints_together(llm):
@@ -179,6 +185,15 @@ def test_stop_strings_and_constraints_together(llm):
                                                                 structured_outputs=StructuredOutputsParams(choice=["maybe later"])))[0]
     c = out.outputs[0]
     assert c.text == "maybe " and c.finish_reason == "stop" and c.stop_reason == "later"
+
+
+def test_the_grammar_ends_the_output_whatever_ignore_eos_and_min_tokens_say(llm):
+    """Once the grammar is complete only EOS may follow: the request stops there (finish_reason "stop"), also with
+    ignore_eos=True and with min_tokens beyond the grammar's length (which would otherwise hold EOS back)."""
+    for extra in ({"ignore_eos": True}, {"min_tokens": 20}):
+        out = _gen_text(llm, _texts(1, seed=235), SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("choice"), **extra))[0]
+        c = out.outputs[0]
+        assert c.text in CHOICES and c.finish_reason == "stop" and len(c.token_ids) < 20, extra
 
 
 def test_preemption_and_async_scheduling_keep_the_grammar(tiny_llama):
