@@ -17,6 +17,7 @@ canonical constraint text); a compile error becomes StructuredOutputError naming
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,12 +43,13 @@ class CompiledConstraint:
 class GrammarCompiler:
     """Compiles constraints for the engine's vocabulary; thread-safe (Admission calls it from worker threads)."""
 
-    def __init__(self, vocab_size: int, stop_token_ids: tuple[int, ...], *, max_cached: int = 256) -> None:
+    def __init__(self, vocab_size: int, stop_token_ids: tuple[int, ...], *, max_cached: int = 256, max_tokenizers: int = 16) -> None:
         self._vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's vocabulary)
         self._stop = list(stop_token_ids)
         self._max_cached = max_cached
         self._lock = threading.Lock()
-        self._compilers: dict[int, tuple[object, xgr.GrammarCompiler]] = {}  # id(tokenizer) -> (tokenizer, compiler)
+        self._max_tokenizers = max_tokenizers  # the model's and the adapters' own tokenizers, most recently used
+        self._compilers: OrderedDict[int, tuple[object, xgr.GrammarCompiler]] = OrderedDict()  # id(tokenizer) -> (tokenizer, compiler)
         self._cache: OrderedDict[tuple[int, str], CompiledConstraint] = OrderedDict()
         self.compiles = 0  # grammars compiled (cache misses), for tests and stats
 
@@ -73,11 +75,16 @@ class GrammarCompiler:
         with self._lock:
             known = self._compilers.get(id(tokenizer))
             if known is not None and known[0] is tokenizer:
+                self._compilers.move_to_end(id(tokenizer))
                 return known[1]
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop or None)
         compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # our cache is the bounded one
         with self._lock:
             self._compilers[id(tokenizer)] = (tokenizer, compiler)  # holds the tokenizer: its id stays unique
+            while len(self._compilers) > self._max_tokenizers:
+                gone, _ = self._compilers.popitem(last=False)
+                for key in [k for k in self._cache if k[0] == gone]:  # an id may be reused by a later tokenizer
+                    del self._cache[key]
         return compiler
 
 
@@ -112,6 +119,10 @@ def _choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
 
 
+_SOURCE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # xgrammar's "[hh:mm:ss] file.cc:line: " before its message
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    text = _SOURCE_PREFIX.sub("", lines[0]) if lines else type(exc).__name__
     return text if len(text) <= 500 else text[:500] + "..."
