@@ -350,7 +350,7 @@ class Admission:
             lora_int_id=lora.lora_int_id if lora else None,
             lora_path=lora.lora_path if lora else None,
             tenant=recordable(msg.tenant),
-            sampling_params=_recordable_params(msg.params, keep_constraint=self._audit_prompts == "text"),
+            sampling_params=_recordable_params(msg.params),
             prompt_text=recordable(prompt_text) if self._audit_prompts == "text" else None,
             prompt_sha256=None if self._audit_prompts == "none" else prompt_hash,
             prompt_token_count=len(prompt_ids),
@@ -387,12 +387,12 @@ async def _deliver(channel, request_id: str, item: object) -> None:
         pass
 
 
-def _recordable_params(params, *, keep_constraint: bool) -> dict:
-    """Sampling params as builtins, stop strings made recordable like every other text; structured_outputs only where
-    the audit_prompts policy keeps texts (otherwise the binding's constraint_kind and constraint_sha256 name it)."""
+def _recordable_params(params) -> dict:
+    """Sampling params as builtins, stop strings made recordable like every other text. structured_outputs is not
+    among them: the binding's constraint_kind, constraint_sha256 and (per audit_prompts) constraint_text record it,
+    exactly (the canonical text escapes what a database's JSON could not hold)."""
     out = msgspec.to_builtins(params)
-    if not keep_constraint:
-        out.pop("structured_outputs", None)
+    out.pop("structured_outputs", None)
     for name in ("stop", "bad_words"):
         if out.get(name):
             out[name] = [recordable(s) for s in out[name]]

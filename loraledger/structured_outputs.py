@@ -90,6 +90,12 @@ def canonical_constraint(params: StructuredOutputsParams) -> Constraint:
         if not params.disable_any_whitespace:
             body["max_whitespace"] = MAX_JSON_WHITESPACE  # part of what the digest names: it shapes the grammar
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    try:
+        canonical.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StructuredOutputError(
+            f"StructuredOutputsParams.{kind} holds a lone surrogate (not Unicode text, so the audit log cannot store or hash it)"
+        ) from None
     if len(canonical) > MAX_SPEC_CHARS:
         raise StructuredOutputError(
             f"StructuredOutputsParams.{kind} is {len(canonical)} characters in canonical form, above the limit of {MAX_SPEC_CHARS}"
@@ -111,6 +117,15 @@ def frozen_params(params: StructuredOutputsParams) -> StructuredOutputsParams:
         values["disable_any_whitespace"] = True
     if params.disable_additional_properties:
         values["disable_additional_properties"] = True
+    return StructuredOutputsParams(**values)
+
+
+def from_canonical(canonical: str) -> StructuredOutputsParams:
+    """The StructuredOutputsParams a Constraint's canonical text stands for (its canonical text is the same)."""
+    body = json.loads(canonical)
+    values: dict[str, Any] = {body["kind"]: body["spec"]}
+    if body["kind"] in ("json", "json_object") and not body.get("any_whitespace", True):
+        values["disable_any_whitespace"] = True
     return StructuredOutputsParams(**values)
 
 

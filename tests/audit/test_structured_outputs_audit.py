@@ -15,7 +15,7 @@ from loraledger.audit.commands import format_lineage
 from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store.audit_store import REQUESTS, AuditStore
 from loraledger.store.guards import guards_for
-from loraledger.structured_outputs import canonical_constraint
+from loraledger.structured_outputs import canonical_constraint, from_canonical
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 
@@ -34,10 +34,11 @@ def test_the_binding_records_the_constraint_per_audit_prompts(tmp_path, tiny_lla
     constrained, plain = rows[outs[0].request_id], rows[outs[1].request_id]
     assert constrained.constraint_kind == "json"
     assert constrained.constraint_sha256 == expected.sha256 == hashlib.sha256(expected.canonical.encode()).hexdigest()
-    if policy == "text":
-        assert constrained.constraint_text == expected.canonical and "structured_outputs" in constrained.sampling_params
-    else:  # the schema can say as much as a prompt: neither its text nor the parameters holding it are kept
-        assert constrained.constraint_text is None and "structured_outputs" not in constrained.sampling_params
+    # the schema can say as much as a prompt: its text is kept where prompts are; the parameters never hold it
+    assert constrained.constraint_text == (expected.canonical if policy == "text" else None)
+    assert "structured_outputs" not in constrained.sampling_params
+    if policy == "text":  # what a resumed request is rebuilt from
+        assert canonical_constraint(from_canonical(constrained.constraint_text)) == expected
     assert plain.constraint_kind is plain.constraint_sha256 is plain.constraint_text is None
     with AuditLog(url) as log:
         assert log.verify().ok
