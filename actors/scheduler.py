@@ -13,7 +13,10 @@ step N runs, each sequence that step N samples taking PENDING_TOKEN as its input
 it in on the device). What step N's tokens decide is settled when they come back: a sequence that
 stops there (EOS, a stop id or string) had one step's work too many, which is dropped. A plan made
 ahead never preempts: when KV blocks run short, the Scheduler waits for the steps in flight and
-plans that step alone.
+plans that step alone. A sequence under a grammar (structured outputs) is planned ahead like any
+other, but its mask needs the token before it: the runner reads the previous step's ids back before
+masking such a step (as it does for penalties), so those steps do not overlap; a grammar that
+completes ends its sequence with finish_reason "stop" (SampledToken.grammar_done).
 
 Seats in the running batch are shared fairly between requests: waiting sequences are admitted
 round-robin by request, a request holds at most an equal share of max_num_seqs while others want
