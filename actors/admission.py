@@ -44,6 +44,7 @@ from loraledger.errors import (
 )
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.canonical import digest
+from loraledger.structured_outputs import canonical_constraint
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -65,6 +66,7 @@ class Admission:
         enable_lora: bool,
         audit_prompts: str,
         base_model_fingerprint: str,
+        grammars=None,
     ) -> None:
         self._inbox = inbox
         self._loader = loader
@@ -77,6 +79,7 @@ class Admission:
         self._enable_lora = enable_lora
         self._audit_prompts = audit_prompts
         self._base_fp = base_model_fingerprint
+        self._grammars = grammars  # GrammarCompiler: structured_outputs compiled once per distinct constraint
         self._in_flight: dict[str, str] = {}  # audit key -> caller id: admitted or being admitted, not yet released
         # caller id -> the audit key of the live request holding it; freed when that request ends or is aborted
         # (vLLM: a caller may reuse an id once its request is finished or aborted; only two live ones clash)
@@ -170,6 +173,7 @@ class Admission:
             tokenizer = await self._tokenizer_for(lora)
             prompt_ids = await self._prompt_token_ids(msg, tokenizer)
             bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
+            grammar = await self._grammar_for(msg.params, tokenizer)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -226,6 +230,7 @@ class Admission:
                     queued_time=queued,
                     bad_words_token_ids=bad_words,
                     caller_request_id=msg.caller_request_id,
+                    grammar=grammar,
                 )
             )
         except Exception as exc:
@@ -255,6 +260,19 @@ class Admission:
         )
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._audit.send(AuditAppend(events=[event]))
+
+    async def _grammar_for(self, params, tokenizer):
+        """The compiled grammar of the request's structured_outputs (None without one), compiled in a worker thread
+        unless the cache has it; a constraint that does not compile fails this request with StructuredOutputError."""
+        if params.structured_outputs is None:
+            return None
+        if tokenizer is None or self._grammars is None:
+            raise NoTokenizerError(
+                "structured_outputs needs the model's tokenizer (the grammar is matched against its vocabulary), and this "
+                "engine was built with skip_tokenizer_init=True"
+            )
+        constraint = canonical_constraint(params.structured_outputs)
+        return await anyio.to_thread.run_sync(self._grammars.compile, constraint, tokenizer)
 
     async def _tokenizer_for(self, lora):
         """The request's tokenizer: its adapter's own (read off the event loop the first time) or the model's."""
@@ -353,6 +371,7 @@ class Admission:
             prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
         else:
             prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
+        constraint = None if msg.params.structured_outputs is None else canonical_constraint(msg.params.structured_outputs)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -370,6 +389,10 @@ class Admission:
             key_id=msg.key_id,
             caller_request_id=recordable(msg.caller_request_id or msg.request_id),
             chat_template_sha256=msg.chat_template_sha256,
+            constraint_kind=None if constraint is None else constraint.kind,
+            constraint_sha256=None if constraint is None else constraint.sha256,
+            # the constraint's text follows the prompt's policy (a schema can say as much as a prompt)
+            constraint_text=recordable(constraint.canonical) if constraint is not None and self._audit_prompts == "text" else None,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
         if msg.user is not None:
@@ -400,8 +423,11 @@ async def _deliver(channel, request_id: str, item: object) -> None:
 
 
 def _recordable_params(params) -> dict:
-    """Sampling params as builtins, stop strings made recordable like every other text."""
+    """Sampling params as builtins, stop strings made recordable like every other text. structured_outputs is not
+    among them: the binding's constraint_kind, constraint_sha256 and (per audit_prompts) constraint_text record it,
+    exactly (the canonical text escapes what a database's JSON could not hold)."""
     out = msgspec.to_builtins(params)
+    out.pop("structured_outputs", None)
     for name in ("stop", "bad_words"):
         if out.get(name):
             out[name] = [recordable(s) for s in out[name]]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.actors.adapter_loader import AdapterLoader
 from loraledger.actors.admission import Admission
 from loraledger.actors.audit_writer import AuditWriter
@@ -51,6 +52,7 @@ class EngineCore:
         self.runner = None
         # counters the loader and the audit writer publish (read by AsyncEngine.get_metrics, never written there)
         self.loader_stats = None
+        self.grammars = None  # GrammarCompiler (admission's), None without a tokenizer
         self.audit_stats = None
         self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
@@ -113,6 +115,8 @@ class EngineCore:
         )
         self.loader_stats = loader.stats
         await tg.start(self._supervise, "loader", loader)
+        if s.tokenizer is not None:
+            self.grammars = GrammarCompiler(s.model_config.vocab_size, _eos_ids(s.model_config, s.tokenizer))
         admission = Admission(
             recv["admission"],
             send("loader"),
@@ -125,6 +129,7 @@ class EngineCore:
             enable_lora=args.enable_lora,
             audit_prompts=args.audit_prompts,
             base_model_fingerprint=s.base_model_fingerprint,
+            grammars=self.grammars,
         )
         await tg.start(self._supervise, "admission", admission)
         await self.record(EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)})

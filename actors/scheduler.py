@@ -13,7 +13,10 @@ step N runs, each sequence that step N samples taking PENDING_TOKEN as its input
 it in on the device). What step N's tokens decide is settled when they come back: a sequence that
 stops there (EOS, a stop id or string) had one step's work too many, which is dropped. A plan made
 ahead never preempts: when KV blocks run short, the Scheduler waits for the steps in flight and
-plans that step alone.
+plans that step alone. A sequence under a grammar (structured outputs) is planned ahead like any
+other, but its mask needs the token before it: the runner reads the previous step's ids back before
+masking such a step (as it does for penalties), so those steps do not overlap; a grammar that
+completes ends its sequence with finish_reason "stop" (SampledToken.grammar_done).
 
 Seats in the running batch are shared fairly between requests: waiting sequences are admitted
 round-robin by request, a request holds at most an equal share of max_num_seqs while others want
@@ -246,6 +249,7 @@ class Scheduler:
             max_output=max(1, max_output),
             stop_ids=stop_ids,
             eos_ids=eos,
+            grammar=msg.grammar,
         )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         bias = params.logit_bias or {}
@@ -639,7 +643,9 @@ class Scheduler:
             req = seq.request
             if not seq.announced:
                 seq.announced = True
-                new_seqs.append(NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len]))
+                new_seqs.append(
+                    NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len], grammar=req.grammar)
+                )
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             start, end = seq.num_scheduled, seq.num_scheduled + num_new
@@ -710,7 +716,7 @@ class Scheduler:
             if token is None:
                 continue
             seq.token_ids.append(token.token_id)
-            finish, stop_reason = self._check_stop(seq, token.token_id)
+            finish, stop_reason = self._check_stop(seq, token.token_id, token.grammar_done)
             updates.append(
                 SeqUpdate(
                     request_id=rid,
@@ -742,9 +748,11 @@ class Scheduler:
         await self._flush_tokens()
         await self._assembler.send(msg)
 
-    def _check_stop(self, seq: Seq, token: int) -> tuple[str | None, int | None]:
+    def _check_stop(self, seq: Seq, token: int, grammar_done: bool = False) -> tuple[str | None, int | None]:
         req = seq.request
         n_out = seq.num_output
+        if grammar_done:  # the grammar is complete (it took EOS): nothing more may follow, whatever min_tokens or ignore_eos say
+            return "stop", token if token in req.stop_ids else None
         if n_out >= req.params.min_tokens:
             if token in req.stop_ids:
                 return "stop", token

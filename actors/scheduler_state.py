@@ -28,6 +28,7 @@ class SchedRequest:
     max_output: int  # min(max_tokens, max_model_len - prompt_len)
     stop_ids: frozenset[int]
     eos_ids: frozenset[int]
+    grammar: object = None  # CompiledConstraint of structured_outputs: each sequence gets a matcher of its own
     seqs: list["Seq"] = field(default_factory=list)
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None

@@ -299,6 +299,10 @@ def format_lineage(lineage: RequestLineage) -> str:
     lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
     if b.chat_template_sha256 is not None:
         lines.append(f"  chat template sha256 {b.chat_template_sha256}")
+    if b.constraint_kind is not None:
+        lines.append(f"  constraint    {b.constraint_kind}, sha256 {b.constraint_sha256 or '-'}")
+        if b.constraint_text is not None:
+            lines.append(f"                {b.constraint_text}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:

@@ -17,6 +17,7 @@ from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
+from loraledger.gpu.grammar_mask import GrammarMask
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
@@ -47,6 +48,16 @@ class SeqState:
     prompt_token_ids: list[int]
     output_token_ids: list[int] = field(default_factory=list)
     num_output: int = 0
+    matcher: object = None  # xgrammar GrammarMatcher of a constrained sequence: it has accepted output_token_ids
+
+    def accept(self, token: int) -> bool:
+        """Append a sampled id (and feed it to the grammar); True when the grammar is complete with it."""
+        self.output_token_ids.append(token)
+        if self.matcher is None or self.matcher.is_terminated():
+            return False
+        if not self.matcher.accept_token(token):
+            raise ConfigError(f"the grammar refused token {token}, sampled under its own mask: the mask and the matcher disagree")
+        return self.matcher.is_terminated()
 
 
 @dataclass
@@ -67,6 +78,7 @@ class LaunchedStep:
     # CUDA: (start, end) around the step's device work, and the previous step's end (for the idle time between)
     events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event | None] | None
     settled: bool = False  # the sampled ids are in the sequences' output_token_ids
+    grammar_done: set[int] = field(default_factory=set)  # sequences whose grammar completed with this step's token
 
 
 class ModelRunner:
@@ -104,6 +116,7 @@ class ModelRunner:
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         self.sampler = Sampler(self.config.vocab_size, self.device)
+        self.grammar_mask = GrammarMask(self.config.vocab_size)
         self.graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda" or ops.name != "cuda":
@@ -149,6 +162,7 @@ class ModelRunner:
         self.kv_cache = None
         self.lora_slots = None
         self.sampler = None
+        self.grammar_mask = None
         self._seqs.clear()
         self._unfinished.clear()
         self._previous = None
@@ -183,9 +197,12 @@ class ModelRunner:
         for seq_id in plan.freed_seq_ids:
             self._seqs.pop(seq_id, None)
         for new in plan.new_seqs:
-            self._seqs[new.seq_id] = SeqState(
-                new.sampling, list(new.prompt_token_ids), list(new.output_token_ids), len(new.output_token_ids)
-            )
+            state = SeqState(new.sampling, list(new.prompt_token_ids), num_output=len(new.output_token_ids))
+            if new.grammar is not None:
+                state.matcher = new.grammar.matcher()
+            for token in new.output_token_ids:  # a recomputed sequence: its grammar state is rebuilt from its outputs
+                state.accept(token)
+            self._seqs[new.seq_id] = state
         work = [s for s in plan.seqs if s.seq_id not in lost or not s.token_ids or s.token_ids[-1] != PENDING_TOKEN]
         if not work:
             step = LaunchedStep(plan.step_id, [], {}, None, None, time.perf_counter() - t0, 0.0, None)
@@ -195,8 +212,10 @@ class ModelRunner:
         seqs, num_decode = order_for_batch(work)
         states = self._check(seqs)
         pending = self._pending_sources(seqs)
-        if any(s.sample and st.spec.needs_history for s, st in zip(seqs, states)):
-            self._settle_all()  # penalties read earlier outputs' values: wait for the ids still on the device
+        if any(s.sample and (st.spec.needs_history or st.matcher is not None) for s, st in zip(seqs, states)):
+            # penalties read earlier outputs' values, and a grammar's mask follows from them: wait for the ids
+            # still on the device (a step planned ahead runs, but its constrained rows' masks wait for the one before)
+            self._settle_all()
         logits = None
         if self.graphs is not None and num_decode == len(seqs) and self.graphs.accepts(seqs):
             layout = decode_layout(seqs)
@@ -244,7 +263,7 @@ class ModelRunner:
             out = step.job.result()
             ranks = out.ranks or [None] * len(step.seq_ids)
             sampled = [
-                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j])
+                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j], sid in step.grammar_done)
                 for j, sid in enumerate(step.seq_ids)
             ]
         prompt_lps = [] if step.prompt is None else step.prompt.result()
@@ -300,8 +319,8 @@ class ModelRunner:
             return
         for sid, token in zip(step.seq_ids, step.job.result().token_ids):
             state = self._seqs.get(sid)
-            if state is not None:  # freed meanwhile: aborted or stopped while the step ran
-                state.output_token_ids.append(token)
+            if state is not None and state.accept(token):  # None: freed meanwhile (aborted or stopped while the step ran)
+                step.grammar_done.add(sid)
 
     def _settle_all(self) -> None:
         for step in self._unfinished:
@@ -345,13 +364,17 @@ class ModelRunner:
         if not which:
             return None, []
         rows = [
-            SampleRow(states[i].spec, states[i].prompt_token_ids, states[i].output_token_ids, states[i].num_output)
+            SampleRow(states[i].spec, states[i].prompt_token_ids, states[i].output_token_ids, states[i].num_output,
+                      constrained=states[i].matcher is not None)
             for i in which
         ]
         for i in which:
             states[i].num_output += 1
         row_idx = to_device(layout.sample_row[which], torch.int64, logits.device)
-        job = self.sampler.sample_async(logits.index_select(0, row_idx), rows)
+        picked = logits.index_select(0, row_idx).float()
+        # constrained rows: the grammar's mask, for the whole batch in one call; logprobs then report the constrained distribution
+        self.grammar_mask.apply(picked, [states[i].matcher for i in which])
+        job = self.sampler.sample_async(picked, rows)
         return job, [seqs[i].seq_id for i in which]
 
     def _prompt_logprobs(

@@ -2,7 +2,8 @@
 
 Logits are processed in vLLM's order: allowed_token_ids, bad_words, min_tokens and logit_bias, then
 the penalties, then temperature, top-k, top-p and min-p. Logprobs (and ranks) are always those of
-the raw logits (vLLM's default logprobs mode).
+the raw logits (vLLM's default logprobs mode); for a row under a grammar, the logits the sampler gets
+are already masked by it, so its logprobs are those of the constrained distribution.
 
 Random rows use the Gumbel-max race `argmax(logits / T + G)`, where the noise G of vocabulary entry v
 is a pure function of (sequence seed, output position, v). A seeded sequence therefore picks the same
@@ -38,6 +39,7 @@ class SampleRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]  # tokens sampled so far
     num_output: int | None = None
+    constrained: bool = False  # a grammar masked this row's logits already; its end, not min_tokens, decides on EOS
 
     @property
     def position(self) -> int:
@@ -225,7 +227,7 @@ class Sampler:
         pairs = [
             (i, t)
             for i, (r, s) in enumerate(zip(rows, specs))
-            if s.min_tokens > 0 and r.position < s.min_tokens
+            if s.min_tokens > 0 and r.position < s.min_tokens and not r.constrained
             for t in s.stop_ids
             if 0 <= t < logits.shape[1]
         ]

@@ -61,6 +61,7 @@ class NewSeq(msgspec.Struct, frozen=True, array_like=True):
     sampling: SamplingSpec
     prompt_token_ids: list[int]  # for repetition penalty and prompt logprobs
     output_token_ids: list[int] = []  # tokens generated before (after preemption of a forked sequence)
+    grammar: object = None  # gpu.grammar_compiler.CompiledConstraint: the sequence's output is constrained to it
 
 
 class SeqWork(msgspec.Struct, frozen=True, array_like=True):
@@ -99,6 +100,7 @@ class SampledToken(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     logprob: float  # log_softmax of the raw logits at the sampled token
     top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), best first, when asked
     rank: int | None = None  # the sampled token's rank in the raw logits (1: the most likely), when logprobs are asked
+    grammar_done: bool = False  # the sequence's grammar is complete with this token: nothing more may follow
 
 
 class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):

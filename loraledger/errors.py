@@ -91,6 +91,10 @@ class SamplingParamsError(LoraLedgerError, ValueError):
     """A sampling value is out of range."""
 
 
+class StructuredOutputError(SamplingParamsError):
+    """A structured-outputs constraint is malformed, or its grammar does not compile (the message names the problem)."""
+
+
 class DuplicateRequestError(LoraLedgerError, ValueError):
     """The request id is held by a request that has not finished (vLLM's rule: an id may be reused once its request
     has finished or been aborted; the audit log keys every request with an id of its own)."""

@@ -15,6 +15,7 @@ from loraledger.errors import LoraLedgerError
 from loraledger.lora_request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.store.records import EventKind
+from loraledger.structured_outputs import from_canonical
 
 # the dedup keys keep a retried start from writing these events twice
 INTERRUPTED_KEY = "interrupted:{}"
@@ -81,6 +82,11 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
         if record.lora_int_id is not None:
             lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
         params = msgspec.convert(record.sampling_params, SamplingParams, str_keys=True)  # logit_bias keys come back as JSON str
+        if record.constraint_kind is not None:
+            if record.constraint_text is None:
+                results[rid] = LoraLedgerError(f"request {rid!r} cannot be resumed: its constraint's text was not kept (audit_prompts != 'text')")
+                return
+            params = msgspec.structs.replace(params, structured_outputs=from_canonical(record.constraint_text))
         channel = await engine.submit(
             record.caller_request_id or rid,  # a binding from before revision 0006: its key was the caller's id
             {"prompt_token_ids": prompt_ids},

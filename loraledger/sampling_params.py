@@ -10,6 +10,9 @@ from typing import Any
 import msgspec
 
 from loraledger.errors import SamplingParamsError
+from loraledger.structured_outputs import StructuredOutputsParams, frozen_params
+
+__all__ = ["RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]
 from loraledger.text import storable_text
 
 
@@ -62,6 +65,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     allowed_token_ids: list[int] | None = None  # sample only these ids
     bad_words: list[str] = []  # words never generated (their last token is barred after the rest of them)
     extra_args: dict[str, Any] | None = None  # kept and recorded, read by nothing here (vLLM: for plugins)
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a schema, pattern, choice or grammar
 
     def __post_init__(self) -> None:
         for name, value in _checked(self, list).items():
@@ -246,6 +250,11 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
         raise bad("bad_words", f"must be a list of at most {MAX_BAD_WORDS} words, each non-blank and at most {MAX_BAD_WORD_CHARS} characters")
     values["bad_words"] = seq(storable_text(w, "SamplingParams.bad_words: a word", SamplingParamsError) for w in words)
     values["extra_args"] = _extra_args(values["extra_args"], bad)
+    constraint = values["structured_outputs"]
+    if constraint is not None:
+        if not isinstance(constraint, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be a StructuredOutputsParams (from loraledger.sampling_params) or None")
+        values["structured_outputs"] = frozen_params(constraint)
     if values["stop"] and not values["detokenize"]:
         raise bad("stop", "needs detokenize=True (stop strings are matched in the text; vLLM's rule)")
     if float(values["temperature"]) < _GREEDY_BELOW:

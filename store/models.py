@@ -141,7 +141,9 @@ class Request(Base):
     own request id, which it may reuse once the earlier request has finished; `request_id` is the audit key the
     engine made, a UUIDv7) and `chat_template_sha256` (sha256 hex of the chat template that rendered a chat
     request's prompt; NULL for other requests), both revision 0006. Rows written before 0006 hold NULL in both:
-    their `request_id` was the caller's id too.
+    their `request_id` was the caller's id too. `constraint_kind` / `constraint_sha256` / `constraint_text`
+    (structured outputs: the constraint's kind, the sha256 of its canonical JSON text, and that text where
+    prompts are audited as text; NULL for unconstrained requests; revision 0008).
     """
 
     __tablename__ = "requests"
@@ -168,6 +170,9 @@ class Request(Base):
     key_id: Mapped[str | None]
     caller_request_id: Mapped[str | None]
     chat_template_sha256: Mapped[str | None] = mapped_column(Sha256)
+    constraint_kind: Mapped[str | None]
+    constraint_sha256: Mapped[str | None] = mapped_column(Sha256)
+    constraint_text: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")

@@ -79,6 +79,11 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     # revision 0006; bindings admitted before it carry neither key (read as None, so they verify as before)
     caller_request_id: str | None = None  # the caller's request id (RequestOutput.request_id)
     chat_template_sha256: str | None = None  # LLM.chat / the chat route: sha256 hex of the template that rendered the prompt
+    # structured outputs: the constraint's kind (json, regex, choice, grammar, json_object), the sha256 of its canonical
+    # JSON text, and that text itself where audit_prompts is "text"; None for unconstrained requests
+    constraint_kind: str | None = None
+    constraint_sha256: str | None = None
+    constraint_text: str | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,6 +44,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "key_id": r.key_id,
         "caller_request_id": r.caller_request_id,
         "chat_template_sha256": r.chat_template_sha256,
+        "constraint_kind": r.constraint_kind,
+        "constraint_sha256": r.constraint_sha256,
+        "constraint_text": r.constraint_text,
     }
 
 
@@ -100,4 +103,7 @@ def request_record(row: Any) -> RequestRecord:
         key_id=row.key_id,
         caller_request_id=row.caller_request_id,
         chat_template_sha256=row.chat_template_sha256,
+        constraint_kind=row.constraint_kind,
+        constraint_sha256=row.constraint_sha256,
+        constraint_text=row.constraint_text,
     )

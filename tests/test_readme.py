@@ -75,8 +75,8 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
     finally:
         engine.dispose()
     # per run: two from LLM.generate, two from LLM.chat, one from LLMEngine, one from AsyncEngine, three from the
-    # in-place reload loop
-    assert requests == 2 * 9
+    # in-place reload loop, three structured
+    assert requests == 2 * 12
 
 
 def _only_comments(statement: str) -> bool:

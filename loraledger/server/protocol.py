@@ -64,6 +64,15 @@ class _Sampling(_Body):
     use_beam_search: bool | None = False
     priority: int | None = 0
     vllm_xargs: dict[str, Any] | None = None  # vLLM: SamplingParams.extra_args (kept on record)
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs (StructuredOutputsParams' fields), or
+    # vLLM's legacy guided_* fields; one of them per request
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -86,7 +95,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     echo: bool | None = False

@@ -60,8 +60,6 @@ class OpenAIServingChat(OpenAIServing):
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
         if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):
             raise APIError(400, "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')", param="tool_choice")
-        if req.response_format is not None and req.response_format.get("type") not in (None, "text"):
-            raise APIError(400, "structured output (response_format json_object / json_schema) is not supported yet", param="response_format")
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs

@@ -18,6 +18,7 @@ from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
+from loraledger.server.structured_outputs import structured_outputs_for
 
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 
@@ -141,6 +142,7 @@ class OpenAIServing:
         if req.vllm_xargs is not None:
             fields["extra_args"] = req.vllm_xargs
         fields["output_kind"] = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+        fields["structured_outputs"] = structured_outputs_for(req)
         try:
             return SamplingParams(**fields)
         except TypeError as exc:  # a value of a type SamplingParams cannot even compare

@@ -34,6 +34,7 @@ from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger import errors as E
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
+from loraledger.sampling_params import StructuredOutputsParams
 from tests.api.conftest import loras_for, random_prompts
 from tests.db_fixtures import _libpq
 from tests.model_fixtures import hf_reference_generate
@@ -140,6 +141,12 @@ VLLM_FIELD_VALUES = {
     "n": st.integers(2, 5),  # greedy (the base parameters) allows n=1 only
     "stop": st.sampled_from([[], None, ["x"], "x"]),
     "stop_token_ids": st.lists(token_id, max_size=3),
+    # constraints that are well-formed but do not compile (refused at admission, for that request only), or odd but valid
+    "structured_outputs": st.sampled_from([
+        ("regex", "(a"), ("regex", "a{5,2}"), ("grammar", "root ::= nowhere"), ("grammar", "root ::= \"a\" |"),
+        ("json", {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}), ("json", {"type": "nonsense"}),
+        ("choice", ["\x00", "\u00e9\U0001F600"]), ("json_object", True),
+    ]).map(lambda kv: StructuredOutputsParams(**{kv[0]: kv[1]})),
 }
 vllm_sampling = st.one_of(*[st.tuples(st.just(name), values, st.sampled_from(["mutate", "construct"])) for name, values in VLLM_FIELD_VALUES.items()])
 ADAPTER_DAMAGE = [

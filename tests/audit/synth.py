@@ -86,7 +86,14 @@ def _binding(
         # numbers requests "0", "1", ... per instance), and the digest of the chat template of chat requests
         caller_request_id=str(int(request_id.rsplit("-", 1)[-1]) % 7) if key_ids else None,
         chat_template_sha256=hashlib.sha256(f"template {tenant}".encode()).hexdigest() if tenant and key_ids else None,
+        # and some were constrained to a JSON schema (revision 0008 on)
+        **(_constraint(request_id) if tenant and key_ids else {}),
     )
+
+
+def _constraint(request_id: str) -> dict:
+    canonical = '{"kind":"json","spec":{"properties":{"id":{"const":"%s"}},"type":"object"},"any_whitespace":true}' % request_id
+    return {"constraint_kind": "json", "constraint_sha256": hashlib.sha256(canonical.encode()).hexdigest(), "constraint_text": canonical}
 
 
 def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str) -> list[CompletionRecord]:

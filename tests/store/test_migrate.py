@@ -17,11 +17,12 @@ from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
-# columns a revision added, (table, column, ...): a database at an earlier revision is written the way loraledger
-# wrote it then
+# columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
+# revision -> the (table, column)s it added
 ADDED_COLUMNS = {
-    "0005_key_id": ("requests", "key_id"),
-    "0006_request_identity": ("requests", "caller_request_id", "chat_template_sha256"),
+    "0005_key_id": [("requests", "key_id")],
+    "0006_request_identity": [("requests", "caller_request_id"), ("requests", "chat_template_sha256")],
+    "0008_structured_outputs": [("requests", "constraint_kind"), ("requests", "constraint_sha256"), ("requests", "constraint_text")],
 }
 
 
@@ -32,10 +33,7 @@ def _revisions_after(start: str) -> set[str]:
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
     dropped = {
-        column
-        for rev, (table, *columns) in ADDED_COLUMNS.items()
-        if rev in _revisions_after(start) and table == "requests"
-        for column in columns
+        column for rev, added in ADDED_COLUMNS.items() if rev in _revisions_after(start) for table, column in added if table == "requests"
     }
     with monkeypatch.context() as patch:
         if dropped:
@@ -101,9 +99,10 @@ def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start, monke
         assert set(conn.execute(select(REQUESTS.c.key_id)).scalars()) == {None}  # rows on record before 0005
         if "0006_request_identity" in _revisions_after(start):  # rows on record before 0006: request_id is the caller's id
             assert set(conn.execute(select(REQUESTS.c.caller_request_id, REQUESTS.c.chat_template_sha256))) == {(None, None)}
+        assert set(conn.execute(select(REQUESTS.c.constraint_sha256)).scalars()) == {None}  # and before 0008
     ensure_schema(engine, db_url)
     engine.dispose()
-    with AuditLog(db_url) as log:
+    with AuditLog(db_url) as log:  # the rows written before the upgrade verify after it
         result = log.verify()
     assert result.ok, result.problems
 
@@ -234,9 +233,8 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            for table, *columns in ADDED_COLUMNS.values():
-                for column in columns:
-                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            for table, column in (pair for added in ADDED_COLUMNS.values() for pair in added):
+                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             return verify_log(conn)
         finally:
             trans.rollback()
