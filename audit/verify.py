@@ -235,7 +235,7 @@ class _Walk:
             self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
 
     def _check_hash(self, seq: int, ev: dict[str, Any]) -> None:
-        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"])
+        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"], ev.get("instance_id"))
         try:
             intact = event_hash(ev["prev_hash"], fields) == ev["hash"]
         except (TypeError, ValueError, UnicodeEncodeError):  # a payload with no canonical form cannot be what was hashed

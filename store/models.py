@@ -1,4 +1,4 @@
-"""The audit schema as SQLAlchemy 2 typed ORM classes: adapters, requests, completions, events.
+"""The audit schema as SQLAlchemy 2 typed ORM classes: adapters, requests, completions, events, instances (and instance_leases).
 
 The table and column names are a public contract: auditors query them with plain SQL. The
 schema itself is made only by the Alembic revisions in `loraledger.migrations` (never
@@ -44,7 +44,10 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-AUDIT_TABLES = ("adapters", "requests", "completions", "events")
+AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances")
+# coordination state, not audit facts: rows change (a lease is renewed), so no guard and no hash covers them;
+# what they decide (which instance recovered which) is put on the chain as events
+COORDINATION_TABLES = ("instance_leases",)
 
 _SQLITE_UTC_FORMAT = (
     "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d+00:00"
@@ -137,7 +140,8 @@ class Request(Base):
     are audited as text), `prompt_sha256` (NULL when prompts are not audited),
     `prompt_token_count`, `received_at` (UTC), `engine_version`, `base_model_fingerprint`, `key_id` (the id
     of the API key that authenticated the request at the HTTP server, which also set `tenant`; NULL for
-    requests submitted in-process or to a server without keys; revision 0005).
+    requests submitted in-process or to a server without keys; revision 0005), `instance_id` (the engine
+    instance that admitted it, see `instances`; NULL for rows written before revision 0007).
     """
 
     __tablename__ = "requests"
@@ -145,6 +149,7 @@ class Request(Base):
         Index(None, "adapter_fingerprint", "received_at"),
         Index(None, "tenant", "received_at"),
         Index(None, "received_at"),
+        Index(None, "instance_id", "received_at"),
     )
 
     request_id: Mapped[str] = mapped_column(primary_key=True)
@@ -161,6 +166,7 @@ class Request(Base):
     engine_version: Mapped[str]
     base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
     key_id: Mapped[str | None]
+    instance_id: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -208,7 +214,8 @@ class Event(Base):
     admission has events but no binding), `payload` (JSON), `dedup_key` (UNIQUE, NULL-able: a
     second event with the same key is never written), `prev_hash` (the previous row's `hash`;
     64 zeros for seq 1) and `hash` = sha256(prev_hash || canonical JSON of [seq, at, kind,
-    request_id, payload, dedup_key]), see `loraledger.store.hashchain`.
+    request_id, payload, dedup_key]), see `loraledger.store.hashchain`; `instance_id` (the engine instance
+    that wrote the event; NULL for events written by tools and before revision 0007; when set, it is hashed too).
     """
 
     __tablename__ = "events"
@@ -226,3 +233,38 @@ class Event(Base):
     dedup_key: Mapped[str | None]
     prev_hash: Mapped[str] = mapped_column(Sha256)
     hash: Mapped[str] = mapped_column(Sha256)
+    instance_id: Mapped[str | None]
+
+
+class Instance(Base):
+    """`instances`: one row per engine start (revision 0007), written once and vouched for by its
+    instance_registered event.
+
+    Columns: `instance_id` (PK, made by the engine, unique forever), `host`, `pid`, `engine_version`,
+    `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal).
+    """
+
+    __tablename__ = "instances"
+
+    instance_id: Mapped[str] = mapped_column(primary_key=True)
+    host: Mapped[str]
+    pid: Mapped[int]
+    engine_version: Mapped[str]
+    started_at: Mapped[dt.datetime]
+    lease_seconds: Mapped[float]
+
+
+class InstanceLease(Base):
+    """`instance_leases`: the lease each instance renews while it runs (coordination state, updated in place).
+
+    Columns: `instance_id` (PK), `expires_at` (UTC, by the database's clock), `recovered_by` (the instance
+    that recorded this one's unfinished requests as interrupted once its lease had expired; NULL while
+    none has), `recovered_at` (UTC). An instance whose lease was recovered writes nothing more.
+    """
+
+    __tablename__ = "instance_leases"
+
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"), primary_key=True)
+    expires_at: Mapped[dt.datetime]
+    recovered_by: Mapped[str | None]
+    recovered_at: Mapped[dt.datetime | None]

@@ -12,13 +12,15 @@ from loraledger.store import audit_store
 from loraledger.store.audit_store import EVENTS, REQUESTS, write_batch
 from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import guards_present
+from loraledger.store.models import Base
 from loraledger.store.migrate import _scripts, alembic_config, current_revision, ensure_schema, head_revision, upgrade
 from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
 # columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
-ADDED_COLUMNS = {"0005_key_id": ("requests", "key_id")}
+ADDED_COLUMNS = [("0005_key_id", "requests", "key_id"), ("0007_instances", "requests", "instance_id"), ("0007_instances", "events", "instance_id")]
+ADDED_TABLES = [("0007_instances", "instances"), ("0007_instances", "instance_leases")]
 
 
 def _revisions_after(start: str) -> set[str]:
@@ -27,7 +29,7 @@ def _revisions_after(start: str) -> set[str]:
 
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
-    dropped = {column for rev, (table, column) in ADDED_COLUMNS.items() if rev in _revisions_after(start) and table == "requests"}
+    dropped = {column for rev, table, column in ADDED_COLUMNS if rev in _revisions_after(start) and table == "requests"}
     with monkeypatch.context() as patch:
         if dropped:
             from sqlalchemy import MetaData, Table
@@ -223,8 +225,10 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            for table, column in ADDED_COLUMNS.values():
+            for _, table, column in ADDED_COLUMNS:
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            for _, table in ADDED_TABLES:
+                Base.metadata.tables[table].create(conn)
             return verify_log(conn)
         finally:
             trans.rollback()
