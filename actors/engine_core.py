@@ -12,6 +12,7 @@ from loraledger.actors.adapter_loader import AdapterLoader
 from loraledger.actors.admission import Admission
 from loraledger.actors.audit_writer import AuditWriter
 from loraledger.actors.executor import Executor
+from loraledger.actors.lease_keeper import LeaseKeeper
 from loraledger.actors.messages import AuditAppend, Shutdown
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
@@ -20,7 +21,7 @@ from loraledger.store.records import EventKind, EventRecord
 
 # inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
 # both directions under normal load, small enough that a stalled consumer is felt upstream
-INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384}
+INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384, "lease": 4}
 
 
 @dataclass
@@ -52,6 +53,7 @@ class EngineCore:
         # counters the loader and the audit writer publish (read by AsyncEngine.get_metrics, never written there)
         self.loader_stats = None
         self.audit_stats = None
+        self.lease_stats = None
         self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
     def sender(self, name: str) -> MemoryObjectSendStream:
@@ -71,6 +73,9 @@ class EngineCore:
             )
             self.audit_stats = writer.stats
             await tg.start(self._supervise, "audit", writer)
+            keeper = LeaseKeeper(recv["lease"], s.store, lease_seconds=args.audit_lease_seconds)
+            self.lease_stats = keeper.stats
+            await tg.start(self._supervise, "lease", keeper)
         executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
         self.runner = await tg.start(self._supervise, "executor", executor)
         scheduler = Scheduler(
@@ -180,6 +185,7 @@ class EngineCore:
             if self.setup.store is not None:
                 await self.record(EventKind.ENGINE_STOPPED, {})
                 await self._shutdown("audit")
+                await self._shutdown("lease")  # last: the lease is released once everything is on record
         if scope.cancelled_caught:
             waiting = sorted(name for name, done in self._done.items() if not done.is_set())
             self._log.error("engine stop timed out: cancelling the actors still running", timeout=timeout, actors=waiting)

@@ -16,13 +16,14 @@ from sqlalchemy.types import String
 from loraledger.audit import records as rec
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
-from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
+from loraledger.store.models import Adapter, Completion, Event, Instance, Request, utc_from_unix
 from loraledger.store.records import Checkpoint, EventKind
 
 A = Adapter.__table__
 R = Request.__table__
 C = Completion.__table__
 E = Event.__table__
+I = Instance.__table__
 
 STREAM_BATCH = 1000  # rows per fetch from a server-side cursor
 GROUP_KEYS = ("adapter", "tenant", "day")

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Engine, Table, exc as sa_exc, insert, select, true
+from sqlalchemy import Connection, Engine, Table, exc as sa_exc, false, insert, select, true
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
@@ -17,7 +17,7 @@ from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import display_url, make_engine, pg_connect_timeout, unavailable_as_error, write_transaction
 from loraledger.store.deadline import Operation, Watchdog
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
-from loraledger.store import instances
+from loraledger.store import instances, process_identity
 from loraledger.store.instances import InstanceRecord, LeaseState
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
@@ -199,15 +199,15 @@ def _unfinished(conn: Connection, owners: Any) -> list[RequestRecord]:
     return [request_record(row) for row in conn.execute(query)]
 
 
-def recover_expired(conn: Connection, claimer: str | None, *, at: float, resume: bool) -> Recovery:
+def recover_expired(conn: Connection, claimer: str | None, *, at: float, resume: bool, unowned: bool) -> Recovery:
     """Claim every instance whose lease has expired and record its unfinished requests as interrupted, in one
     transaction under the writers' lock (inside db.write_transaction): a second recoverer finds them claimed and
-    their requests ended. Requests written before revision 0007 (no instance) are recovered the same way."""
+    their requests ended. unowned: also the unfinished requests no instance owns (written before revision 0007)."""
     claimed = instances.claim_expired(conn, claimer)
-    owners = REQUESTS.c.instance_id.is_(None)
-    if claimed:
-        owners = owners | REQUESTS.c.instance_id.in_(claimed)
-    unfinished = _unfinished(conn, owners)
+    owners = REQUESTS.c.instance_id.in_(claimed) if claimed else false()
+    if unowned:
+        owners = owners | REQUESTS.c.instance_id.is_(None)
+    unfinished = _unfinished(conn, owners) if claimed or unowned else []
     if not unfinished and not claimed:
         return Recovery(instances=[], requests=[])
     events = [
@@ -282,6 +282,8 @@ class AuditStore:
         return self
 
     def close(self) -> None:
+        if self.instance is not None:  # its engine no longer runs in this process: a restart here may recover it at once
+            process_identity.mark_running(self.instance.instance_id, False)
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -390,11 +392,25 @@ class AuditStore:
         with self._operation(self.timeout), write_transaction(self.engine) as conn:
             return instances.renew(conn, self.instance.instance_id, self.instance.lease_seconds)
 
-    def recover_expired(self, *, resume: bool = False) -> Recovery:
+    def release_lease(self) -> None:
+        """End this instance's lease now (at a clean stop); it writes nothing afterwards."""
+        if self.instance is None:
+            return
+        with self._operation(self.timeout), write_transaction(self.engine) as conn:
+            left = _unfinished(conn, REQUESTS.c.instance_id == self.instance.instance_id)
+            instances.release(conn, self.instance.instance_id, unfinished=bool(left))
+
+    def recover_expired(self, *, resume: bool = False, at_start: bool = True) -> Recovery:
         """Claim the instances whose lease expired and put their unfinished requests on record as interrupted
-        (see the module function); with resume, the claimer re-runs them."""
+        (see the module function; resume says in the record whether the claimer re-runs them). at_start: also the
+        requests no instance owns (a log from before revision 0007); later sweeps first look without the writers'
+        lock, and take it only when some lease has expired."""
+        if not at_start:
+            with self._reading(self.timeout) as conn:
+                if not instances.claimable(conn, self.instance_id):
+                    return Recovery(instances=[], requests=[])
         with self._operation(self._at_least(SCAN_TIMEOUT_S)), write_transaction(self.engine) as conn:
-            return recover_expired(conn, self.instance_id, at=time.time(), resume=resume)
+            return recover_expired(conn, self.instance_id, at=time.time(), resume=resume, unowned=at_start)
 
     def lease_states(self) -> list[LeaseState]:
         """Every instance registered in this database, with its lease."""

@@ -7,7 +7,11 @@ engines' own, so hosts whose clocks disagree still agree on who has expired. A l
 expired may be claimed by another instance, once (`claim_expired`, under the writers' lock): the
 claimer records the expired instance's unfinished requests as interrupted, and from then on the
 expired instance may write nothing more (`ensure_writable`), so a stalled engine that wakes up
-cannot put outputs on record for requests already recorded as interrupted.
+cannot put outputs on record for requests already recorded as interrupted. An instance whose process
+is certainly gone (store/process_identity.py: same machine, no such process any more) may be claimed
+before its lease expires, so an engine restarted on the machine where it crashed recovers at once.
+A clean stop ends the lease as "stopped" (nothing to recover); one that left requests unfinished
+(its store did not answer at stop) ends it as expired, for the next instance to recover.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from sqlalchemy import Connection, Select, Table, Text, insert, literal, select,
 
 from loraledger.errors import InstanceLeaseLostError
 from loraledger.store.canonical import digest
+from loraledger.store import process_identity
 from loraledger.store.models import Instance, InstanceLease, utc_from_unix
 from loraledger.store.records import EventKind, EventRecord
 from loraledger.store.registration import registered_form
@@ -55,6 +60,9 @@ class LeaseState(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def state(self) -> str:
+        """live, expired (a peer will recover it), stopped (cleanly, nothing left) or recovered (by a peer)."""
+        if self.recovered_by == self.instance.instance_id:
+            return "stopped"
         if self.recovered_by is not None:
             return "recovered"
         if self.expires_at is None or self.expires_at <= self.now:
@@ -130,10 +138,15 @@ def register(conn: Connection, record: InstanceRecord) -> tuple[InstanceRecord, 
     registered = msgspec.structs.replace(record, started_at=utc_from_unix(now).timestamp())
     row = instance_row(registered)
     conn.execute(insert(INSTANCES), [row])
-    conn.execute(
-        insert(LEASES),
-        [{"instance_id": record.instance_id, "expires_at": utc_from_unix(now + record.lease_seconds), "recovered_by": None, "recovered_at": None}],
-    )
+    lease = {
+        "instance_id": record.instance_id,
+        "expires_at": utc_from_unix(now + record.lease_seconds),
+        "process_key": process_identity.process_key(),
+        "recovered_by": None,
+        "recovered_at": None,
+    }
+    conn.execute(insert(LEASES), [lease])
+    process_identity.mark_running(record.instance_id, True)
     return registered, registration_event(row)
 
 
@@ -152,6 +165,16 @@ def renew(conn: Connection, instance_id: str, lease_seconds: float) -> float:
     if done != 1:
         raise InstanceLeaseLostError(_lost(conn, instance_id))
     return expires
+
+
+def release(conn: Connection, instance_id: str, unfinished: bool) -> None:
+    """End the lease now, at a stop: "stopped" when the instance left nothing unfinished, else expired, so that
+    a peer recovers what is left at once instead of waiting for the lease to run out."""
+    now = utc_from_unix(db_now(conn))
+    values: dict[str, Any] = {"expires_at": now}
+    if not unfinished:
+        values.update(recovered_by=instance_id, recovered_at=now)
+    conn.execute(update(LEASES).where(LEASES.c.instance_id == instance_id, LEASES.c.recovered_by.is_(None)).values(values))
 
 
 def ensure_writable(conn: Connection, instance_id: str) -> None:
@@ -173,22 +196,33 @@ def _lost(conn: Connection, instance_id: str) -> str:
     )
 
 
-def claim_expired(conn: Connection, claimer: str | None) -> list[str]:
-    """Mark every instance whose lease has expired, and that no one has recovered yet, as recovered by claimer
-    (inside db.write_transaction: two claimers never both get one); returns their ids, oldest lease first."""
+def claimable(conn: Connection, claimer: str | None) -> list[str]:
+    """The instances (other than claimer) no one has recovered yet whose lease has expired, or whose process is
+    certainly gone; oldest lease first. Read alone it is a hint; claim_expired reads it again under the lock."""
     now = db_now(conn)
-    expired = conn.execute(
-        select(LEASES.c.instance_id)
-        .where(LEASES.c.recovered_by.is_(None), LEASES.c.expires_at <= utc_from_unix(now))
+    open_leases = conn.execute(
+        select(LEASES.c.instance_id, LEASES.c.expires_at, LEASES.c.process_key)
+        .where(LEASES.c.recovered_by.is_(None), LEASES.c.instance_id != (claimer or ""))
         .order_by(LEASES.c.expires_at, LEASES.c.instance_id)
-    ).scalars().all()
+    ).all()
+    return [
+        row.instance_id
+        for row in open_leases
+        if row.expires_at.timestamp() <= now or process_identity.certainly_gone(row.instance_id, row.process_key)
+    ]
+
+
+def claim_expired(conn: Connection, claimer: str | None) -> list[str]:
+    """Mark every claimable instance as recovered by claimer (inside db.write_transaction, so two claimers never
+    both get one); returns their ids."""
+    expired = claimable(conn, claimer)
     if expired:
         conn.execute(
             update(LEASES)
             .where(LEASES.c.instance_id.in_(expired), LEASES.c.recovered_by.is_(None))
-            .values(recovered_by=claimer or "(a tool)", recovered_at=utc_from_unix(now))
+            .values(recovered_by=claimer or "(a tool)", recovered_at=utc_from_unix(db_now(conn)))
         )
-    return list(expired)
+    return expired
 
 
 def lease_states(conn: Connection) -> list[LeaseState]:

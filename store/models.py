@@ -257,14 +257,17 @@ class Instance(Base):
 class InstanceLease(Base):
     """`instance_leases`: the lease each instance renews while it runs (coordination state, updated in place).
 
-    Columns: `instance_id` (PK), `expires_at` (UTC, by the database's clock), `recovered_by` (the instance
-    that recorded this one's unfinished requests as interrupted once its lease had expired; NULL while
-    none has), `recovered_at` (UTC). An instance whose lease was recovered writes nothing more.
+    Columns: `instance_id` (PK), `expires_at` (UTC, by the database's clock), `process_key` (which process
+    on which machine holds it, see store/process_identity.py; NULL where that cannot be told),
+    `recovered_by` (the instance that recorded this one's unfinished requests as interrupted once its lease
+    had expired, or the instance itself when it stopped cleanly; NULL while it runs), `recovered_at` (UTC).
+    An instance whose lease was recovered writes nothing more.
     """
 
     __tablename__ = "instance_leases"
 
     instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"), primary_key=True)
     expires_at: Mapped[dt.datetime]
+    process_key: Mapped[str | None]
     recovered_by: Mapped[str | None]
     recovered_at: Mapped[dt.datetime | None]

@@ -46,6 +46,7 @@ def upgrade() -> None:
         "instance_leases",
         sa.Column("instance_id", sa.Text(), nullable=False),
         sa.Column("expires_at", UTC_TIME, nullable=False),
+        sa.Column("process_key", sa.Text(), nullable=True),
         sa.Column("recovered_by", sa.Text(), nullable=True),
         sa.Column("recovered_at", UTC_TIME, nullable=True),
         sa.ForeignKeyConstraint(
