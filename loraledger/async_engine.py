@@ -154,6 +154,12 @@ class AsyncEngine:
         return None
 
     @property
+    def instance_id(self) -> str | None:
+        """This engine's instance id in its audit database (on every requests row and event it writes); None with auditing off."""
+        store = self._live().setup.store
+        return None if store is None else store.instance_id
+
+    @property
     def tokenizer(self):
         """The model's tokenizer (None with skip_tokenizer_init)."""
         return self._live().setup.tokenizer
