@@ -237,3 +237,31 @@ def _verify_with_later_columns(engine):
 def _kinds(engine) -> list[str]:
     with engine.connect() as conn:
         return conn.execute(select(EVENTS.c.kind).order_by(EVENTS.c.seq)).scalars().all()
+
+
+def test_0007_a_log_from_0005_verifies_and_engine_instances_write_on_after_it(db_url, monkeypatch):
+    from tests.audit.synth import build_log
+
+    from loraledger.store.instances import this_instance
+
+    assert upgrade(db_url, "0005_key_id") == "0005_key_id"
+    engine = make_engine(db_url)
+    before = build_log(_StoreAsOf(engine, "0005_key_id", monkeypatch), n_requests=10, days=1, seed=1)
+    with engine.connect() as conn:
+        chain = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
+    assert upgrade(db_url) == head_revision()
+    with engine.connect() as conn:
+        assert conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all() == chain  # untouched
+        assert set(conn.execute(select(REQUESTS.c.instance_id)).scalars()) == {None}
+        assert set(conn.execute(select(EVENTS.c.instance_id)).scalars()) == {None}
+    engine.dispose()
+    with audit_store.AuditStore(db_url) as store:  # an engine of this version joins the old log
+        store.register(this_instance("0.1.0", lease_seconds=30))
+        build_log(store, n_requests=10, days=1, seed=2)
+        with store.engine.connect() as conn:
+            owners = set(conn.execute(select(REQUESTS.c.instance_id)).scalars())
+    assert owners == {None, store.instance_id}
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
+    assert result.requests == len(before.requests) + 10
