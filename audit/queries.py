@@ -84,6 +84,7 @@ class RequestFilter(msgspec.Struct, frozen=True, kw_only=True):
     since: float | None = None  # unix seconds
     until: float | None = None
     finish_reason: str | None = None  # requests with at least one completion that ended so
+    instance: str | None = None  # requests admitted by this engine instance (its id, as `audit instances` lists it)
 
     def clauses(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []
@@ -91,6 +92,8 @@ class RequestFilter(msgspec.Struct, frozen=True, kw_only=True):
             out.append(or_(R.c.adapter_fingerprint == self.adapter, R.c.lora_name == self.adapter))
         if self.tenant is not None:
             out.append(R.c.tenant == self.tenant)
+        if self.instance is not None:
+            out.append(R.c.instance_id == self.instance)
         if self.since is not None:
             out.append(R.c.received_at >= utc_from_unix(self.since))
         if self.until is not None:

@@ -47,6 +47,7 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
     finish_reasons: str | None  # the distinct finish reasons of its completions, sorted, comma-separated
     status: str
     finished_at: float | None
+    instance_id: str | None = None  # the engine instance that admitted it (None: written before instances existed)
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True):
