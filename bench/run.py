@@ -57,6 +57,7 @@ CATALOGUE = (
     Benchmark("step-parts", "seconds per part of the step (projections, LoRA, attention, sampling...), unprofiled", "1-3 min", "bench.step_timers", "--scenario mixed|base|churn|churn-baseline|churn-serving"),
     Benchmark("schedule", "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock", "seconds", "bench.slot_sim", "--rates 5.4 9.8 --max-loras 8"),
     Benchmark("overlap", "overlapped scheduling on vs off (async_scheduling), one workload, alternating rounds", "~1 min (CPU)", "bench.overlap", "--device cpu|cuda"),
+    Benchmark("audit-chain", "events/s that 1 vs 4 writer processes (engine instances) commit to one audit hash chain, and the ratio", "~1 min", "bench.audit_chain", "--url postgresql://127.0.0.1:5432/DB --batch 1 8"),
     Benchmark("server", "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams", "~4 min", "bench.server", "--concurrency 32"),
     Benchmark("kernels", "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth", "<= 4 min (H100)", "bench.kernels", "--sweep"),
     Benchmark("gpu-step", "GPU: a decode step's time vs its bytes on 1B and 8B shapes, batches 32/64/128; a 4,096-token prefill", "<= 5 min (H100)", "bench.gpu_step", "--shape 1b 8b"),
