@@ -14,7 +14,14 @@ from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store.canonical import json_roundtrip
-from loraledger.store.db import display_url, make_engine, pg_connect_timeout, unavailable_as_error, write_transaction
+from loraledger.store.db import (
+    display_url,
+    make_engine,
+    pg_connect_timeout,
+    take_writer_lock,
+    unavailable_as_error,
+    write_transaction,
+)
 from loraledger.store.deadline import Operation, Watchdog
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
 from loraledger.store import instances, process_identity
@@ -179,11 +186,13 @@ def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = N
     instance_id: the engine instance writing (its requests rows and events carry it); an instance
     another one has recovered is refused (InstanceLeaseLostError). None: a tool, no instance.
     """
-    if instance_id is not None:
-        instances.ensure_writable(conn, instance_id)
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
     _insert_completions(conn, batch.completions)
+    # the chain's turn: from here to the commit, no other writer appends (see store/hashchain.py)
+    take_writer_lock(conn)
+    if instance_id is not None:
+        instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
     return append_events(conn, [*events, *batch.events], instance_id)
 
@@ -349,7 +358,9 @@ class AuditStore:
         try:
             with self._operation(self.timeout) as op:
                 try:
-                    with write_transaction(engine) as conn:
+                    # a batch with adapters takes its turn first: two instances registering one new adapter
+                    # must see each other's row; other rows are this instance's own, written before the wait
+                    with write_transaction(engine, lock=bool(batch.adapters)) as conn:
                         head = write_batch(conn, batch, self.instance_id)
                         committing = True  # leaving the block sends COMMIT
                     return head

@@ -10,8 +10,11 @@ per-instance view is a filter over the one chain, not a second structure to reco
 The alternative, a chain per instance with a signed head over all, would let writers append in
 parallel, but verify would need every instance's head and a key to trust, and "the log" would stop
 being one sequence an auditor can read in order. The price of serializing is one lock hand-over per
-group commit, which the group commit shares among every record in it: `python -m bench.audit_chain`
-measures events/s with 1 and 4 writer processes (bench/RESULTS.md, "Audit chain").
+group commit, which the group commit shares among every record in it, and the lock is held only for
+the chain's part of it on PostgreSQL: a writer inserts its own requests and completions rows first
+and takes the lock just before it reads the head (a batch registering an adapter takes it first,
+since two instances may register one adapter at once). `python -m bench.run --only audit-chain`
+measures events/s with 1 and 4 writer processes (bench/RESULTS.md, "Several writers, one chain").
 """
 
 from __future__ import annotations
