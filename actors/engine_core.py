@@ -159,8 +159,12 @@ class EngineCore:
     async def record(self, kind: str, payload: dict, request_id: str | None = None) -> None:
         if self.setup.store is None:
             return
-        async with self.sender("audit") as audit:
-            await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+        try:
+            async with self.sender("audit") as audit:
+                await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            # the writer has stopped (a fatal error stopped every actor): the event cannot be on record
+            self._log.warning("engine event not recorded: the audit writer has stopped", kind=kind)
 
     def audit_queue_depth(self) -> int:
         """Audit messages not yet committed: waiting in the writer's inbox, and taken into its next commit."""
