@@ -212,6 +212,8 @@ def recover_expired(conn: Connection, claimer: str | None, *, at: float, resume:
     """Claim every instance whose lease has expired and record its unfinished requests as interrupted, in one
     transaction under the writers' lock (inside db.write_transaction): a second recoverer finds them claimed and
     their requests ended. unowned: also the unfinished requests no instance owns (written before revision 0007)."""
+    if claimer is not None:  # an instance a peer has recovered recovers no one
+        instances.ensure_writable(conn, claimer)
     claimed = instances.claim_expired(conn, claimer)
     owners = REQUESTS.c.instance_id.in_(claimed) if claimed else false()
     if unowned:
