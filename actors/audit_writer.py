@@ -57,7 +57,9 @@ class AuditWriter:
     ) -> None:
         self._inbox = inbox
         self._assembler = assembler
-        self._store = store  # AuditStore; only this actor (and its worker thread) touches it
+        # AuditStore; this actor writes through it (and only it: the LeaseKeeper renews the lease and recovery claims
+        # expired peers through the same store, which is safe across threads)
+        self._store = store
         self._on_failure = on_failure
         self._retry_initial = retry_initial
         self._retry_max = retry_max

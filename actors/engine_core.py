@@ -13,6 +13,7 @@ from loraledger.actors.adapter_loader import AdapterLoader
 from loraledger.actors.admission import Admission
 from loraledger.actors.audit_writer import AuditWriter
 from loraledger.actors.executor import Executor
+from loraledger.actors.lease_keeper import LeaseKeeper
 from loraledger.actors.messages import AuditAppend, Shutdown
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
@@ -21,7 +22,7 @@ from loraledger.store.records import EventKind, EventRecord
 
 # inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
 # both directions under normal load, small enough that a stalled consumer is felt upstream
-INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384}
+INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384, "lease": 4}
 
 
 @dataclass
@@ -54,6 +55,7 @@ class EngineCore:
         self.loader_stats = None
         self.grammars = None  # GrammarCompiler (admission's), None without a tokenizer
         self.audit_stats = None
+        self.lease_stats = None
         self.fatal: BaseException | None = None  # the error that stopped the engine, if one did
 
     def sender(self, name: str) -> MemoryObjectSendStream:
@@ -73,6 +75,9 @@ class EngineCore:
             )
             self.audit_stats = writer.stats
             await tg.start(self._supervise, "audit", writer)
+            keeper = LeaseKeeper(recv["lease"], s.store, lease_seconds=args.audit_lease_seconds)
+            self.lease_stats = keeper.stats
+            await tg.start(self._supervise, "lease", keeper)
         executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
         self.runner = await tg.start(self._supervise, "executor", executor)
         scheduler = Scheduler(
@@ -159,8 +164,12 @@ class EngineCore:
     async def record(self, kind: str, payload: dict, request_id: str | None = None) -> None:
         if self.setup.store is None:
             return
-        async with self.sender("audit") as audit:
-            await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+        try:
+            async with self.sender("audit") as audit:
+                await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            # the writer has stopped (a fatal error stopped every actor): the event cannot be on record
+            self._log.warning("engine event not recorded: the audit writer has stopped", kind=kind)
 
     def audit_queue_depth(self) -> int:
         """Audit messages not yet committed: waiting in the writer's inbox, and taken into its next commit."""
@@ -185,6 +194,7 @@ class EngineCore:
             if self.setup.store is not None:
                 await self.record(EventKind.ENGINE_STOPPED, {})
                 await self._shutdown("audit")
+                await self._shutdown("lease")  # last: the lease is released once everything is on record
         if scope.cancelled_caught:
             waiting = sorted(name for name, done in self._done.items() if not done.is_set())
             self._log.error("engine stop timed out: cancelling the actors still running", timeout=timeout, actors=waiting)

@@ -1,4 +1,4 @@
-"""The `loraledger audit ...` commands: show, requests, usage, adapters, verify, checkpoint, report, verify-report, keygen."""
+"""The `loraledger audit ...` commands: show, requests, usage, adapters, instances, verify, checkpoint, report, verify-report, keygen."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from loraledger.audit.log import AuditLog
 from loraledger.audit.records import AdapterInfo, Problem, RequestLineage, RequestRow, VerifyResult
 from loraledger.audit.timefmt import iso
 from loraledger.errors import ConfigError
+from loraledger.store.instances import LeaseState
 from loraledger.store.records import AdapterRecord
 
 LISTING_FORMATS = ("table", "csv", "jsonl")
@@ -52,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "adapters", "the adapter inventory with fingerprints and first / last use", _adapters)
     _listing_format(p)
 
+    p = _command(sub, "instances", "the engine instances that write this log, with their leases (live, expired, stopped, recovered)", _instances)
+    _listing_format(p)
+
     p = _command(sub, "verify", "recompute the hash chain and check every binding and completion", _verify)
     p.add_argument(
         "--checkpoint", metavar="FILE",
@@ -66,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--until", required=True, help="ISO-8601 time (UTC if no offset), exclusive")
     p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
     p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
+    p.add_argument("--instance", help="only the requests this engine instance admitted (default: every instance)")
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--previous", metavar="DIR", help="the previous report bundle: chains this report to it (default: none)")
     p.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="row file format")
@@ -120,6 +125,7 @@ def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 def _filters(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
     p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
+    p.add_argument("--instance", help="only the requests this engine instance admitted (see `audit instances`; default: every instance)")
     p.add_argument("--since", help="ISO-8601 time (UTC if no offset), inclusive (default: the first request)")
     p.add_argument("--until", help="ISO-8601 time (UTC if no offset), exclusive (default: now)")
 
@@ -137,12 +143,12 @@ def _requests(args: argparse.Namespace) -> int:
         ("request_id", "request", 36), ("caller_request_id", "caller id", 10), ("received_at", "received (UTC)", 20), ("tenant", "tenant", 12),
         ("lora_name", "adapter", 16), ("adapter_fingerprint", "fingerprint", 12), ("status", "status", 11),
         ("num_completions", "n", 2), ("prompt_token_count", "prompt", 7), ("generated_tokens", "generated", 9),
-        ("finish_reasons", "finish", 12),
+        ("finish_reasons", "finish", 12), ("instance_id", "instance", 12),
     )  # fmt: skip
     with _open(args) as log:
         rows = log.requests(
             adapter=args.adapter, tenant=args.tenant, since=args.since, until=args.until,
-            finish_reason=args.finish_reason, limit=args.limit,
+            finish_reason=args.finish_reason, limit=args.limit, instance=args.instance,
         )  # fmt: skip
         _emit(rows, table, RequestRow.__struct_fields__, args.format, out, _request_cells)
     return 0
@@ -171,7 +177,9 @@ def _usage(args: argparse.Namespace) -> int:
     table += metrics
     fields += [name for name, _, _ in metrics]
     with _open(args) as log:
-        rows = log.usage(group_by=group_by, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant)
+        rows = log.usage(
+            group_by=group_by, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant, instance=args.instance
+        )
         _emit(rows, table, fields, args.format, out, msgspec.to_builtins)
     return 0
 
@@ -192,6 +200,31 @@ def _adapter_cells(info: AdapterInfo) -> dict[str, Any]:
     cells = msgspec.to_builtins(info.record)
     cells["first_seen"] = iso(info.record.first_seen)
     cells.update(requests=info.requests, first_used=iso(info.first_used), last_used=iso(info.last_used))
+    return cells
+
+
+def _instances(args: argparse.Namespace) -> int:
+    table = (
+        ("instance_id", "instance", 33), ("host", "host", 16), ("pid", "pid", 7), ("engine_version", "version", 7),
+        ("started_at", "started (UTC)", 20), ("state", "lease", 9), ("expires_at", "lease ends (UTC)", 20),
+        ("recovered_by", "recovered by", 33),
+    )  # fmt: skip
+    fields = ("instance_id", "host", "pid", "engine_version", "started_at", "lease_seconds", "state", "expires_at", "recovered_by", "recovered_at")
+    with _open(args) as log:
+        _emit(log.instances(), table, fields, args.format, sys.stdout, _instance_cells)
+    return 0
+
+
+def _instance_cells(lease: LeaseState) -> dict[str, Any]:
+    cells = msgspec.to_builtins(lease.instance)
+    cells["started_at"] = iso(lease.instance.started_at)
+    stopped = lease.state == "stopped"  # it ended its own lease: no one recovered it
+    cells.update(
+        state=lease.state,
+        expires_at=iso(lease.expires_at),
+        recovered_by=None if stopped else lease.recovered_by,
+        recovered_at=None if stopped else iso(lease.recovered_at),
+    )
     return cells
 
 
@@ -397,7 +430,7 @@ def _report(args: argparse.Namespace) -> int:
     with _open(args) as log:
         manifest = write_report(
             log, args.out, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant,
-            previous=args.previous, fmt=args.format, unsigned=args.unsigned, key_file=args.key_file,
+            instance=args.instance, previous=args.previous, fmt=args.format, unsigned=args.unsigned, key_file=args.key_file,
         )  # fmt: skip
     counts, verification = manifest["counts"], manifest["verification"]
     out.write(

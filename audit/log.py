@@ -24,10 +24,11 @@ from loraledger.errors import (
     UnknownRequestError,
 )
 from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
+from loraledger.store.instances import LeaseState, lease_states
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
 
-_LISTING_REQUEST_COLUMNS = ("caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count")
+_LISTING_REQUEST_COLUMNS = ("caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count", "instance_id")
 AMBIGUOUS_SHOWN = 10  # candidates an ambiguous prefix error lists
 SHOWN_PER_CALLER_ID = 100  # `audit show CALLER-ID`: the lineages shown of the requests that used one caller id
 _LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
@@ -205,11 +206,14 @@ class AuditLog:
         until: Instant = None,
         finish_reason: str | None = None,
         limit: int | None = None,
+        instance: str | None = None,
     ) -> Iterator[RequestRow]:
-        """Requests in received order; adapter is a fingerprint or the lora_name submitted; since inclusive, until exclusive."""
+        """Requests in received order; adapter is a fingerprint or the lora_name submitted; since inclusive, until exclusive;
+        instance: only the requests that engine instance admitted."""
         flt = q.RequestFilter(
             adapter=adapter,
             tenant=tenant,
+            instance=instance,
             since=to_unix(since, what="since"),
             until=to_unix(until, what="until"),
             finish_reason=finish_reason,
@@ -240,10 +244,11 @@ class AuditLog:
         until: Instant = None,
         adapter: str | None = None,
         tenant: str | None = None,
+        instance: str | None = None,
     ) -> Iterator[UsageRow]:
         """Requests, prompt tokens, generated tokens and failed requests per group (adapter, tenant, UTC day)."""
         flt = q.RequestFilter(
-            adapter=adapter, tenant=tenant, since=to_unix(since, what="since"), until=to_unix(until, what="until")
+            adapter=adapter, tenant=tenant, instance=instance, since=to_unix(since, what="since"), until=to_unix(until, what="until")
         )
         stmt = q.usage_statement(flt, tuple(group_by))
         with self._connect() as conn, unavailable_as_error(self.url):
@@ -255,6 +260,12 @@ class AuditLog:
         with self._connect() as conn, unavailable_as_error(self.url), self._readable():
             for row in q.stream(conn, q.adapters_statement(fingerprints)):
                 yield adapter_info(row)
+
+    def instances(self) -> list[LeaseState]:
+        """Every engine instance that has written to this log, oldest start first, with its lease (live, expired,
+        stopped, recovered) by the database's clock."""
+        with self._connect() as conn, unavailable_as_error(self.url), self._readable():
+            return lease_states(conn)
 
     def head(self) -> Checkpoint | None:
         """The last event's sequence number, hash and time; None for an empty log."""
@@ -293,6 +304,7 @@ def request_row(request: Any, completions: Iterable[Any]) -> RequestRow:
         finish_reasons=",".join(sorted(reasons)) if reasons else None,
         status=q.status_of(request.status_kind),
         finished_at=finished.timestamp() if finished is not None else None,
+        instance_id=request.instance_id,
     )
 
 

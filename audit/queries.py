@@ -16,13 +16,14 @@ from sqlalchemy.types import String
 from loraledger.audit import records as rec
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
-from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
+from loraledger.store.models import Adapter, Completion, Event, Instance, Request, utc_from_unix
 from loraledger.store.records import Checkpoint, EventKind
 
 A = Adapter.__table__
 R = Request.__table__
 C = Completion.__table__
 E = Event.__table__
+I = Instance.__table__
 
 STREAM_BATCH = 1000  # rows per fetch from a server-side cursor
 GROUP_KEYS = ("adapter", "tenant", "day")
@@ -83,6 +84,7 @@ class RequestFilter(msgspec.Struct, frozen=True, kw_only=True):
     since: float | None = None  # unix seconds
     until: float | None = None
     finish_reason: str | None = None  # requests with at least one completion that ended so
+    instance: str | None = None  # requests admitted by this engine instance (its id, as `audit instances` lists it)
 
     def clauses(self) -> list[ColumnElement[bool]]:
         out: list[ColumnElement[bool]] = []
@@ -90,6 +92,8 @@ class RequestFilter(msgspec.Struct, frozen=True, kw_only=True):
             out.append(or_(R.c.adapter_fingerprint == self.adapter, R.c.lora_name == self.adapter))
         if self.tenant is not None:
             out.append(R.c.tenant == self.tenant)
+        if self.instance is not None:
+            out.append(R.c.instance_id == self.instance)
         if self.since is not None:
             out.append(R.c.received_at >= utc_from_unix(self.since))
         if self.until is not None:

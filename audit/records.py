@@ -48,6 +48,7 @@ class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     finished_at: float | None
     caller_request_id: str | None = None  # the caller's own id (NULL on rows from before revision 0006: request_id)
+    instance_id: str | None = None  # the engine instance that admitted it (None: written before instances existed)
 
 
 class UsageRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -55,6 +55,7 @@ def write_report(
     until: Instant,
     adapter: str | None = None,
     tenant: str | None = None,
+    instance: str | None = None,
     previous: Path | str | None = None,
     fmt: str = "csv",
     unsigned: bool = False,
@@ -62,7 +63,8 @@ def write_report(
     progress: bool = True,
     env: Mapping[str, str] = os.environ,
 ) -> dict[str, Any]:
-    """Export the requests received in [since, until) (and matching adapter / tenant) to the bundle out; returns the manifest.
+    """Export the requests received in [since, until) (and matching adapter / tenant / engine instance) to the bundle out;
+    returns the manifest.
 
     Signed with key_file (Ed25519) or $LORALEDGER_REPORT_KEY (HMAC-SHA256); refuses to write an
     unsigned bundle unless unsigned=True. previous: an earlier bundle, whose manifest digest is
@@ -73,7 +75,7 @@ def write_report(
     lo, hi = to_unix(since, what="since"), to_unix(until, what="until")
     if lo is None or hi is None or hi <= lo:
         raise ConfigError(f"a report needs a window with since < until, got since={since!r} until={until!r}")
-    flt = q.RequestFilter(adapter=adapter, tenant=tenant, since=lo, until=hi)
+    flt = q.RequestFilter(adapter=adapter, tenant=tenant, instance=instance, since=lo, until=hi)
     previous_info, previous_head = _previous(previous)
     out = Path(out)
     created = _prepare_dir(out)
@@ -120,7 +122,7 @@ def _write_bundle(
         "engine_version": __version__,
         "database": display_url(log.url),
         "window": {"since": iso(flt.since), "until": iso(flt.until)},
-        "filters": {"adapter": flt.adapter, "tenant": flt.tenant},
+        "filters": {"adapter": flt.adapter, "tenant": flt.tenant, "instance": flt.instance},
         "row_format": fmt,
         "counts": tally.counts(),
         "sequence": {"first": first_seq, "last": last_seq},

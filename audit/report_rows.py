@@ -18,7 +18,7 @@ from loraledger.audit.records import FAILED, ExportedFile, UsageRow
 
 REQUEST_COLUMNS = (
     "request_id", "caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",
-    "base_model_fingerprint", "engine_version", "prompt_sha256", "prompt_text", "prompt_token_count",
+    "base_model_fingerprint", "engine_version", "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
     "sampling_params", "status", "num_completions", "generated_tokens",
 )  # fmt: skip
 COMPLETION_COLUMNS = (
@@ -34,7 +34,7 @@ _REQUEST_SELECT = (
     func.nullif(q.R.c.tenant, "").label("tenant"),  # an empty tenant exports like no tenant
     *(q.R.c[name] for name in (
         "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path", "base_model_fingerprint", "engine_version",
-        "prompt_sha256", "prompt_text", "prompt_token_count",
+        "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
     )),
     cast(q.R.c.sampling_params, Text).label("sampling_params_json"),
 )  # fmt: skip

@@ -1,7 +1,8 @@
 """Audit log verification: the hash chain, sequence gaps, and every row of every table against the event that vouches for it.
 
-One ordered pass over `events`: each request_admitted event is joined to its `requests` row, each
-adapter_registered event looks up its `adapters` row, and the completions of finished and
+One ordered pass over `events` (one chain, whatever the number of engine instances that wrote it):
+each request_admitted event is joined to its `requests` row (whose instance_id must be the event's),
+each adapter_registered and instance_registered event looks up its `adapters` or `instances` row, and the completions of finished and
 aborted requests come from a second cursor read alongside (merged by sequence number), their
 digest computed as they stream. Then a few queries find rows that no event vouches for. One
 event and one completion row are held at a time, so memory stays flat whatever the log's size
@@ -21,7 +22,7 @@ import msgspec
 from sqlalchemy import Connection, Dialect, Row, and_, func, not_, select
 
 from loraledger.audit import rows
-from loraledger.audit.queries import A, C, E, R, stream
+from loraledger.audit.queries import A, C, E, I, R, stream
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
@@ -29,6 +30,7 @@ from loraledger.errors import ConfigError
 from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash
 from loraledger.store.records import Checkpoint, CompletionRecord, EventKind
+from loraledger.store import instances
 from loraledger.store.registration import is_registered, registration_key
 
 _R, _C = "r_", "c_"
@@ -70,6 +72,7 @@ def verify_log(
             )
     _check_unbound(conn, found)
     _check_unregistered(conn, tables, found)
+    _check_unregistered_instances(conn, found)
     _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
@@ -129,6 +132,7 @@ class _Tables:
         self.requests = RawTable(R, dialect)
         self.completions = RawTable(C, dialect)
         self.events = RawTable(E, dialect)
+        self.instances = RawTable(I, dialect)
 
 
 def _events(t: _Tables) -> Any:
@@ -230,12 +234,14 @@ class _Walk:
                 self._check_ending(seq, ev, m)
             elif kind == EventKind.ADAPTER_REGISTERED:
                 self._check_registered(seq, ev)
+            elif kind == EventKind.INSTANCE_REGISTERED:
+                self._check_instance(seq, ev)
         self.expected, self.prev = seq + 1, ev.get("hash")
         if isinstance(ev.get("hash"), str) and "at" in ev:
             self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
 
     def _check_hash(self, seq: int, ev: dict[str, Any]) -> None:
-        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"])
+        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"], ev.get("instance_id"))
         try:
             intact = event_hash(ev["prev_hash"], fields) == ev["hash"]
         except (TypeError, ValueError, UnicodeEncodeError):  # a payload with no canonical form cannot be what was hashed
@@ -270,6 +276,8 @@ class _Walk:
             expected = rows.binding_builtins(binding)
         except (TypeError, ValueError, OverflowError):
             expected = binding
+        # the instance that admitted the request is the event's (hashed), not the binding's
+        expected = {**expected, "instance_id": ev.get("instance_id")}
         differ = _differences(expected, unix_times(values))
         if differ:
             found.add(seq, f"the `requests` row of {rid!r} differs from its admitted binding in: {', '.join(differ)}", rid,
@@ -359,6 +367,37 @@ class _Walk:
                       table="adapters", key=key)  # fmt: skip
 
 
+    # -- instances --------------------------------------------------------------------------
+
+    def _check_instance(self, seq: int, ev: dict[str, Any]) -> None:
+        found, payload = self.found, ev["payload"]
+        instance = payload.get("instance") if isinstance(payload, dict) else None
+        if not isinstance(instance, dict) or not isinstance(instance.get("instance_id"), str):
+            found.add(seq, "an instance_registered event carries no instance row", table="events", key={"seq": seq})
+            return
+        iid = instance["instance_id"]
+        key = {"instance_id": iid}
+        if ev["dedup_key"] != instances.registration_key(iid) or ev.get("instance_id") != iid:
+            found.add(seq, f"the instance_registered event of {iid} has dedup_key {ev['dedup_key']!r} and instance_id "
+                      f"{ev.get('instance_id')!r}: it was not written by that instance", table="events", key={"seq": seq})  # fmt: skip
+        if _safe_digest(instance) != payload.get("instance_sha256"):
+            found.add(seq, f"the instance in the instance_registered event of {iid} does not match its instance_sha256",
+                      table="events", key={"seq": seq})  # fmt: skip
+        t = self.t.instances
+        row = self.conn.execute(select(*t.columns()).where(t.c.instance_id == iid)).first()
+        if row is None:
+            found.add(seq, f"instance {iid} was registered (event {seq}) but its row in `instances` is missing", table="instances", key=key)
+            return
+        values, bad = t.decode(row._mapping)
+        if bad:
+            found.add(seq, f"the `instances` row of {iid} cannot be read: {describe(bad)}", table="instances", key=key)
+            return
+        differ = _differences(instance, unix_times(values))
+        if differ:
+            found.add(seq, f"the `instances` row of {iid} differs from its instance_registered event (seq {seq}) in: {', '.join(differ)}",
+                      table="instances", key=key)  # fmt: skip
+
+
 def _completion(values: dict[str, Any]) -> CompletionRecord | str:
     """A decoded completions row as the record its digest is taken over, or why it is not one."""
     fields = unix_times(values)
@@ -401,6 +440,18 @@ def _check_unregistered(conn: Connection, t: _Tables, found: _Problems) -> None:
     for fp in conn.execute(stmt).scalars():
         found.add(None, f"adapter {fp} is in `adapters` but no adapter_registered event vouches for it ({_UPGRADE_HINT})",
                   table="adapters", key={"fingerprint": fp})  # fmt: skip
+    found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
+
+
+def _check_unregistered_instances(conn: Connection, found: _Problems) -> None:
+    """`instances` rows that no instance_registered event vouches for."""
+    query = instances.unregistered(I, E)
+    total = conn.execute(select(func.count()).select_from(query.subquery())).scalar_one()
+    if not total:
+        return
+    for iid in conn.execute(query.limit(VerifyResult.MAX_PROBLEMS)).scalars():
+        found.add(None, f"instance {iid} is in `instances` but no instance_registered event vouches for it",
+                  table="instances", key={"instance_id": iid})  # fmt: skip
     found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
 
 

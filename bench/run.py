@@ -58,6 +58,7 @@ CATALOGUE = (
     Benchmark("schedule", "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock", "seconds", "bench.slot_sim", "--rates 5.4 9.8 --max-loras 8"),
     Benchmark("overlap", "overlapped scheduling on vs off (async_scheduling), one workload, alternating rounds", "~1 min (CPU)", "bench.overlap", "--device cpu|cuda"),
     Benchmark("structured", "structured outputs: batch-32 tokens/s with every request JSON-constrained vs none; xgrammar vs llguidance compile and mask-fill time at 512 / 32k / 150k vocabularies", "~3 min", "bench.structured", "--rounds 3"),
+    Benchmark("audit-chain", "events/s that 1 vs 4 writer processes (engine instances) commit to one audit hash chain, and the ratio", "~1 min", "bench.audit_chain", "--url postgresql://127.0.0.1:5432/DB --batch 1 8"),
     Benchmark("server", "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams", "~4 min", "bench.server", "--concurrency 32"),
     Benchmark("scale-out", "Ray Serve: adapter-affinity hit rate and throughput, multiplexed vs round-robin (2 replicas, 16 adapters); simulated 8-64 replicas over 1,000", "~5 min", "bench.scale_out", "--skip-live"),
     Benchmark("kernels", "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth", "<= 4 min (H100)", "bench.kernels", "--sweep"),

@@ -34,6 +34,7 @@ from loraledger.errors import (
     AuditUnavailableError,
     ConfigError,
     EngineDeadError,
+    InstanceLeaseLostError,
     LoRADisabledError,
     LoRARequestError,
     NoTokenizerError,
@@ -41,6 +42,7 @@ from loraledger.errors import (
     SamplingParamsError,
     TenantError,
 )
+from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import parse_prompt
@@ -60,9 +62,11 @@ class AsyncEngine:
         self._stack: AsyncExitStack | None = None
         self._tg = None
         self._admission: MemoryObjectSendStream | None = None
-        self.interrupted: list[str] = []  # audit keys of the requests found unfinished in the audit log at start
+        # audit keys of the requests this engine recorded as interrupted: found unfinished at start, or later, of a peer instance
+        # (sharing the audit database) whose lease expired
+        self.interrupted: list[str] = []
         self.resumed: dict[str, object] = {}  # with resume_interrupted: audit key -> final RequestOutput or error
-        self._resume_done = anyio.Event()
+        self._resumes: list[anyio.Event] = []  # one per recovery that found requests: set once their outcomes are in
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "AsyncEngine":
@@ -93,18 +97,39 @@ class AsyncEngine:
         return self
 
     async def _recover(self) -> None:
-        from loraledger.recovery import record_interrupted, resume
+        from loraledger.recovery import record_interrupted
 
-        unfinished = await record_interrupted(self)
-        self.interrupted = [r.request_id for r in unfinished]
+        self._resume(await record_interrupted(self))
+        self._tg.start_soon(self._watch_peers)
+
+    def _resume(self, unfinished: list) -> None:
+        from loraledger.recovery import resume
+
+        self.interrupted += [r.request_id for r in unfinished]
         if unfinished and self.args.resume_interrupted:
-            self._tg.start_soon(resume, self, unfinished, self.resumed, self._resume_done)
-        else:
-            self._resume_done.set()
+            done = anyio.Event()
+            self._resumes.append(done)
+            self._tg.start_soon(resume, self, unfinished, self.resumed, done)
+
+    async def _watch_peers(self) -> None:
+        """Recover the peer instances (sharing the audit database) whose lease expires while this engine runs:
+        a replacement started before its predecessor's lease ran out takes over its requests once it has."""
+        from loraledger.recovery import record_interrupted
+
+        log = get_logger("recovery")
+        while True:
+            await anyio.sleep(self.args.audit_lease_seconds / 3)
+            try:
+                self._resume(await record_interrupted(self, at_start=False))
+            except InstanceLeaseLostError:
+                return  # this engine's own lease is gone: its LeaseKeeper stops it
+            except AuditUnavailableError as exc:
+                log.warning("could not look for expired peer instances; trying again", error=str(exc))
 
     async def wait_resumed(self) -> dict[str, object]:
-        """Wait until every resumed request has its outcome (final RequestOutput or error) in `resumed`."""
-        await self._resume_done.wait()
+        """Wait until every resumed request (so far) has its outcome (final RequestOutput or error) in `resumed`."""
+        for done in list(self._resumes):
+            await done.wait()
         return self.resumed
 
     async def __aexit__(self, *exc_info) -> None:
@@ -127,6 +152,12 @@ class AsyncEngine:
             finally:
                 _close_store(core.setup.store)
         return None
+
+    @property
+    def instance_id(self) -> str | None:
+        """This engine's instance id in its audit database (on every requests row and event it writes); None with auditing off."""
+        store = self._live().setup.store
+        return None if store is None else store.instance_id
 
     @property
     def tokenizer(self):

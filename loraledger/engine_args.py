@@ -87,6 +87,10 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     shutdown_timeout: float = 30.0  # seconds close() waits for running work and pending audit records; then what is
     # not on record is withheld (its callers get an error) and the next start records those requests as interrupted
     resume_interrupted: bool = False
+    # seconds an engine's lease in its audit database lasts without a renewal (renewed every third of it). Engines
+    # sharing one database record a peer's unfinished requests as interrupted only once its lease has expired, so a
+    # crashed peer is recovered within about this long; must exceed audit_timeout (one renewal's deadline)
+    audit_lease_seconds: float = 30.0
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
     # plan and launch step N+1 while step N runs, its sampled ids fed to N+1 on the device; None: on CUDA, where
@@ -158,6 +162,11 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
         need(_positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}")
         need(_positive(self.shutdown_timeout), f"shutdown_timeout must be a number of seconds > 0, got {self.shutdown_timeout!r}")
+        need(
+            _positive(self.audit_lease_seconds) and self.audit_lease_seconds > self.audit_timeout,
+            f"audit_lease_seconds must be a number of seconds greater than audit_timeout ({self.audit_timeout!r}), got "
+            f"{self.audit_lease_seconds!r}: a renewal may take audit_timeout, and the lease must outlast it",
+        )
         need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
         need(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 for the whole vocabulary, got {self.max_logprobs}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):

@@ -155,6 +155,16 @@ def open_store(args: EngineArgs):
     from loraledger.paths import default_audit_url
 
     url = default_audit_url() if args.audit_url == DEFAULT_AUDIT_URL else args.audit_url
+    from loraledger.store.instances import this_instance
+    from loraledger.version import __version__
+
     store = AuditStore(url, timeout=args.audit_timeout)
     store.open()
+    try:
+        # this engine joins the database as an instance: its row on the chain, and a lease it renews while it runs
+        instance = store.register(this_instance(__version__, args.audit_lease_seconds))
+    except BaseException:
+        store.close()
+        raise
+    log.info("engine instance registered", instance_id=instance.instance_id, host=instance.host, pid=instance.pid)
     return store

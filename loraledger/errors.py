@@ -150,3 +150,7 @@ class AuditIntegrityError(LoraLedgerError, RuntimeError):
 
 class AuditCorruptError(LoraLedgerError, RuntimeError):
     """The audit log holds a row that cannot be read (edited behind the guards, or damaged); `loraledger audit verify` names it."""
+
+
+class InstanceLeaseLostError(AuditIntegrityError):
+    """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""

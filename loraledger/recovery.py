@@ -1,61 +1,43 @@
-"""Crash recovery at engine start: requests admitted but never finished are put on record as interrupted, and optionally re-run.
+"""Crash recovery: the unfinished requests of engine instances that are gone are put on record as interrupted, and optionally re-run.
 
-It assumes one engine writes to an audit database at a time: a second engine starting on the
-same database would take the first one's in-flight requests for interrupted ones.
+Several engines may share one audit database. At start, and then every third of its lease while it
+runs, an engine claims the instances whose lease has expired (or whose process is certainly gone,
+store/process_identity.py) and records their unfinished requests as interrupted, in one transaction
+under the writers' lock, so two engines never both claim one (store.recover_expired). A live peer's
+requests are never touched. With resume_interrupted the claimer re-runs them under their original
+bindings, whichever instance admitted them. At start it also takes the unfinished requests of a log
+written before instances existed (revision 0007).
 """
 
 from __future__ import annotations
 
-import time
+import functools
 
 import anyio
 import msgspec
 
 from loraledger.errors import LoraLedgerError
+from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
 from loraledger.sampling_params import SamplingParams
-from loraledger.store.records import EventKind
 from loraledger.structured_outputs import from_canonical
 
-# the dedup keys keep a retried start from writing these events twice
-INTERRUPTED_KEY = "interrupted:{}"
+log = get_logger("recovery")
 
 
-async def record_interrupted(engine) -> list:
-    """Write an `interrupted` event for every unfinished request, and one `engine_recovered` event."""
-    from loraledger.actors.messages import AuditAppend
-    from loraledger.store.records import EventRecord
-
+async def record_interrupted(engine, *, at_start: bool = True) -> list:
+    """Claim the instances that are gone and record their unfinished requests as interrupted; returns those requests."""
     store = engine._live().setup.store
-    unfinished = await anyio.to_thread.run_sync(store.unfinished_requests)
-    if not unfinished:
-        return []
-    now = time.time()
-    events = [
-        EventRecord(
-            kind=EventKind.REQUEST_INTERRUPTED,
-            at=now,
-            request_id=r.request_id,
-            payload={"reason": "the engine stopped before the request finished (killed, crashed, or stopped while its audit store did not answer)"},
-            dedup_key=INTERRUPTED_KEY.format(r.request_id),
+    recover = functools.partial(store.recover_expired, resume=engine.args.resume_interrupted, at_start=at_start)
+    recovery = await anyio.to_thread.run_sync(recover)
+    if recovery.instances or recovery.requests:
+        log.warning(
+            "recovered engine instances that are gone",
+            instances=recovery.instances,
+            interrupted=len(recovery.requests),
+            resume=engine.args.resume_interrupted,
         )
-        for r in unfinished
-    ]
-    events.append(
-        EventRecord(kind=EventKind.ENGINE_RECOVERED, at=now, payload={"interrupted": [r.request_id for r in unfinished], "resume": engine.args.resume_interrupted})
-    )
-    await _append(engine, AuditAppend(events=events))
-    return unfinished
-
-
-async def _append(engine, msg) -> None:
-    send, receive = anyio.create_memory_object_stream[object](1)
-    async with engine._live().sender("audit") as audit:
-        await audit.send(msgspec.structs.replace(msg, reply=send))
-    async with receive:
-        outcome = await receive.receive()
-    if outcome is not None:
-        raise outcome
+    return recovery.requests
 
 
 async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> None:

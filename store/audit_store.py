@@ -8,14 +8,24 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, exc as sa_exc, insert, select
+import msgspec
+from sqlalchemy import Connection, Engine, Table, exc as sa_exc, false, insert, select, true
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store.canonical import json_roundtrip
-from loraledger.store.db import display_url, make_engine, pg_connect_timeout, unavailable_as_error, write_transaction
+from loraledger.store.db import (
+    display_url,
+    make_engine,
+    pg_connect_timeout,
+    take_writer_lock,
+    unavailable_as_error,
+    write_transaction,
+)
 from loraledger.store.deadline import Operation, Watchdog
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
+from loraledger.store import instances, process_identity
+from loraledger.store.instances import InstanceRecord, LeaseState
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
 from loraledger.store.registration import registration_event, unregistered
@@ -35,6 +45,7 @@ REQUESTS: Table = Request.__table__  # type: ignore[assignment]
 COMPLETIONS: Table = Completion.__table__  # type: ignore[assignment]
 EVENTS: Table = Event.__table__  # type: ignore[assignment]
 
+INTERRUPTED_KEY = "interrupted:{}"  # the dedup key keeps a retried recovery from writing the event twice
 _IN_CHUNK = 500  # keys per IN (...) list: well inside SQLite's and PostgreSQL's parameter limits
 OPEN_TIMEOUT_S = 30.0  # open checks the schema (and migrates a new database): at least this long a deadline
 SCAN_TIMEOUT_S = 120.0  # recovery's reads, which scan the whole log at start
@@ -63,10 +74,12 @@ def _insert_adapters(conn: Connection, records: Sequence[AdapterRecord]) -> list
     return new
 
 
-def _insert_requests(conn: Connection, records: Sequence[RequestRecord]) -> None:
+def _insert_requests(conn: Connection, records: Sequence[RequestRecord], instance_id: str | None) -> None:
     rows: dict[str, dict[str, Any]] = {}
     for record in records:
         row = request_row(record)
+        if instance_id is not None:  # a tool writes no instance (nor the column, which a log before 0007 lacks)
+            row["instance_id"] = instance_id
         seen = rows.setdefault(record.request_id, row)
         if seen is not row and seen != row:
             raise DuplicateRequestError(
@@ -80,7 +93,8 @@ def _insert_requests(conn: Connection, records: Sequence[RequestRecord]) -> None
         for old in conn.execute(select(REQUESTS).where(REQUESTS.c.request_id.in_(chunk))).mappings():
             on_record[old["request_id"]] = dict(old)
     for request_id, old in on_record.items():
-        changed = _differences(rows[request_id], old)
+        # the instance that first admitted a request keeps it: a retry by another instance is the same binding
+        changed = [key for key in _differences(rows[request_id], old) if key != "instance_id"]
         if changed:
             raise DuplicateRequestError(
                 f"request id {request_id!r} is already in the audit log with a different binding "
@@ -107,8 +121,9 @@ def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -
         conn.execute(insert(COMPLETIONS), new)
 
 
-def append_events(conn: Connection, records: Sequence[EventRecord]) -> Checkpoint:
-    """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record."""
+def append_events(conn: Connection, records: Sequence[EventRecord], instance_id: str | None = None) -> Checkpoint:
+    """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record;
+    each event names instance_id, the engine instance writing it (None: a tool)."""
     head = _head(conn)
     keys = [r.dedup_key for r in records if r.dedup_key is not None]
     skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
@@ -127,9 +142,13 @@ def append_events(conn: Connection, records: Sequence[EventRecord]) -> Checkpoin
             request_id=record.request_id,
             payload=json_roundtrip(record.payload),
             dedup_key=record.dedup_key,
+            instance_id=instance_id,
         )
         digest = event_hash(prev, fields)
-        rows.append({**fields._asdict(), "prev_hash": prev, "hash": digest})
+        row = {**fields._asdict(), "prev_hash": prev, "hash": digest}
+        if instance_id is None:  # as for requests: a log before 0007 has no such column
+            del row["instance_id"]
+        rows.append(row)
         prev = digest
     if not rows:
         return head
@@ -159,17 +178,63 @@ def _root_reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def write_batch(conn: Connection, batch: AuditBatch) -> Checkpoint:
+def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = None) -> Checkpoint:
     """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that).
 
     An adapter written for the first time enters the chain in the same transaction: its
     adapter_registered event comes before the batch's own events (which may name it).
+    instance_id: the engine instance writing (its requests rows and events carry it); an instance
+    another one has recovered is refused (InstanceLeaseLostError). None: a tool, no instance.
     """
     registered = _insert_adapters(conn, batch.adapters)
-    _insert_requests(conn, batch.requests)
+    _insert_requests(conn, batch.requests, instance_id)
     _insert_completions(conn, batch.completions)
+    # the chain's turn: from here to the commit, no other writer appends (see store/hashchain.py)
+    take_writer_lock(conn)
+    if instance_id is not None:
+        instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
-    return append_events(conn, [*events, *batch.events])
+    return append_events(conn, [*events, *batch.events], instance_id)
+
+
+def _unfinished(conn: Connection, owners: Any) -> list[RequestRecord]:
+    """Requests whose instance matches owners (a SQL condition on requests.instance_id) with no terminal event, oldest first."""
+    terminal = (
+        select(EVENTS.c.seq)
+        .where(EVENTS.c.request_id == REQUESTS.c.request_id, EVENTS.c.kind.in_(sorted(EventKind.TERMINAL)))
+        .exists()
+    )
+    query = select(REQUESTS).where(owners, ~terminal).order_by(REQUESTS.c.received_at, REQUESTS.c.request_id)
+    return [request_record(row) for row in conn.execute(query)]
+
+
+def recover_expired(conn: Connection, claimer: str | None, *, at: float, resume: bool, unowned: bool) -> Recovery:
+    """Claim every instance whose lease has expired and record its unfinished requests as interrupted, in one
+    transaction under the writers' lock (inside db.write_transaction): a second recoverer finds them claimed and
+    their requests ended. unowned: also the unfinished requests no instance owns (written before revision 0007)."""
+    if claimer is not None:  # an instance a peer has recovered recovers no one
+        instances.ensure_writable(conn, claimer)
+    claimed = instances.claim_expired(conn, claimer)
+    owners = REQUESTS.c.instance_id.in_(claimed) if claimed else false()
+    if unowned:
+        owners = owners | REQUESTS.c.instance_id.is_(None)
+    unfinished = _unfinished(conn, owners) if claimed or unowned else []
+    if not unfinished and not claimed:
+        return Recovery(instances=[], requests=[])
+    events = [
+        EventRecord(
+            kind=EventKind.REQUEST_INTERRUPTED,
+            at=at,
+            request_id=r.request_id,
+            payload={"reason": "the engine stopped before the request finished (killed, crashed, or stopped while its audit store did not answer)"},
+            dedup_key=INTERRUPTED_KEY.format(r.request_id),
+        )
+        for r in unfinished
+    ]
+    recovered = {"interrupted": [r.request_id for r in unfinished], "resume": resume, "instances": claimed}
+    events.append(EventRecord(kind=EventKind.ENGINE_RECOVERED, at=at, payload=recovered))
+    append_events(conn, events, claimer)
+    return Recovery(instances=claimed, requests=unfinished)
 
 
 def backfill_registrations(conn: Connection, revision: str) -> int:
@@ -180,6 +245,13 @@ def backfill_registrations(conn: Connection, revision: str) -> int:
     if rows:
         append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
     return len(rows)
+
+
+class Recovery(msgspec.Struct, frozen=True, kw_only=True):
+    """What one recovery claimed: the expired instances, and their requests now on record as interrupted."""
+
+    instances: list[str]
+    requests: list[RequestRecord]
 
 
 class AuditStore:
@@ -193,11 +265,16 @@ class AuditStore:
     out a connection to the commit. A database that does not answer within it (down, hung, or a
     network partition) is unreachable: AuditUnavailableError, as for a refused connection. None:
     no deadline (tools and tests).
+
+    An engine's store also registers the engine as an instance (`register`), renews its lease
+    (`renew_lease`) and stamps its instance id on every requests row and event it writes; a store
+    that has registered no instance writes rows with none (tools, and logs written before 0007).
     """
 
     def __init__(self, url: str | URL, *, timeout: float | None = None):
         self.url = url
         self.timeout = timeout
+        self.instance: InstanceRecord | None = None
         self._engine: Engine | None = None
         self._watchdog: Watchdog | None = None
 
@@ -216,6 +293,8 @@ class AuditStore:
         return self
 
     def close(self) -> None:
+        if self.instance is not None:  # its engine no longer runs in this process: a restart here may recover it at once
+            process_identity.mark_running(self.instance.instance_id, False)
         if self._watchdog is not None:
             self._watchdog.close()
             self._watchdog = None
@@ -281,8 +360,10 @@ class AuditStore:
         try:
             with self._operation(self.timeout) as op:
                 try:
-                    with write_transaction(engine) as conn:
-                        head = write_batch(conn, batch)
+                    # a batch with adapters takes its turn first: two instances registering one new adapter
+                    # must see each other's row; other rows are this instance's own, written before the wait
+                    with write_transaction(engine, lock=bool(batch.adapters)) as conn:
+                        head = write_batch(conn, batch, self.instance_id)
                         committing = True  # leaving the block sends COMMIT
                     return head
                 except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
@@ -299,6 +380,56 @@ class AuditStore:
             exc.maybe_committed = committing  # type: ignore[attr-defined]
             raise
 
+    # -- instance and lease -----------------------------------------------------------------
+
+    @property
+    def instance_id(self) -> str | None:
+        return None if self.instance is None else self.instance.instance_id
+
+    def register(self, record: InstanceRecord) -> InstanceRecord:
+        """Register this engine as an instance (its row, its instance_registered event, its first lease);
+        from then on every write carries its id. Returns the record as registered."""
+        if self.instance is not None:
+            raise AuditIntegrityError(f"this store already registered instance {self.instance.instance_id}; one engine, one instance")
+        with self._operation(self.timeout), write_transaction(self.engine) as conn:
+            registered, event = instances.register(conn, record)
+            append_events(conn, [event], record.instance_id)
+        self.instance = registered
+        return registered
+
+    def renew_lease(self) -> float:
+        """Extend this instance's lease by its lease_seconds (database clock); returns the new expiry (unix seconds).
+        InstanceLeaseLostError when another instance has recovered it; AuditUnavailableError when the store does not answer."""
+        if self.instance is None:
+            raise AuditIntegrityError("renew_lease: this store registered no instance; call register() first")
+        with self._operation(self.timeout), write_transaction(self.engine) as conn:
+            return instances.renew(conn, self.instance.instance_id, self.instance.lease_seconds)
+
+    def release_lease(self) -> None:
+        """End this instance's lease now (at a clean stop); it writes nothing afterwards."""
+        if self.instance is None:
+            return
+        with self._operation(self.timeout), write_transaction(self.engine) as conn:
+            left = _unfinished(conn, REQUESTS.c.instance_id == self.instance.instance_id)
+            instances.release(conn, self.instance.instance_id, unfinished=bool(left))
+
+    def recover_expired(self, *, resume: bool = False, at_start: bool = True) -> Recovery:
+        """Claim the instances whose lease expired and put their unfinished requests on record as interrupted
+        (see the module function; resume says in the record whether the claimer re-runs them). at_start: also the
+        requests no instance owns (a log from before revision 0007); later sweeps first look without the writers'
+        lock, and take it only when some lease has expired."""
+        if not at_start:
+            with self._reading(self.timeout) as conn:
+                if not instances.claimable(conn, self.instance_id):
+                    return Recovery(instances=[], requests=[])
+        with self._operation(self._at_least(SCAN_TIMEOUT_S)), write_transaction(self.engine) as conn:
+            return recover_expired(conn, self.instance_id, at=time.time(), resume=resume, unowned=at_start)
+
+    def lease_states(self) -> list[LeaseState]:
+        """Every instance registered in this database, with its lease."""
+        with self._reading(self.timeout) as conn:
+            return instances.lease_states(conn)
+
     # -- reading ---------------------------------------------------------------------------
 
     def head(self) -> Checkpoint:
@@ -311,17 +442,12 @@ class AuditStore:
         with self._reading(self.timeout) as conn:
             return _existing(conn, REQUESTS.c.request_id, sorted(set(ids)))
 
-    def unfinished_requests(self) -> list[RequestRecord]:
-        """Requests on record with no terminal event (finished, aborted, failed or interrupted),
-        oldest first: what was in flight when the engine last stopped."""
-        terminal = (
-            select(EVENTS.c.seq)
-            .where(EVENTS.c.request_id == REQUESTS.c.request_id, EVENTS.c.kind.in_(sorted(EventKind.TERMINAL)))
-            .exists()
-        )
-        query = select(REQUESTS).where(~terminal).order_by(REQUESTS.c.received_at, REQUESTS.c.request_id)
+    def unfinished_requests(self, instance_id: str | None = None) -> list[RequestRecord]:
+        """Requests on record with no terminal event (finished, aborted, failed or interrupted), oldest first:
+        every instance's, or instance_id's alone."""
+        owners = true() if instance_id is None else REQUESTS.c.instance_id == instance_id
         with self._reading(self._at_least(SCAN_TIMEOUT_S)) as conn:
-            return [request_record(row) for row in conn.execute(query)]
+            return _unfinished(conn, owners)
 
     def admitted_payloads(self, request_ids: Iterable[str]) -> dict[str, dict]:
         """The request_admitted event payload of each id (the binding, and the prompt token ids when prompts are kept)."""

@@ -113,19 +113,27 @@ def _sqlite_engine(url: URL, busy_timeout_ms: int) -> Engine:
 
 
 @contextlib.contextmanager
-def write_transaction(engine: Engine) -> Iterator[Connection]:
+def write_transaction(engine: Engine, *, lock: bool = True) -> Iterator[Connection]:
     """A transaction holding the database's single-writer lock; commits on exit, rolls back on error.
 
     SQLite: BEGIN IMMEDIATE takes the write lock up front (a deferred transaction that reads
     first can fail to upgrade). PostgreSQL: a transaction-scoped advisory lock, so concurrent
-    writers append to the event chain one after another.
+    writers append to the event chain one after another. lock=False (PostgreSQL): the caller takes
+    it later with take_writer_lock, so that what needs no turn is written before the wait.
     """
     with engine.connect() as conn:
         conn.execution_options(sqlite_begin="IMMEDIATE")
         with conn.begin():
-            if conn.dialect.name == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITER_LOCK_KEY})
+            if lock:
+                take_writer_lock(conn)
             yield conn
+
+
+def take_writer_lock(conn: Connection) -> None:
+    """Hold the single-writer lock until conn's transaction ends (PostgreSQL; taking it again is harmless; SQLite's
+    write_transaction already holds the file's write lock)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": WRITER_LOCK_KEY})
 
 
 @contextlib.contextmanager

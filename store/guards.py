@@ -15,7 +15,7 @@ gone missing. Changing a guard needs a new revision that reinstalls the set.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
@@ -30,6 +30,7 @@ _KEY_TAKEN = {
     "WHERE request_id = NEW.request_id AND completion_index = NEW.completion_index)",
     "events": "EXISTS (SELECT 1 FROM events WHERE seq = NEW.seq) OR (NEW.dedup_key IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM events WHERE dedup_key = NEW.dedup_key))",
+    "instances": "EXISTS (SELECT 1 FROM instances WHERE instance_id = NEW.instance_id)",
 }
 
 
@@ -149,13 +150,16 @@ def guards_for(dialect_name: str) -> list[Guard]:
     raise ValueError(f"no append-only guards for dialect {dialect_name!r}: use SQLite or PostgreSQL")
 
 
-def install_statements(dialect_name: str) -> list[str]:
-    """The SQL that (re)creates every guard; safe to run again over a partly guarded schema."""
+def install_statements(dialect_name: str, tables: Collection[str] | None = None) -> list[str]:
+    """The SQL that (re)creates every guard (of tables only, when given: a revision guards the tables that
+    exist at it); safe to run again over a partly guarded schema."""
     statements: list[str] = []
     if dialect_name == "postgresql":
         for name, body in PG_FUNCTIONS.items():
             statements.append(f"CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $${body}$$")
     for guard in guards_for(dialect_name):
+        if tables is not None and guard.table not in tables:
+            continue
         on_table = f" ON {guard.table}" if dialect_name == "postgresql" else ""
         statements.append(f"DROP TRIGGER IF EXISTS {guard.name}{on_table}")
         statements.append(guard.sql)
@@ -164,9 +168,9 @@ def install_statements(dialect_name: str) -> list[str]:
     return statements
 
 
-def install(execute: Callable[[str], object], dialect_name: str) -> None:
+def install(execute: Callable[[str], object], dialect_name: str, tables: Collection[str] | None = None) -> None:
     """Run install_statements through execute (Alembic's op.execute, or a connection's)."""
-    for statement in install_statements(dialect_name):
+    for statement in install_statements(dialect_name, tables):
         execute(statement)
 
 

@@ -1,4 +1,4 @@
-"""The audit schema as SQLAlchemy 2 typed ORM classes: adapters, requests, completions, events.
+"""The audit schema as SQLAlchemy 2 typed ORM classes: adapters, requests, completions, events, instances (and instance_leases).
 
 The table and column names are a public contract: auditors query them with plain SQL. The
 schema itself is made only by the Alembic revisions in `loraledger.migrations` (never
@@ -44,7 +44,10 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-AUDIT_TABLES = ("adapters", "requests", "completions", "events")
+AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances")
+# coordination state, not audit facts: rows change (a lease is renewed), so no guard and no hash covers them;
+# what they decide (which instance recovered which) is put on the chain as events
+COORDINATION_TABLES = ("instance_leases",)
 
 _SQLITE_UTC_FORMAT = (
     "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d+00:00"
@@ -143,7 +146,8 @@ class Request(Base):
     request's prompt; NULL for other requests), both revision 0006. Rows written before 0006 hold NULL in both:
     their `request_id` was the caller's id too. `constraint_kind` / `constraint_sha256` / `constraint_text`
     (structured outputs: the constraint's kind, the sha256 of its canonical JSON text, and that text where
-    prompts are audited as text; NULL for unconstrained requests; revision 0008).
+    prompts are audited as text; NULL for unconstrained requests; revision 0008), `instance_id` (the engine
+    instance that admitted it, see `instances`; NULL for rows written before revision 0007).
     """
 
     __tablename__ = "requests"
@@ -152,6 +156,7 @@ class Request(Base):
         Index(None, "tenant", "received_at"),
         Index(None, "received_at"),
         Index(None, "caller_request_id"),
+        Index(None, "instance_id", "received_at"),
     )
 
     request_id: Mapped[str] = mapped_column(primary_key=True)
@@ -173,6 +178,7 @@ class Request(Base):
     constraint_kind: Mapped[str | None]
     constraint_sha256: Mapped[str | None] = mapped_column(Sha256)
     constraint_text: Mapped[str | None]
+    instance_id: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -220,7 +226,8 @@ class Event(Base):
     admission has events but no binding), `payload` (JSON), `dedup_key` (UNIQUE, NULL-able: a
     second event with the same key is never written), `prev_hash` (the previous row's `hash`;
     64 zeros for seq 1) and `hash` = sha256(prev_hash || canonical JSON of [seq, at, kind,
-    request_id, payload, dedup_key]), see `loraledger.store.hashchain`.
+    request_id, payload, dedup_key]), see `loraledger.store.hashchain`; `instance_id` (the engine instance
+    that wrote the event; NULL for events written by tools and before revision 0007; when set, it is hashed too).
     """
 
     __tablename__ = "events"
@@ -238,3 +245,41 @@ class Event(Base):
     dedup_key: Mapped[str | None]
     prev_hash: Mapped[str] = mapped_column(Sha256)
     hash: Mapped[str] = mapped_column(Sha256)
+    instance_id: Mapped[str | None]
+
+
+class Instance(Base):
+    """`instances`: one row per engine start (revision 0007), written once and vouched for by its
+    instance_registered event.
+
+    Columns: `instance_id` (PK, made by the engine, unique forever), `host`, `pid`, `engine_version`,
+    `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal).
+    """
+
+    __tablename__ = "instances"
+
+    instance_id: Mapped[str] = mapped_column(primary_key=True)
+    host: Mapped[str]
+    pid: Mapped[int]
+    engine_version: Mapped[str]
+    started_at: Mapped[dt.datetime]
+    lease_seconds: Mapped[float]
+
+
+class InstanceLease(Base):
+    """`instance_leases`: the lease each instance renews while it runs (coordination state, updated in place).
+
+    Columns: `instance_id` (PK), `expires_at` (UTC, by the database's clock), `process_key` (which process
+    on which machine holds it, see store/process_identity.py; NULL where that cannot be told),
+    `recovered_by` (the instance that recorded this one's unfinished requests as interrupted once its lease
+    had expired, or the instance itself when it stopped cleanly; NULL while it runs), `recovered_at` (UTC).
+    An instance whose lease was recovered writes nothing more.
+    """
+
+    __tablename__ = "instance_leases"
+
+    instance_id: Mapped[str] = mapped_column(ForeignKey("instances.instance_id"), primary_key=True)
+    expires_at: Mapped[dt.datetime]
+    process_key: Mapped[str | None]
+    recovered_by: Mapped[str | None]
+    recovered_at: Mapped[dt.datetime | None]

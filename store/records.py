@@ -22,7 +22,7 @@ def recordable(text: str | None) -> str | None:
 class EventKind:
     ENGINE_STARTED = "engine_started"
     ENGINE_STOPPED = "engine_stopped"
-    ENGINE_RECOVERED = "engine_recovered"
+    ENGINE_RECOVERED = "engine_recovered"  # payload: the requests recorded interrupted, the expired instances claimed
     REQUEST_ADMITTED = "request_admitted"  # payload: the binding
     REQUEST_PREEMPTED = "request_preempted"
     REQUEST_FINISHED = "request_finished"
@@ -38,6 +38,8 @@ class EventKind:
     # the HTTP server refused a key a model it may not use; payload: tenant, key_id, adapter (the model asked for),
     # route; no request id and no binding (nothing was admitted)
     ACCESS_DENIED = "access_denied"
+    # an engine instance joined the database: payload the `instances` row, written with it (store/instances.py)
+    INSTANCE_REGISTERED = "instance_registered"
 
     TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
 

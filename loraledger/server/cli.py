@@ -43,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--num-threads", type=int, default=None, help="CPU: torch threads (default: torch's choice)")
     p.add_argument("--audit-prompts", default="text", choices=("text", "hash", "none"), help="what the audit log keeps of prompts")
     p.add_argument("--audit-timeout", type=float, default=5.0, help="seconds: the deadline of each audit-store operation")
+    p.add_argument(
+        "--audit-lease-seconds", type=float, default=30.0,
+        help="seconds this engine's lease in a shared audit database lasts without renewal; peers recover it after (default 30)",
+    )  # fmt: skip
     p.add_argument("--max-request-body-bytes", type=int, default=None, help="request bodies above this are refused with 413 (default: 8 MiB)")
     p.add_argument("--max-pending-requests", type=int, default=None, help="requests in flight above which new ones get 503 (default: 4 x --max-num-seqs)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds running requests get to finish after SIGTERM; then they are aborted")
@@ -98,7 +102,7 @@ def config_from_args(args: argparse.Namespace):
         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, enable_prefix_caching=args.enable_prefix_caching,
         enable_lora=bool(args.enable_lora or modules), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, audit_url=args.audit_url or default_url(), audit_prompts=args.audit_prompts,
-        audit_timeout=args.audit_timeout, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
+        audit_timeout=args.audit_timeout, audit_lease_seconds=args.audit_lease_seconds, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """structured outputs in the binding: requests.constraint_kind, constraint_sha256, constraint_text
 
 Revision ID: 0008_structured_outputs
-Revises: 0006_request_identity
+Revises: 0007_instances
 Create Date: 2026-11-26
 
 A request constrained by `SamplingParams.structured_outputs` (a JSON schema, regex, choice list,
@@ -22,7 +22,7 @@ from alembic import op
 from loraledger.errors import AuditSchemaError
 
 revision: str = "0008_structured_outputs"
-down_revision: str | Sequence[str] | None = "0006_request_identity"
+down_revision: str | Sequence[str] | None = "0007_instances"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from loraledger import AsyncEngine, EngineArgs, RequestOutput
 from loraledger.errors import AdapterChangedError
 from loraledger.gpu.lora_checkpoint import fingerprint_adapter
-from loraledger.store.audit_store import COMPLETIONS, EVENTS, AuditStore
+from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.stress.checks import log_problems
 from tests.stress.kill9 import run_rounds
@@ -83,6 +83,7 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
         with anyio.fail_after(180):  # 6 x 32 greedy tokens: a second, unless a shared 2-core machine is oversubscribed
             resumed = await engine.wait_resumed()
         assert sorted(engine.interrupted) == sorted(unfinished)
+        me = engine.instance_id
 
     assert set(resumed) == set(unfinished)
     for rid in refused:
@@ -91,6 +92,12 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
         with store.engine.connect() as conn:
             rows = {c.request_id: c for c in conn.execute(select(COMPLETIONS).where(COMPLETIONS.c.request_id.in_(sorted(unfinished))))}
             events = list(conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).where(EVENTS.c.request_id.in_(sorted(unfinished)))))
+            # another instance's requests: the binding keeps the dead instance that admitted it, the replacement
+            # (this engine) records their interruption, resumption and outputs under its own id
+            owners = set(conn.execute(select(REQUESTS.c.instance_id).where(REQUESTS.c.request_id.in_(sorted(unfinished)))).scalars())
+            kinds = (EventKind.REQUEST_INTERRUPTED, EventKind.REQUEST_RESUMED, EventKind.REQUEST_FINISHED)
+            writers = set(conn.execute(select(EVENTS.c.instance_id).where(EVENTS.c.request_id.in_(sorted(unfinished)), EVENTS.c.kind.in_(kinds))).scalars())
+        assert len(owners) == 1 and None not in owners and owners != {me} and writers == {me}
         assert store.first_break() is None
         assert store.unfinished_requests() == []
 

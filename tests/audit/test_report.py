@@ -88,7 +88,7 @@ def test_report_counts_equal_direct_sql_counts(migrated_db_url: str, synth: Synt
             assert files["requests.csv"]["rows"] == counts["requests"]
             assert files["completions.csv"]["rows"] == counts["completions"]
             assert manifest["verification"]["ok"] and manifest["chain_head"]["sequence"] == synth.events
-            assert manifest["filters"] == {"adapter": adapter, "tenant": tenant}
+            assert manifest["filters"] == {"adapter": adapter, "tenant": tenant, "instance": None}
             assert manifest["signature"]["algorithm"] == "hmac-sha256"
             assert verify_report(out).ok
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import re
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,13 +25,15 @@ from loraledger.audit.verify import verify_log
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import guards_for
-from loraledger.store.models import AUDIT_TABLES, Base
+from loraledger.store.instances import this_instance
+from loraledger.store.models import AUDIT_TABLES, COORDINATION_TABLES, Base
 from loraledger.store.migrate import upgrade
 from loraledger.store.records import EventKind
 from tests.audit.synth import ADAPTERS, SynthLog, build_log
 from tests.db_fixtures import _libpq
 
-TABLES: dict[str, Table] = dict(Base.metadata.tables)
+# the audit tables; instance_leases is coordination state that changes in place (store/instances.py), not a fact on record
+TABLES: dict[str, Table] = {name: Base.metadata.tables[name] for name in AUDIT_TABLES}
 COLUMNS = [(table.name, col.name) for table in TABLES.values() for col in table.c]
 NULLABLE = [(table.name, col.name) for table in TABLES.values() for col in table.c if col.nullable]
 
@@ -58,6 +61,8 @@ def log_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def log(log_url: str) -> tuple[str, SynthLog]:
     upgrade(log_url)
     with AuditStore(log_url) as store:
+        # written by a registered engine instance: its row, and its id on every requests row and event
+        store.register(this_instance("0.1.0", lease_seconds=60))
         synth = build_log(store, n_requests=40, days=3, seed=5)
     return log_url, synth
 
@@ -98,6 +103,7 @@ def _targets(synth: SynthLog) -> dict[str, dict[str, Any]]:
         if r.outcome == "stop" and len(r.completions) >= 2 and r.binding.tenant and r.binding.adapter_fingerprint
     )  # fmt: skip
     return {
+        "instances": {"host": socket.gethostname()},
         "adapters": {"fingerprint": ADAPTERS[2].fingerprint},
         "requests": {"request_id": request.binding.request_id},
         "completions": {"request_id": request.binding.request_id, "completion_index": 0},
@@ -185,7 +191,7 @@ def test_a_value_set_to_null_fails_verify_and_names_its_row(engine, log, table: 
 
 
 def test_every_table_is_enumerated_and_the_views_read_only_them(engine):
-    assert set(TABLES) == set(AUDIT_TABLES)
+    assert set(Base.metadata.tables) == set(AUDIT_TABLES) | set(COORDINATION_TABLES)
     with engine.connect() as conn:
         if conn.dialect.name == "sqlite":
             views = dict(conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'view'")).all())

@@ -12,12 +12,14 @@ from loraledger.store.audit_store import COMPLETIONS, AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import PG_FUNCTIONS, guards_present
 from loraledger.store.models import AUDIT_TABLES
+from loraledger.store.instances import this_instance
 from loraledger.store.rows import completion_row
 from tests.db_fixtures import FP_A, FP_B, make_completion, sample_batch
 
 # a column per table that an attacker would like to rewrite
-TARGET = {"adapters": "name", "requests": "tenant", "completions": "text", "events": "kind"}
+TARGET = {"adapters": "name", "requests": "tenant", "completions": "text", "events": "kind", "instances": "host"}
 KEY = {
+    "instances": "instance_id",
     "adapters": "fingerprint",
     "requests": "request_id",
     "completions": "request_id, completion_index",
@@ -27,6 +29,7 @@ KEY = {
 
 @pytest.fixture
 def engine(audit_store: AuditStore) -> Iterator[Engine]:
+    audit_store.register(this_instance("test", lease_seconds=60))
     audit_store.write(sample_batch(["r1", "r2"]))
     audit_store.write(sample_batch(["base1"], None))
     engine = make_engine(audit_store.url)

@@ -12,18 +12,25 @@ from loraledger.store import audit_store
 from loraledger.store.audit_store import EVENTS, REQUESTS, write_batch
 from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import guards_present
+from loraledger.store.models import Base
 from loraledger.store.migrate import _scripts, alembic_config, current_revision, ensure_schema, head_revision, upgrade
 from loraledger.store.records import EventKind
 from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
 # columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
-# revision -> the (table, column)s it added
-ADDED_COLUMNS = {
-    "0005_key_id": [("requests", "key_id")],
-    "0006_request_identity": [("requests", "caller_request_id"), ("requests", "chat_template_sha256")],
-    "0008_structured_outputs": [("requests", "constraint_kind"), ("requests", "constraint_sha256"), ("requests", "constraint_text")],
-}
+# (revision, table, column): the columns a revision added; (revision, table): the tables it added
+ADDED_COLUMNS = [
+    ("0005_key_id", "requests", "key_id"),
+    ("0006_request_identity", "requests", "caller_request_id"),
+    ("0006_request_identity", "requests", "chat_template_sha256"),
+    ("0007_instances", "requests", "instance_id"),
+    ("0007_instances", "events", "instance_id"),
+    ("0008_structured_outputs", "requests", "constraint_kind"),
+    ("0008_structured_outputs", "requests", "constraint_sha256"),
+    ("0008_structured_outputs", "requests", "constraint_text"),
+]
+ADDED_TABLES = [("0007_instances", "instances"), ("0007_instances", "instance_leases")]
 
 
 def _revisions_after(start: str) -> set[str]:
@@ -32,9 +39,7 @@ def _revisions_after(start: str) -> set[str]:
 
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
-    dropped = {
-        column for rev, added in ADDED_COLUMNS.items() if rev in _revisions_after(start) for table, column in added if table == "requests"
-    }
+    dropped = {column for rev, table, column in ADDED_COLUMNS if rev in _revisions_after(start) and table == "requests"}
     with monkeypatch.context() as patch:
         if dropped:
             from sqlalchemy import MetaData, Table
@@ -233,8 +238,10 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            for table, column in (pair for added in ADDED_COLUMNS.values() for pair in added):
+            for _, table, column in ADDED_COLUMNS:
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+            for _, table in ADDED_TABLES:
+                Base.metadata.tables[table].create(conn)
             return verify_log(conn)
         finally:
             trans.rollback()
@@ -243,3 +250,31 @@ def _verify_with_later_columns(engine):
 def _kinds(engine) -> list[str]:
     with engine.connect() as conn:
         return conn.execute(select(EVENTS.c.kind).order_by(EVENTS.c.seq)).scalars().all()
+
+
+def test_0007_a_log_from_0005_verifies_and_engine_instances_write_on_after_it(db_url, monkeypatch):
+    from tests.audit.synth import build_log
+
+    from loraledger.store.instances import this_instance
+
+    assert upgrade(db_url, "0005_key_id") == "0005_key_id"
+    engine = make_engine(db_url)
+    before = build_log(_StoreAsOf(engine, "0005_key_id", monkeypatch), n_requests=10, days=1, seed=1, key_ids=False)
+    with engine.connect() as conn:
+        chain = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
+    assert upgrade(db_url) == head_revision()
+    with engine.connect() as conn:
+        assert conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all() == chain  # untouched
+        assert set(conn.execute(select(REQUESTS.c.instance_id)).scalars()) == {None}
+        assert set(conn.execute(select(EVENTS.c.instance_id)).scalars()) == {None}
+    engine.dispose()
+    with audit_store.AuditStore(db_url) as store:  # an engine of this version joins the old log
+        store.register(this_instance("0.1.0", lease_seconds=30))
+        build_log(store, n_requests=10, days=1, seed=2)
+        with store.engine.connect() as conn:
+            owners = set(conn.execute(select(REQUESTS.c.instance_id)).scalars())
+    assert owners == {None, store.instance_id}
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
+    assert result.requests == len(before.requests) + 10

@@ -21,6 +21,7 @@ def test_constraint_and_index_names_follow_the_convention():
         "ix_requests__tenant_received_at",
         "ix_requests__received_at",
         "ix_requests__caller_request_id",
+        "ix_requests__instance_id_received_at",
     }
     assert {c.name for c in Base.metadata.tables["events"].constraints} >= {"pk_events", "uq_events__dedup_key"}
 

@@ -12,7 +12,10 @@ A run (``--model DIR --lora NAME=PATH ... --url URL --prefix P [--commit-delay-m
 (the binding is committed); ``RELEASED <id> <n>`` when ``step()`` handed over the request's final
 output with n completions; ``FAILED <id>`` for a request that ended in an error; ``DONE`` after
 ``--requests`` requests; ``EXIT <code>`` when it ends on its own. By default the stream never
-ends: the parent is expected to SIGKILL the process.
+ends: the parent is expected to SIGKILL the process, or to SIGTERM it: then it submits nothing
+more, finishes what it holds, says ``DONE`` and stops cleanly. With ``--out PATH`` the run prints
+to that file instead of the zygote's stdout (several runs at once: tests.stress.fleet), and says
+``INSTANCE <id>`` (its instance id in the audit database) after ``ENGINE``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--long", action="store_true", help="greedy requests of --max-tokens tokens each (EOS ignored)")
     p.add_argument("--commit-delay-ms", type=float, default=0.0, help="hold every audit transaction open this long before it commits")
+    p.add_argument("--lease-seconds", type=float, default=30.0, help="EngineArgs.audit_lease_seconds")
+    p.add_argument("--out", default=None, help="print to this file instead of stdout")
     return p.parse_args(argv)
 
 
@@ -58,8 +63,8 @@ def delay_commits(seconds: float) -> None:
 
     write_rows = audit_store.write_batch
 
-    def slow_write_batch(conn, batch):
-        checkpoint = write_rows(conn, batch)
+    def slow_write_batch(conn, batch, instance_id=None):
+        checkpoint = write_rows(conn, batch, instance_id)
         time.sleep(seconds)
         return checkpoint
 
@@ -71,6 +76,13 @@ def run(argv: list[str]) -> int:
     from loraledger import EngineArgs, LLMEngine, LoRARequest, SamplingParams
 
     args = parse_run_args(argv)
+    if args.out:
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     say(f"PID {os.getpid()}")
     if args.commit_delay_ms:
         delay_commits(args.commit_delay_ms / 1000)
@@ -86,13 +98,17 @@ def run(argv: list[str]) -> int:
             audit_url=args.url,
             seed=args.seed,
             num_threads=1,  # leave the other core to the parent
+            audit_lease_seconds=args.lease_seconds,
+            audit_timeout=min(5.0, args.lease_seconds / 2),
         )
     )
     say("ENGINE")
+    if args.out:
+        say(f"INSTANCE {engine.engine.instance_id}")
     rng = random.Random(args.seed)
     submitted = 0
     while True:
-        while submitted < args.requests and engine.get_num_unfinished_requests() < args.in_flight:
+        while not stopping.is_set() and submitted < args.requests and engine.get_num_unfinished_requests() < args.in_flight:
             rid = f"{args.prefix}-{submitted}"
             n = 1 if args.long else rng.choice((1, 1, 2))
             params = SamplingParams(
