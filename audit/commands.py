@@ -325,6 +325,7 @@ def format_lineage(lineage: RequestLineage) -> str:
         f"  received      {iso(b.received_at)}",
         f"  tenant        {b.tenant or '-'}" + (f"  (API key {b.key_id})" if b.key_id else ""),
         f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
+        f"  instance      {lineage.instance_id or '-'}",
         f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
     ]
     if b.prompt_text is not None:

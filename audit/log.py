@@ -154,7 +154,9 @@ class AuditLog:
             ]
         kinds = [e.kind for e in events if e.kind in q.LIFECYCLE_KINDS]
         status = q.status_of(kinds[-1] if kinds else None)
-        return RequestLineage(binding=binding, adapter=adapter, completions=completions, events=events, status=status)
+        return RequestLineage(
+            binding=binding, adapter=adapter, completions=completions, events=events, status=status, instance_id=binding_row.instance_id
+        )
 
     def resolve_request_ids(self, text: str, limit: int = SHOWN_PER_CALLER_ID) -> tuple[list[str], int]:
         """The audit keys of the requests text names, in received order, and how many there are: the requests whose

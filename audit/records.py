@@ -30,6 +30,7 @@ class RequestLineage(msgspec.Struct, frozen=True, kw_only=True):
     completions: list[CompletionRecord]
     events: list[EventEntry]
     status: str  # FINISHED | ABORTED | FAILED | INTERRUPTED | PENDING
+    instance_id: str | None = None  # the engine instance that admitted it (None: written before instances existed)
 
 
 class RequestRow(msgspec.Struct, frozen=True, kw_only=True):

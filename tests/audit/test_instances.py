@@ -72,3 +72,13 @@ def test_verify_covers_every_instance(migrated_db_url, two_instances):
         result = log.verify()
         assert result.ok and result.requests == 24, result.problems
         assert {i.instance.instance_id for i in log.instances()} == set(two_instances)
+
+
+def test_audit_show_names_the_instance_that_admitted_the_request(migrated_db_url, two_instances, capsys):
+    first, second = two_instances
+    rows = _jsonl(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl", "--instance", second)
+    key = rows[0]["request_id"]
+    assert main(["audit", "show", key, "--url", migrated_db_url]) == 0
+    assert f"  instance      {second}" in capsys.readouterr().out
+    assert main(["audit", "show", key, "--url", migrated_db_url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["instance_id"] == second
