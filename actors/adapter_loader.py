@@ -30,6 +30,10 @@ from loraledger.lora_request import LoRARequest
 from loraledger.store.records import EventKind, EventRecord
 
 
+# resumed requests' adapters not registered here take ids down from here: far from the ids callers count up from 1
+RESUMED_IDS_BELOW = 1 << 63
+
+
 class AdapterLoaderStats:
     """Counters the AdapterLoader publishes (it alone writes them, on the event loop), by adapter name."""
 
@@ -83,8 +87,8 @@ class AdapterLoader:
 
     async def _handle(self, tg, msg) -> None:
         match msg:
-            case ResolveAdapter(lora_request=lora, reply=reply):
-                self._resolve(tg, lora, reply)
+            case ResolveAdapter(lora_request=lora, reply=reply, resumed=resumed):
+                self._resolve(tg, self._for_resume(lora) if resumed else lora, reply)
             case AddLora(lora_request=lora, reply=reply):
                 self._resolve(tg, lora, reply)
             case RemoveLora(lora_int_id=int_id, reply=reply):
@@ -127,6 +131,19 @@ class AdapterLoader:
         if known is None:
             self._registry[lora.lora_int_id] = lora
             self._names.setdefault(lora.lora_name, lora.lora_int_id)
+
+    def _for_resume(self, lora: LoRARequest) -> LoRARequest:
+        """A resumed request's adapter as this engine registers it. Its binding's lora_int_id is a handle the engine
+        that admitted it gave (a peer sharing the audit database, or this engine's previous run): here that id may
+        name another adapter, or be the one a caller (the server numbers its adapters from 1) gives another later.
+        So: the adapter registered here under the same name and path, else the highest id free here."""
+        same = self._names.get(lora.lora_name)
+        if same is not None and self._registry[same].lora_path == lora.lora_path:
+            return LoRARequest(lora.lora_name, same, lora.lora_path)
+        free = RESUMED_IDS_BELOW - 1
+        while free in self._registry:
+            free -= 1
+        return LoRARequest(lora.lora_name, free, lora.lora_path)
 
     def _resolve(self, tg, lora: LoRARequest, reply: MemoryObjectSendStream) -> None:
         try:

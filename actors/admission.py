@@ -181,7 +181,9 @@ class Admission:
                         f"request {shown!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
                         "pass enable_lora=True (and max_loras / max_lora_rank) to serve adapters"
                     )
-                ckpt = await self._resolve(lora)
+                resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
+                if msg.resume:
+                    lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
             if msg.resume:
                 await self._record_resume(msg, fingerprint)
@@ -319,14 +321,15 @@ class Admission:
             )
         return ids
 
-    async def _resolve(self, lora):
+    async def _resolve(self, lora, *, resumed: bool = False):
+        """The adapter as the loader registered it, and its checkpoint."""
         send, receive = anyio.create_memory_object_stream[AdapterResolved](1)
-        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send))
+        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send, resumed=resumed))
         async with receive:
             answer = await receive.receive()
         if answer.error is not None:
             raise answer.error
-        return answer.checkpoint
+        return answer.lora_request, answer.checkpoint
 
     async def _record_resume(self, msg: Submit, fingerprint: str | None) -> None:
         """A resumed request runs under its original binding, or not at all."""
