@@ -345,26 +345,13 @@ class _Walk:
             found.add(seq, "an adapter_registered event carries no adapter row", table="events", key={"seq": seq})
             return
         fp = adapter["fingerprint"]
-        key = {"fingerprint": fp}
         if ev["dedup_key"] != registration_key(fp):
             found.add(seq, f"the adapter_registered event of {fp} has dedup_key {ev['dedup_key']!r}, not {registration_key(fp)!r}",
                       table="events", key={"seq": seq})  # fmt: skip
         if "adapter_sha256" in payload and _safe_digest(adapter) != payload["adapter_sha256"]:
             found.add(seq, f"the adapter in the adapter_registered event of {fp} does not match its adapter_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        t = self.t.adapters
-        row = self.conn.execute(select(*t.columns()).where(t.c.fingerprint == fp)).first()
-        if row is None:
-            found.add(seq, f"adapter {fp} was registered (event {seq}) but its row in `adapters` is missing", table="adapters", key=key)
-            return
-        values, bad = t.decode(row._mapping)
-        if bad:
-            found.add(seq, f"the `adapters` row of {fp} cannot be read: {describe(bad)}", table="adapters", key=key)
-            return
-        differ = _differences(adapter, unix_times(values))
-        if differ:
-            found.add(seq, f"the `adapters` row of {fp} differs from its adapter_registered event (seq {seq}) in: {', '.join(differ)}",
-                      table="adapters", key=key)  # fmt: skip
+        self._check_registered_row(seq, self.t.adapters, "fingerprint", adapter, "adapter", EventKind.ADAPTER_REGISTERED)
 
 
     # -- instances --------------------------------------------------------------------------
@@ -376,26 +363,30 @@ class _Walk:
             found.add(seq, "an instance_registered event carries no instance row", table="events", key={"seq": seq})
             return
         iid = instance["instance_id"]
-        key = {"instance_id": iid}
         if ev["dedup_key"] != instances.registration_key(iid) or ev.get("instance_id") != iid:
             found.add(seq, f"the instance_registered event of {iid} has dedup_key {ev['dedup_key']!r} and instance_id "
                       f"{ev.get('instance_id')!r}: it was not written by that instance", table="events", key={"seq": seq})  # fmt: skip
         if _safe_digest(instance) != payload.get("instance_sha256"):
             found.add(seq, f"the instance in the instance_registered event of {iid} does not match its instance_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        t = self.t.instances
-        row = self.conn.execute(select(*t.columns()).where(t.c.instance_id == iid)).first()
+        self._check_registered_row(seq, self.t.instances, "instance_id", instance, "instance", EventKind.INSTANCE_REGISTERED)
+
+    def _check_registered_row(self, seq: int, t: RawTable, column: str, recorded: dict[str, Any], noun: str, kind: str) -> None:
+        """The row a registration event (adapter or instance) carries a copy of: present, readable, and equal to it."""
+        found, value = self.found, recorded[column]
+        key = {column: value}
+        row = self.conn.execute(select(*t.columns()).where(t.c[column] == value)).first()
         if row is None:
-            found.add(seq, f"instance {iid} was registered (event {seq}) but its row in `instances` is missing", table="instances", key=key)
+            found.add(seq, f"{noun} {value} was registered (event {seq}) but its row in `{t.name}` is missing", table=t.name, key=key)
             return
         values, bad = t.decode(row._mapping)
         if bad:
-            found.add(seq, f"the `instances` row of {iid} cannot be read: {describe(bad)}", table="instances", key=key)
+            found.add(seq, f"the `{t.name}` row of {value} cannot be read: {describe(bad)}", table=t.name, key=key)
             return
-        differ = _differences(instance, unix_times(values))
+        differ = _differences(recorded, unix_times(values))
         if differ:
-            found.add(seq, f"the `instances` row of {iid} differs from its instance_registered event (seq {seq}) in: {', '.join(differ)}",
-                      table="instances", key=key)  # fmt: skip
+            found.add(seq, f"the `{t.name}` row of {value} differs from its {kind} event (seq {seq}) in: {', '.join(differ)}",
+                      table=t.name, key=key)  # fmt: skip
 
 
 def _completion(values: dict[str, Any]) -> CompletionRecord | str:
