@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Dialect, Row, and_, func, not_, select
 
 from loraledger.audit import rows
 from loraledger.audit.queries import A, C, E, I, R, stream
+from loraledger.store.instances import LEASES as L
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
@@ -73,6 +74,7 @@ def verify_log(
     _check_unbound(conn, found)
     _check_unregistered(conn, tables, found)
     _check_unregistered_instances(conn, found)
+    _check_unclaimed_recoveries(conn, walk.claims, found)
     _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
@@ -200,6 +202,8 @@ class _Walk:
         self.expected, self.prev = 1, GENESIS_HASH
         self.head: Checkpoint | None = None
         self.events = 0
+        # (claimer, instance) of every claim engine_recovered events put on record: one pair per recovered instance
+        self.claims: set[tuple[str, str]] = set()
 
     def event(self, row: Row[Any]) -> None:
         self.events += 1
@@ -236,6 +240,8 @@ class _Walk:
                 self._check_registered(seq, ev)
             elif kind == EventKind.INSTANCE_REGISTERED:
                 self._check_instance(seq, ev)
+            elif kind == EventKind.ENGINE_RECOVERED:
+                self._check_recovered(seq, ev)
         self.expected, self.prev = seq + 1, ev.get("hash")
         if isinstance(ev.get("hash"), str) and "at" in ev:
             self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
@@ -371,6 +377,22 @@ class _Walk:
                       table="events", key={"seq": seq})  # fmt: skip
         self._check_registered_row(seq, self.t.instances, "instance_id", instance, "instance", EventKind.INSTANCE_REGISTERED)
 
+    def _check_recovered(self, seq: int, ev: dict[str, Any]) -> None:
+        """The instances an engine_recovered event claims (revision 0007 on): each lease names its writer as the
+        instance that recovered it (`audit instances` shows it; the lease table changes in place, the claim is here)."""
+        claimed = ev["payload"].get("instances") if isinstance(ev["payload"], dict) else None
+        if not isinstance(claimed, list):
+            return
+        claimer = ev.get("instance_id") or instances.TOOL_CLAIMER
+        ids = [iid for iid in claimed if isinstance(iid, str)]
+        self.claims.update((claimer, iid) for iid in ids)
+        query = select(L.c.instance_id, L.c.recovered_by).where(L.c.instance_id.in_(ids))
+        leases = {row.instance_id: row.recovered_by for row in self.conn.execute(query)} if ids else {}
+        for iid in ids:
+            if leases.get(iid) != claimer:
+                self.found.add(seq, f"instance {iid} was recovered by {claimer} (engine_recovered event {seq}), but its lease in "
+                               f"`instance_leases` names {leases.get(iid)!r}", table="instance_leases", key={"instance_id": iid})  # fmt: skip
+
     def _check_registered_row(self, seq: int, t: RawTable, column: str, recorded: dict[str, Any], noun: str, kind: str) -> None:
         """The row a registration event (adapter or instance) carries a copy of: present, readable, and equal to it."""
         found, value = self.found, recorded[column]
@@ -444,6 +466,14 @@ def _check_unregistered_instances(conn: Connection, found: _Problems) -> None:
         found.add(None, f"instance {iid} is in `instances` but no instance_registered event vouches for it",
                   table="instances", key={"instance_id": iid})  # fmt: skip
     found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
+
+
+def _check_unclaimed_recoveries(conn: Connection, claims: set[tuple[str, str]], found: _Problems) -> None:
+    """Leases that name an instance (or a tool) as their recoverer when no engine_recovered event of it claims them."""
+    for iid, claimer in stream(conn, instances.recovered_leases()):
+        if (claimer, iid) not in claims:
+            found.add(None, f"the lease of instance {iid} in `instance_leases` names {claimer} as the one that recovered it, "
+                      "but no engine_recovered event of it claims that instance", table="instance_leases", key={"instance_id": iid})  # fmt: skip
 
 
 def _check_unvouched_completions(conn: Connection, found: _Problems) -> None:
