@@ -113,8 +113,10 @@ class AdapterLoader:
 
     def _register(self, lora: LoRARequest) -> None:
         known = self._registry.get(lora.lora_int_id)
+        # the registry keeps the adapter, not a request's one-off ask to read it again (pin_lora resolves what it holds)
+        kept = LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path, lora.base_model_name) if lora.load_inplace else lora
         if known is not None and lora.load_inplace and known.lora_name == lora.lora_name:
-            self._registry[lora.lora_int_id] = lora  # an in-place reload may read the adapter from a new folder
+            self._registry[lora.lora_int_id] = kept  # an in-place reload may read the adapter from a new folder
             return
         if known is not None and known.lora_path != lora.lora_path:
             raise LoRARequestConflictError(
@@ -129,7 +131,7 @@ class AdapterLoader:
                 f"got path {lora.lora_path!r}. Use a new name for a different adapter"
             )
         if known is None:
-            self._registry[lora.lora_int_id] = lora
+            self._registry[lora.lora_int_id] = kept
             self._names.setdefault(lora.lora_name, lora.lora_int_id)
 
     def _for_resume(self, lora: LoRARequest) -> LoRARequest:
