@@ -30,6 +30,10 @@ from loraledger.lora_request import LoRARequest
 from loraledger.store.records import EventKind, EventRecord
 
 
+# resumed requests' adapters not registered here take ids down from here: far from the ids callers count up from 1
+RESUMED_IDS_BELOW = 1 << 63
+
+
 class AdapterLoaderStats:
     """Counters the AdapterLoader publishes (it alone writes them, on the event loop), by adapter name."""
 
@@ -83,8 +87,8 @@ class AdapterLoader:
 
     async def _handle(self, tg, msg) -> None:
         match msg:
-            case ResolveAdapter(lora_request=lora, reply=reply):
-                self._resolve(tg, lora, reply)
+            case ResolveAdapter(lora_request=lora, reply=reply, resumed=resumed):
+                self._resolve(tg, self._for_resume(lora) if resumed else lora, reply)
             case AddLora(lora_request=lora, reply=reply):
                 self._resolve(tg, lora, reply)
             case RemoveLora(lora_int_id=int_id, reply=reply):
@@ -109,8 +113,10 @@ class AdapterLoader:
 
     def _register(self, lora: LoRARequest) -> None:
         known = self._registry.get(lora.lora_int_id)
+        # the registry keeps the adapter, not a request's one-off ask to read it again (pin_lora resolves what it holds)
+        kept = LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path, lora.base_model_name) if lora.load_inplace else lora
         if known is not None and lora.load_inplace and known.lora_name == lora.lora_name:
-            self._registry[lora.lora_int_id] = lora  # an in-place reload may read the adapter from a new folder
+            self._registry[lora.lora_int_id] = kept  # an in-place reload may read the adapter from a new folder
             return
         if known is not None and known.lora_path != lora.lora_path:
             raise LoRARequestConflictError(
@@ -125,8 +131,21 @@ class AdapterLoader:
                 f"got path {lora.lora_path!r}. Use a new name for a different adapter"
             )
         if known is None:
-            self._registry[lora.lora_int_id] = lora
+            self._registry[lora.lora_int_id] = kept
             self._names.setdefault(lora.lora_name, lora.lora_int_id)
+
+    def _for_resume(self, lora: LoRARequest) -> LoRARequest:
+        """A resumed request's adapter as this engine registers it. Its binding's lora_int_id is a handle the engine
+        that admitted it gave (a peer sharing the audit database, or this engine's previous run): here that id may
+        name another adapter, or be the one a caller (the server numbers its adapters from 1) gives another later.
+        So: the adapter registered here under the same name and path, else the highest id free here."""
+        same = self._names.get(lora.lora_name)
+        if same is not None and self._registry[same].lora_path == lora.lora_path:
+            return LoRARequest(lora.lora_name, same, lora.lora_path)
+        free = RESUMED_IDS_BELOW - 1
+        while free in self._registry:
+            free -= 1
+        return LoRARequest(lora.lora_name, free, lora.lora_path)
 
     def _resolve(self, tg, lora: LoRARequest, reply: MemoryObjectSendStream) -> None:
         try:

@@ -173,7 +173,10 @@ class Admission:
             tokenizer = await self._tokenizer_for(lora)
             prompt_ids = await self._prompt_token_ids(msg, tokenizer)
             bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
-            grammar = await self._grammar_for(msg.params, tokenizer)
+            # checked and hashed once here (a schema may be 256 KiB of text): the grammar and the binding both use it
+            so = msg.params.structured_outputs
+            constraint = None if so is None else canonical_constraint(so)
+            grammar = await self._grammar_for(constraint, tokenizer)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -181,12 +184,14 @@ class Admission:
                         f"request {shown!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
                         "pass enable_lora=True (and max_loras / max_lora_rank) to serve adapters"
                     )
-                ckpt = await self._resolve(lora)
+                resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
+                if msg.resume:
+                    lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
             if msg.resume:
                 await self._record_resume(msg, fingerprint)
             elif self._audit is not None:
-                await self._record_binding(msg, prompt_ids, ckpt)
+                await self._record_binding(msg, prompt_ids, ckpt, constraint)
                 bound = True
         except Exception as exc:
             error = request_error(exc, shown, "admission", audit_id=rid)
@@ -261,17 +266,16 @@ class Admission:
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._audit.send(AuditAppend(events=[event]))
 
-    async def _grammar_for(self, params, tokenizer):
-        """The compiled grammar of the request's structured_outputs (None without one), compiled in a worker thread
+    async def _grammar_for(self, constraint, tokenizer):
+        """The compiled grammar of the request's constraint (None without one), compiled in a worker thread
         unless the cache has it; a constraint that does not compile fails this request with StructuredOutputError."""
-        if params.structured_outputs is None:
+        if constraint is None:
             return None
         if tokenizer is None or self._grammars is None:
             raise NoTokenizerError(
                 "structured_outputs needs the model's tokenizer (the grammar is matched against its vocabulary), and this "
                 "engine was built with skip_tokenizer_init=True"
             )
-        constraint = canonical_constraint(params.structured_outputs)
         return await anyio.to_thread.run_sync(self._grammars.compile, constraint, tokenizer)
 
     async def _tokenizer_for(self, lora):
@@ -319,14 +323,15 @@ class Admission:
             )
         return ids
 
-    async def _resolve(self, lora):
+    async def _resolve(self, lora, *, resumed: bool = False):
+        """The adapter as the loader registered it, and its checkpoint."""
         send, receive = anyio.create_memory_object_stream[AdapterResolved](1)
-        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send))
+        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send, resumed=resumed))
         async with receive:
             answer = await receive.receive()
         if answer.error is not None:
             raise answer.error
-        return answer.checkpoint
+        return answer.lora_request, answer.checkpoint
 
     async def _record_resume(self, msg: Submit, fingerprint: str | None) -> None:
         """A resumed request runs under its original binding, or not at all."""
@@ -364,14 +369,13 @@ class Admission:
         if outcome is not None:
             raise outcome
 
-    async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt) -> None:
+    async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt, constraint) -> None:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
         if prompt_text is not None:
             prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
         else:
             prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
-        constraint = None if msg.params.structured_outputs is None else canonical_constraint(msg.params.structured_outputs)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,

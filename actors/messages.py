@@ -87,6 +87,9 @@ class RequestDone(Msg):
 class ResolveAdapter(Msg):
     lora_request: LoRARequest
     reply: object  # send stream: AdapterResolved
+    # a resumed request's: its lora_int_id was given by the engine that admitted it, and may name another adapter here
+    # (AdapterResolved.lora_request is the adapter as this engine registers it)
+    resumed: bool = False
 
 
 class AdapterResolved(Msg):

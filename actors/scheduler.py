@@ -57,7 +57,7 @@ from loraledger.actors.messages import (
 )
 from loraledger.actors.scheduler_state import SchedRequest, Seq, SeqStatus
 from loraledger.actors.step_stats import StepStats
-from loraledger.errors import EngineDeadError, RequestFailedError
+from loraledger.errors import EngineDeadError, RequestFailedError, StructuredOutputError
 from loraledger.gpu.block_manager import BlockManager
 from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from loraledger.actors.replies import answer
@@ -250,6 +250,7 @@ class Scheduler:
             stop_ids=stop_ids,
             eos_ids=eos,
             grammar=msg.grammar,
+            caller_request_id=msg.caller_request_id,
         )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         bias = params.logit_bias or {}
@@ -690,6 +691,7 @@ class Scheduler:
         sampled = {s.seq_id: s for s in done.output.sampled}
         prompt_lps = {p.seq_id: p for p in done.output.prompt_logprobs}
         updates: list[SeqUpdate] = []
+        refused: set[str] = set()  # requests whose grammar refused a token: each fails, alone
         for work in plan.seqs:
             seq = self._seqs.get(work.seq_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
@@ -715,6 +717,9 @@ class Scheduler:
             token = sampled.get(seq.seq_id)
             if token is None:
                 continue
+            if token.grammar_refused:
+                refused.add(rid)
+                continue
             seq.token_ids.append(token.token_id)
             finish, stop_reason = self._check_stop(seq, token.token_id, token.grammar_done)
             updates.append(
@@ -732,11 +737,22 @@ class Scheduler:
             if finish is not None:
                 self._running.remove(seq)
                 self._finish_seq(seq)
+        if refused:
+            updates = [u for u in updates if u.request_id not in refused]
         if updates or timings:
             # held until the next step is on its way (or there is none): output assembly and
             # detokenization then overlap the next forward pass instead of delaying it
             await self._flush_tokens()
             self._undelivered = StepTokens(updates=updates, timings=list(timings.values()), time=now)
+        for rid in refused:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            shown = repr(req.caller_request_id or rid) + ("" if req.caller_request_id in (None, rid) else f" (audit id {rid})")
+            await self._fail_request(rid, StructuredOutputError(
+                f"request {shown}: its structured_outputs allow none of the tokens its other sampling parameters leave "
+                "(allowed_token_ids, bad_words) at this point of the output; loosen one of them"
+            ))  # fmt: skip
 
     async def _flush_tokens(self) -> None:
         """Hand the held StepTokens to the OutputAssembler; every other message to it goes after them."""
@@ -773,15 +789,19 @@ class Scheduler:
             self._slot_fp[load.slot] = None
             self._fp_slot.pop(load.fingerprint, None)
         for rid in failed:
-            req = self._requests.get(rid)
-            if req is None:
-                continue
-            for seq in req.seqs:
-                if seq.status is not SeqStatus.FINISHED:
-                    self._remove_from_queues(seq)
-                    self._finish_seq(seq)
-            self._requests.pop(rid, None)
-            await self._to_assembler(RequestFailed(request_id=rid, error=RequestFailedError(f"request {rid} failed in the model step: {error!r}")))
+            await self._fail_request(rid, RequestFailedError(f"request {rid} failed in the model step: {error!r}"))
+
+    async def _fail_request(self, rid: str, error: Exception) -> None:
+        """End every sequence of a request and fail it (on record); the engine and every other request go on."""
+        req = self._requests.get(rid)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if seq.status is not SeqStatus.FINISHED:
+                self._remove_from_queues(seq)
+                self._finish_seq(seq)
+        self._requests.pop(rid, None)
+        await self._to_assembler(RequestFailed(request_id=rid, error=error))
 
 
 class _Inflight:

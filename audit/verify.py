@@ -23,6 +23,7 @@ from sqlalchemy import Connection, Dialect, Row, and_, func, not_, select
 
 from loraledger.audit import rows
 from loraledger.audit.queries import A, C, E, I, R, stream
+from loraledger.store.instances import LEASES as L
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
@@ -73,6 +74,7 @@ def verify_log(
     _check_unbound(conn, found)
     _check_unregistered(conn, tables, found)
     _check_unregistered_instances(conn, found)
+    _check_unclaimed_recoveries(conn, walk.claims, found)
     _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
@@ -200,6 +202,8 @@ class _Walk:
         self.expected, self.prev = 1, GENESIS_HASH
         self.head: Checkpoint | None = None
         self.events = 0
+        # (claimer, instance) of every claim engine_recovered events put on record: one pair per recovered instance
+        self.claims: set[tuple[str, str]] = set()
 
     def event(self, row: Row[Any]) -> None:
         self.events += 1
@@ -236,6 +240,8 @@ class _Walk:
                 self._check_registered(seq, ev)
             elif kind == EventKind.INSTANCE_REGISTERED:
                 self._check_instance(seq, ev)
+            elif kind == EventKind.ENGINE_RECOVERED:
+                self._check_recovered(seq, ev)
         self.expected, self.prev = seq + 1, ev.get("hash")
         if isinstance(ev.get("hash"), str) and "at" in ev:
             self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
@@ -345,26 +351,13 @@ class _Walk:
             found.add(seq, "an adapter_registered event carries no adapter row", table="events", key={"seq": seq})
             return
         fp = adapter["fingerprint"]
-        key = {"fingerprint": fp}
         if ev["dedup_key"] != registration_key(fp):
             found.add(seq, f"the adapter_registered event of {fp} has dedup_key {ev['dedup_key']!r}, not {registration_key(fp)!r}",
                       table="events", key={"seq": seq})  # fmt: skip
         if "adapter_sha256" in payload and _safe_digest(adapter) != payload["adapter_sha256"]:
             found.add(seq, f"the adapter in the adapter_registered event of {fp} does not match its adapter_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        t = self.t.adapters
-        row = self.conn.execute(select(*t.columns()).where(t.c.fingerprint == fp)).first()
-        if row is None:
-            found.add(seq, f"adapter {fp} was registered (event {seq}) but its row in `adapters` is missing", table="adapters", key=key)
-            return
-        values, bad = t.decode(row._mapping)
-        if bad:
-            found.add(seq, f"the `adapters` row of {fp} cannot be read: {describe(bad)}", table="adapters", key=key)
-            return
-        differ = _differences(adapter, unix_times(values))
-        if differ:
-            found.add(seq, f"the `adapters` row of {fp} differs from its adapter_registered event (seq {seq}) in: {', '.join(differ)}",
-                      table="adapters", key=key)  # fmt: skip
+        self._check_registered_row(seq, self.t.adapters, "fingerprint", adapter, "adapter", EventKind.ADAPTER_REGISTERED)
 
 
     # -- instances --------------------------------------------------------------------------
@@ -376,26 +369,46 @@ class _Walk:
             found.add(seq, "an instance_registered event carries no instance row", table="events", key={"seq": seq})
             return
         iid = instance["instance_id"]
-        key = {"instance_id": iid}
         if ev["dedup_key"] != instances.registration_key(iid) or ev.get("instance_id") != iid:
             found.add(seq, f"the instance_registered event of {iid} has dedup_key {ev['dedup_key']!r} and instance_id "
                       f"{ev.get('instance_id')!r}: it was not written by that instance", table="events", key={"seq": seq})  # fmt: skip
         if _safe_digest(instance) != payload.get("instance_sha256"):
             found.add(seq, f"the instance in the instance_registered event of {iid} does not match its instance_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        t = self.t.instances
-        row = self.conn.execute(select(*t.columns()).where(t.c.instance_id == iid)).first()
+        self._check_registered_row(seq, self.t.instances, "instance_id", instance, "instance", EventKind.INSTANCE_REGISTERED)
+
+    def _check_recovered(self, seq: int, ev: dict[str, Any]) -> None:
+        """The instances an engine_recovered event claims (revision 0007 on): each lease names its writer as the
+        instance that recovered it (`audit instances` shows it; the lease table changes in place, the claim is here)."""
+        claimed = ev["payload"].get("instances") if isinstance(ev["payload"], dict) else None
+        if not isinstance(claimed, list):
+            return
+        claimer = ev.get("instance_id") or instances.TOOL_CLAIMER
+        ids = [iid for iid in claimed if isinstance(iid, str)]
+        self.claims.update((claimer, iid) for iid in ids)
+        query = select(L.c.instance_id, L.c.recovered_by).where(L.c.instance_id.in_(ids))
+        leases = {row.instance_id: row.recovered_by for row in self.conn.execute(query)} if ids else {}
+        for iid in ids:
+            if leases.get(iid) != claimer:
+                self.found.add(seq, f"instance {iid} was recovered by {claimer} (engine_recovered event {seq}), but its lease in "
+                               f"`instance_leases` names {leases.get(iid)!r}", table="instance_leases", key={"instance_id": iid})  # fmt: skip
+
+    def _check_registered_row(self, seq: int, t: RawTable, column: str, recorded: dict[str, Any], noun: str, kind: str) -> None:
+        """The row a registration event (adapter or instance) carries a copy of: present, readable, and equal to it."""
+        found, value = self.found, recorded[column]
+        key = {column: value}
+        row = self.conn.execute(select(*t.columns()).where(t.c[column] == value)).first()
         if row is None:
-            found.add(seq, f"instance {iid} was registered (event {seq}) but its row in `instances` is missing", table="instances", key=key)
+            found.add(seq, f"{noun} {value} was registered (event {seq}) but its row in `{t.name}` is missing", table=t.name, key=key)
             return
         values, bad = t.decode(row._mapping)
         if bad:
-            found.add(seq, f"the `instances` row of {iid} cannot be read: {describe(bad)}", table="instances", key=key)
+            found.add(seq, f"the `{t.name}` row of {value} cannot be read: {describe(bad)}", table=t.name, key=key)
             return
-        differ = _differences(instance, unix_times(values))
+        differ = _differences(recorded, unix_times(values))
         if differ:
-            found.add(seq, f"the `instances` row of {iid} differs from its instance_registered event (seq {seq}) in: {', '.join(differ)}",
-                      table="instances", key=key)  # fmt: skip
+            found.add(seq, f"the `{t.name}` row of {value} differs from its {kind} event (seq {seq}) in: {', '.join(differ)}",
+                      table=t.name, key=key)  # fmt: skip
 
 
 def _completion(values: dict[str, Any]) -> CompletionRecord | str:
@@ -453,6 +466,14 @@ def _check_unregistered_instances(conn: Connection, found: _Problems) -> None:
         found.add(None, f"instance {iid} is in `instances` but no instance_registered event vouches for it",
                   table="instances", key={"instance_id": iid})  # fmt: skip
     found.count += max(0, total - VerifyResult.MAX_PROBLEMS)
+
+
+def _check_unclaimed_recoveries(conn: Connection, claims: set[tuple[str, str]], found: _Problems) -> None:
+    """Leases that name an instance (or a tool) as their recoverer when no engine_recovered event of it claims them."""
+    for iid, claimer in stream(conn, instances.recovered_leases()):
+        if (claimer, iid) not in claims:
+            found.add(None, f"the lease of instance {iid} in `instance_leases` names {claimer} as the one that recovered it, "
+                      "but no engine_recovered event of it claims that instance", table="instance_leases", key={"instance_id": iid})  # fmt: skip
 
 
 def _check_unvouched_completions(conn: Connection, found: _Problems) -> None:

@@ -49,14 +49,18 @@ class SeqState:
     output_token_ids: list[int] = field(default_factory=list)
     num_output: int = 0
     matcher: object = None  # xgrammar GrammarMatcher of a constrained sequence: it has accepted output_token_ids
+    # the grammar refused a sampled id: the request's other masks (allowed_token_ids, bad_words) left none of the
+    # tokens it allows, so the sampler picked among tokens all masked; the request fails (alone), nothing follows
+    refused: bool = False
 
     def accept(self, token: int) -> bool:
         """Append a sampled id (and feed it to the grammar); True when the grammar is complete with it."""
         self.output_token_ids.append(token)
-        if self.matcher is None or self.matcher.is_terminated():
+        if self.matcher is None or self.matcher.is_terminated() or self.refused:
             return False
         if not self.matcher.accept_token(token):
-            raise ConfigError(f"the grammar refused token {token}, sampled under its own mask: the mask and the matcher disagree")
+            self.refused = True
+            return False
         return self.matcher.is_terminated()
 
 
@@ -79,6 +83,7 @@ class LaunchedStep:
     events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event | None] | None
     settled: bool = False  # the sampled ids are in the sequences' output_token_ids
     grammar_done: set[int] = field(default_factory=set)  # sequences whose grammar completed with this step's token
+    grammar_refused: set[int] = field(default_factory=set)  # sequences whose grammar refused this step's token (SeqState.refused)
 
 
 class ModelRunner:
@@ -256,14 +261,18 @@ class ModelRunner:
         if not self._unfinished or self._unfinished[0] is not step:
             raise ConfigError(f"step {step.step_id} is finished out of order: steps finish in the order they were launched")
         t0 = time.perf_counter()
-        self._settle(step)
-        self._unfinished.popleft()
+        try:
+            self._settle(step)
+        finally:
+            self._unfinished.popleft()  # a step that raises is over too (its requests fail): the next ones finish after it
         sampled = []
         if step.job is not None:
             out = step.job.result()
             ranks = out.ranks or [None] * len(step.seq_ids)
             sampled = [
-                SampledToken(sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j], sid in step.grammar_done)
+                SampledToken(
+                    sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j], sid in step.grammar_done, sid in step.grammar_refused
+                )
                 for j, sid in enumerate(step.seq_ids)
             ]
         prompt_lps = [] if step.prompt is None else step.prompt.result()
@@ -319,8 +328,12 @@ class ModelRunner:
             return
         for sid, token in zip(step.seq_ids, step.job.result().token_ids):
             state = self._seqs.get(sid)
-            if state is not None and state.accept(token):  # None: freed meanwhile (aborted or stopped while the step ran)
+            if state is None:  # freed meanwhile (aborted or stopped while the step ran)
+                continue
+            if state.accept(token):
                 step.grammar_done.add(sid)
+            elif state.refused:
+                step.grammar_refused.add(sid)
 
     def _settle_all(self) -> None:
         for step in self._unfinished:

@@ -101,6 +101,8 @@ class SampledToken(msgspec.Struct, frozen=True, array_like=True, omit_defaults=T
     top_logprobs: list[tuple[int, float]] | None = None  # (token id, logprob), best first, when asked
     rank: int | None = None  # the sampled token's rank in the raw logits (1: the most likely), when logprobs are asked
     grammar_done: bool = False  # the sequence's grammar is complete with this token: nothing more may follow
+    # the grammar refused this token (the request's other masks left none it allows): the request fails
+    grammar_refused: bool = False
 
 
 class PromptLogprobs(msgspec.Struct, frozen=True, array_like=True):

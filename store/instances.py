@@ -36,6 +36,7 @@ from loraledger.store.registration import registered_form
 INSTANCES: Table = Instance.__table__  # type: ignore[assignment]
 LEASES: Table = InstanceLease.__table__  # type: ignore[assignment]
 KEY_PREFIX = "instance:"  # dedup_key of the instance_registered event: KEY_PREFIX + instance id
+TOOL_CLAIMER = "(a tool)"  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,9 +221,18 @@ def claim_expired(conn: Connection, claimer: str | None) -> list[str]:
         conn.execute(
             update(LEASES)
             .where(LEASES.c.instance_id.in_(expired), LEASES.c.recovered_by.is_(None))
-            .values(recovered_by=claimer or "(a tool)", recovered_at=utc_from_unix(db_now(conn)))
+            .values(recovered_by=claimer or TOOL_CLAIMER, recovered_at=utc_from_unix(db_now(conn)))
         )
     return expired
+
+
+def recovered_leases() -> Select[Any]:
+    """(instance_id, recovered_by) of every lease a peer (or a tool) claimed, not ended by its own instance's stop."""
+    return (
+        select(LEASES.c.instance_id, LEASES.c.recovered_by)
+        .where(LEASES.c.recovered_by.is_not(None), LEASES.c.recovered_by != LEASES.c.instance_id)
+        .order_by(LEASES.c.instance_id)
+    )
 
 
 def lease_states(conn: Connection) -> list[LeaseState]:

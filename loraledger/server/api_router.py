@@ -59,7 +59,7 @@ async def list_models(request: Request, caller: Caller = Depends(authenticate)) 
 
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)) -> Response:
-    await _state(request).models.load(body.lora_name, body.lora_path)
+    await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 

@@ -69,10 +69,23 @@ class OpenAIServingModels:
                 out.append(_card(name, self._created[name], lora.lora_path, self.base_name, max_len))
         return out
 
-    async def load(self, name: str, path: str) -> LoRARequest:
+    async def load(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
         """Register, load and fingerprint an adapter; it is on record (the `adapters` table) before any request can
-        name it, since it joins the served names only after the engine's add_lora has returned."""
+        name it, since it joins the served names only after the engine's add_lora has returned. load_inplace (vLLM's):
+        an adapter of that name already loaded is read again, from `path`, under its id; requests admitted from then
+        on run on the new content."""
         async with self._lock:
+            known = self.adapters.get(name)
+            if known is not None and load_inplace:
+                try:
+                    reload = LoRARequest(name, known.lora_int_id, path, load_inplace=True)
+                except LoRARequestError as exc:
+                    raise APIError(400, str(exc), param="lora_path") from None
+                await self._state.engine.add_lora(reload)  # typed errors: the handlers map them
+                # kept without the flag: a request naming it uses what was loaded, it does not read the folder again
+                self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
+                self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
+                return self.adapters[name]
             if name in self.base_names or name in self.adapters:
                 raise APIError(400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name")
             try:

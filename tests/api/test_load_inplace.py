@@ -146,3 +146,27 @@ def test_lora_request_takes_vllms_positional_fields_and_is_equal_and_hashed_by_n
         LoRARequest("policy", 1, "/adapters/a", None, {"tensorizer_uri": "s3://x"})
     with pytest.raises(LoRARequestError, match="load_inplace"):
         LoRARequest("policy", 1, "/adapters/a", load_inplace="yes")
+
+
+def test_after_an_in_place_reload_the_adapter_is_registered_without_the_reload(tiny_llama, tmp_path):
+    """load_inplace asks for one reading of the folder: pinning the adapter afterwards (which resolves it from the
+    registry) serves what was loaded and reads nothing again."""
+    snapshots = tmp_path / "snapshots"
+    snapshots.mkdir()
+    a, b = tmp_path / "a", tmp_path / "b"
+    save_policy(tiny_llama, a, 1, snapshots)
+    save_policy(tiny_llama, b, 2, snapshots)
+    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=8, audit_url=None) as llm:
+        llm.llm_engine.add_lora(LoRARequest("policy", 1, str(a)))
+        llm.llm_engine.add_lora(LoRARequest("policy", 1, str(b), load_inplace=True))
+        engine = llm.llm_engine.engine
+        loads = llm.llm_engine._portal.call(engine.get_metrics).host_loads["policy"]
+        assert loads == 2
+        assert llm.llm_engine._portal.call(engine.pin_lora, 1)
+        assert llm.llm_engine._portal.call(engine.get_metrics).host_loads["policy"] == loads
+        out = llm.generate("hello", GREEDY, lora_request=LoRARequest("policy", 1, str(b)), use_tqdm=False)[0]
+        # an RL loop's first step may ask for the reload already: registered, it is the adapter alone too
+        llm.llm_engine.add_lora(LoRARequest("first", 2, str(a), load_inplace=True))
+        assert llm.llm_engine._portal.call(engine.pin_lora, 2)
+        assert llm.llm_engine._portal.call(engine.get_metrics).host_loads["first"] == 1
+    assert out.metrics.adapter_fingerprint == fingerprint_adapter(str(b))

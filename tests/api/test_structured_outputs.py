@@ -274,3 +274,25 @@ def test_a_grammar_that_does_not_compile_fails_that_request_only(llm):
         _gen(llm, random_prompts(1, seed=261), SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="(a")))
     ok = _gen_text(llm, _texts(1, seed=262), SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("regex")))
     assert _valid("regex", ok[0].outputs[0].text)
+
+
+def test_a_constraint_the_other_masks_leave_no_token_for_fails_that_request_only(llm):
+    """allowed_token_ids (or bad_words) may leave none of the tokens the grammar allows: that request fails with
+    StructuredOutputError, alone; the request beside it in the batch, and the engine, go on."""
+    choice = StructuredOutputsParams(choice=CHOICES)
+    good = SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=choice)
+    bad = SamplingParams(temperature=0, max_tokens=MAX, allowed_token_ids=[5], structured_outputs=choice)
+    engine = llm.llm_engine
+    engine.add_request("bad", "the quick brown fox", bad)
+    engine.add_request("good", "a lazy dog", good)
+    outs = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outs[out.request_id] = out
+    assert outs["bad"].outputs[0].finish_reason == "error"
+    assert isinstance(engine.errors["bad"], E.StructuredOutputError), engine.errors["bad"]
+    assert "'bad'" in str(engine.errors["bad"]) and "allowed_token_ids" in str(engine.errors["bad"])
+    assert outs["good"].outputs[0].finish_reason == "stop" and outs["good"].outputs[0].text in CHOICES
+    after = _gen_text(llm, _texts(1, seed=270), good)
+    assert after[0].outputs[0].text in CHOICES

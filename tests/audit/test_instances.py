@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from sqlalchemy import update
 
 from loraledger.audit import AuditLog
 from loraledger.cli import main
 from loraledger.store.audit_store import AuditStore
-from loraledger.store.instances import this_instance
+from loraledger.store.instances import LEASES, this_instance
 from tests.audit.synth import build_log
 
 
@@ -82,3 +83,30 @@ def test_audit_show_names_the_instance_that_admitted_the_request(migrated_db_url
     assert f"  instance      {second}" in capsys.readouterr().out
     assert main(["audit", "show", key, "--url", migrated_db_url, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["instance_id"] == second
+def test_who_recovered_an_instance_is_checked_against_the_chain(migrated_db_url, two_instances, capsys):
+    """`audit instances` shows who recovered an instance from instance_leases, a table that changes in place (no
+    guards): the claim is on the chain (the claimer's engine_recovered event lists the instance), and verify holds
+    the lease to it, both ways."""
+    first, second = two_instances
+    with AuditStore(migrated_db_url).open() as me:
+        mine = me.register(this_instance("0.1.0", lease_seconds=600)).instance_id
+        assert first in me.recover_expired(at_start=False).instances
+    rows = _jsonl(capsys, "audit", "instances", "--url", migrated_db_url, "--format", "jsonl")
+    assert {r["instance_id"]: (r["state"], r["recovered_by"]) for r in rows}[first] == ("recovered", mine)
+    with AuditLog(migrated_db_url) as log:
+        assert log.verify().ok
+
+    def forged(instance_id: str, recovered_by: str | None) -> list[str]:
+        with AuditStore(migrated_db_url) as store, store.engine.begin() as conn:
+            conn.execute(update(LEASES).where(LEASES.c.instance_id == instance_id).values(recovered_by=recovered_by))
+        with AuditLog(migrated_db_url) as log:
+            result = log.verify()
+        return [p.message for p in result.problems if p.table == "instance_leases" and p.key == {"instance_id": instance_id}]
+
+    assert any(mine in m and "engine_recovered" in m for m in forged(first, second))  # blamed on another instance
+    assert any(mine in m and "engine_recovered" in m for m in forged(first, None))  # the recovery hidden
+    assert any(second in m and "engine_recovered" in m for m in forged(mine, second))  # a recovery that never was
+    forged(first, mine)
+    forged(mine, None)
+    with AuditLog(migrated_db_url) as log:
+        assert log.verify().ok

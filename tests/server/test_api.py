@@ -367,3 +367,21 @@ def _metric(live, family: str) -> dict:
             if s.name == family:
                 out[tuple(sorted(s.labels.items()))] = s.value
     return out
+
+
+def test_load_inplace_reloads_a_loaded_adapter_from_its_new_folder(live, keys):
+    """vLLM's load_inplace on /v1/load_lora_adapter: an adapter already loaded is read again (here from another folder,
+    as a training loop writes a new checkpoint), and requests admitted from then on run on the new content."""
+    from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+
+    url, admin = live.base_url, {"Authorization": f"Bearer {keys.admin}"}
+    first, second = str(live.tiny.adapters["all_r8"]), str(live.tiny.adapters["ogd_r16_rslora"])
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "inplace_r8", "lora_path": first}, headers=admin).status_code == 200
+    with openai_client(live, keys.globex) as globex:  # "*_r8" covers it
+        assert globex.completions.create(model="inplace_r8", prompt="x", max_tokens=2).system_fingerprint == fingerprint_adapter(first)
+        body = {"lora_name": "inplace_r8", "lora_path": second, "load_inplace": True}
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
+        assert r.status_code == 200, r.text
+        assert globex.completions.create(model="inplace_r8", prompt="x", max_tokens=2).system_fingerprint == fingerprint_adapter(second)
+        assert globex.completions.create(model="inplace_r8", prompt="y", max_tokens=2).system_fingerprint == fingerprint_adapter(second)
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "inplace_r8"}, headers=admin).status_code == 200
