@@ -83,6 +83,8 @@ def test_audit_show_names_the_instance_that_admitted_the_request(migrated_db_url
     assert f"  instance      {second}" in capsys.readouterr().out
     assert main(["audit", "show", key, "--url", migrated_db_url, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["instance_id"] == second
+
+
 def test_who_recovered_an_instance_is_checked_against_the_chain(migrated_db_url, two_instances, capsys):
     """`audit instances` shows who recovered an instance from instance_leases, a table that changes in place (no
     guards): the claim is on the chain (the claimer's engine_recovered event lists the instance), and verify holds

@@ -104,12 +104,17 @@ def test_report_rows_carry_the_bindings(migrated_db_url: str, synth: SynthLog, t
             r.binding.adapter_fingerprint, r.binding.lora_name, r.binding.tenant,
         )  # fmt: skip
         assert row["sampling_params"] == r.binding.sampling_params
+        # every audited fact of the binding an auditor reads beside the output: who called, with which key, the chat
+        # template, the structured-output constraint, the engine instance (the synth log fills each for some rows)
+        audited = ("caller_request_id", "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text")
+        assert {name: row[name] for name in audited} == {name: getattr(r.binding, name) for name in audited}
         assert row["num_completions"] == len(r.completions)
         assert row["received_at"] == iso(stored_time(r.binding.received_at))  # the database's ISO text agrees
     finished = {(c.request_id, c.index): iso(stored_time(c.finished_at)) for r in synth.requests for c in r.completions}
     completions = list(read_rows(tmp_path / "r" / "completions.jsonl", "jsonl"))
     assert {(c["request_id"], c["completion_index"]): c["finished_at"] for c in completions} == finished
     assert {c["text"] for c in completions} == {c.text for r in synth.requests for c in r.completions}
+    assert any(row["constraint_kind"] for row in requests.values()) and any(row["key_id"] for row in requests.values())
     assert verify_report(tmp_path / "r").ok
 
 
