@@ -229,7 +229,7 @@ class AuditLog:
             groups = q.request_groups(
                 conn,
                 flt,
-                request_columns=[q.R.c[name] for name in _LISTING_REQUEST_COLUMNS],
+                request_columns=[q.request_column(name) for name in _LISTING_REQUEST_COLUMNS],
                 completion_columns=[q.completion_column(name) for name in _LISTING_COMPLETION_COLUMNS],
             )
             with contextlib.closing(groups):  # the cursors close while their connection is open

@@ -147,6 +147,14 @@ def completion_column(name: str) -> ColumnElement[Any]:
     return C.c[name].label(COMPLETION_PREFIX + name)
 
 
+def request_column(name: str) -> ColumnElement[Any]:
+    """A requests column as listings and reports show it: `caller_request_id` is the caller's id, which for a row from
+    before revision 0006 is its request_id (as the request_lineage view and `audit show` read it)."""
+    if name == "caller_request_id":
+        return func.coalesce(R.c.caller_request_id, R.c.request_id).label(name)
+    return R.c[name]
+
+
 def request_groups(
     conn: Connection,
     flt: RequestFilter,

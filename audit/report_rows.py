@@ -30,7 +30,7 @@ COMPLETION_COLUMNS = (
 # Selected in file order, so a joined row is a line with few changes. The database formats the
 # times (ISO text) and hands over the stored JSON text: no Python object per value on the way.
 _REQUEST_SELECT = (
-    q.R.c.caller_request_id,
+    q.request_column("caller_request_id"),
     q.iso_text(q.R.c.received_at).label("received_iso"),
     func.nullif(q.R.c.tenant, "").label("tenant"),  # an empty tenant exports like no tenant
     *(q.R.c[name] for name in (

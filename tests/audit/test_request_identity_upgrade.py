@@ -44,7 +44,11 @@ def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_
     assert shown.count(f"caller id     {old.request_id}\n") == 2
     with AuditLog(db_url) as log:
         result = log.verify()
+        # listings name an old row's caller id as the view does: its key was the caller's id
+        listed = {row.request_id: row.caller_request_id for row in log.requests()}
     assert result.ok, result.problems
+    assert listed[old.request_id] == old.request_id and listed[new.audit_id] == old.request_id
+    assert all(caller is not None for caller in listed.values())
     # the request_lineage view names both by the caller's id (an old row's key is its caller id)
     engine = make_engine(db_url)
     try:
