@@ -359,7 +359,6 @@ class _Walk:
                       table="events", key={"seq": seq})  # fmt: skip
         self._check_registered_row(seq, self.t.adapters, "fingerprint", adapter, "adapter", EventKind.ADAPTER_REGISTERED)
 
-
     # -- instances --------------------------------------------------------------------------
 
     def _check_instance(self, seq: int, ev: dict[str, Any]) -> None:
