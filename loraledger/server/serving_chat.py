@@ -21,7 +21,6 @@ from loraledger.server.serving_engine import (
     RequestContext,
     caller_request_id,
     chat_logprobs,
-    outcome_of,
     response_id,
     sse,
     usage,
@@ -48,14 +47,6 @@ class OpenAIServingChat(OpenAIServing):
         if req.add_special_tokens and tokenizer is not None and getattr(tokenizer, "bos_token_id", None) is not None:
             ids = [tokenizer.bos_token_id, *ids]
         return {"prompt_token_ids": ids, "prompt": rendered.text}, rendered.template_sha256
-
-    async def create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext) -> Response:
-        tracker = self.tracker(req.model, ctx)
-        try:
-            return await self._create(req, caller, ctx, tracker)
-        except BaseException as exc:
-            tracker.finish(outcome_of(exc) if isinstance(exc, Exception) else "aborted")
-            raise
 
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
         if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):

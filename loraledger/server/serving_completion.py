@@ -19,7 +19,6 @@ from loraledger.server.serving_engine import (
     RequestContext,
     caller_request_id,
     completion_logprobs,
-    outcome_of,
     response_id,
     sse,
     usage,
@@ -28,14 +27,6 @@ from loraledger.server.streaming import SSEResponse
 
 
 class OpenAIServingCompletion(OpenAIServing):
-    async def create(self, req: CompletionRequest, caller: Caller, ctx: RequestContext) -> Response:
-        tracker = self.tracker(req.model, ctx)
-        try:
-            return await self._create(req, caller, ctx, tracker)
-        except BaseException as exc:
-            tracker.finish(outcome_of(exc) if isinstance(exc, Exception) else "aborted")
-            raise
-
     async def _create(self, req: CompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
         if req.suffix is not None:
             raise APIError(400, "suffix is not supported by this server", param="suffix")

@@ -157,6 +157,15 @@ class OpenAIServing:
     def tracker(self, model: str, ctx: RequestContext) -> Tracker:
         return Tracker(self.state.metrics, model, ctx)
 
+    async def create(self, req, caller: Caller, ctx: RequestContext):
+        """Serve one generation request (the subclass's `_create`); its metrics record how it ended, whatever ends it."""
+        tracker = self.tracker(req.model, ctx)
+        try:
+            return await self._create(req, caller, ctx, tracker)
+        except BaseException as exc:
+            tracker.finish(outcome_of(exc) if isinstance(exc, Exception) else "aborted")
+            raise
+
     async def outputs(
         self,
         request_id: str,
