@@ -11,8 +11,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from loraledger.actors.failures import request_error
 from loraledger.actors.messages import (
-    AddLora,
     AdapterResolved,
+    AddLora,
     AuditAppend,
     ListLoras,
     PinLora,
@@ -21,14 +21,19 @@ from loraledger.actors.messages import (
     Shutdown,
     UnpinSlot,
 )
-from loraledger.errors import AdapterError, LoRARequestConflictError, LoraLedgerError, TooManyLoRAsError, UnknownRequestError
+from loraledger.actors.replies import answer
+from loraledger.errors import (
+    AdapterError,
+    LoraLedgerError,
+    LoRARequestConflictError,
+    TooManyLoRAsError,
+    UnknownRequestError,
+)
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
-from loraledger.actors.replies import answer
 from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
 from loraledger.store.records import EventKind, EventRecord
-
 
 # resumed requests' adapters not registered here take ids down from here: far from the ids callers count up from 1
 RESUMED_IDS_BELOW = 1 << 63
@@ -80,7 +85,9 @@ class AdapterLoader:
                     break
                 try:
                     await self._handle(tg, msg)
-                except Exception as exc:  # the failure boundary: this message's asker gets the error, the loader goes on
+                except (
+                    Exception
+                ) as exc:  # the failure boundary: this message's asker gets the error, the loader goes on
                     self._log.exception("message not handled", kind=type(msg).__name__)
                     await self._answer_error(msg, exc)
             tg.cancel_scope.cancel()
@@ -114,7 +121,11 @@ class AdapterLoader:
     def _register(self, lora: LoRARequest) -> None:
         known = self._registry.get(lora.lora_int_id)
         # the registry keeps the adapter, not a request's one-off ask to read it again (pin_lora resolves what it holds)
-        kept = LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path, lora.base_model_name) if lora.load_inplace else lora
+        kept = (
+            LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path, lora.base_model_name)
+            if lora.load_inplace
+            else lora
+        )
         if known is not None and lora.load_inplace and known.lora_name == lora.lora_name:
             self._registry[lora.lora_int_id] = kept  # an in-place reload may read the adapter from a new folder
             return
@@ -200,7 +211,11 @@ class AdapterLoader:
             )
             raise error from exc
         self._log.info(
-            "adapter loaded", adapter=lora.lora_name, fingerprint=ckpt.fingerprint[:12], rank=ckpt.rank, seconds=round(time.perf_counter() - started, 4)
+            "adapter loaded",
+            adapter=lora.lora_name,
+            fingerprint=ckpt.fingerprint[:12],
+            rank=ckpt.rank,
+            seconds=round(time.perf_counter() - started, 4),
         )
         return ckpt
 
@@ -216,7 +231,12 @@ class AdapterLoader:
                         EventRecord(
                             kind=EventKind.ADAPTER_LOADED,
                             at=time.time(),
-                            payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "int_id": ckpt.int_id, "path": ckpt.path},
+                            payload={
+                                "fingerprint": ckpt.fingerprint,
+                                "name": ckpt.name,
+                                "int_id": ckpt.int_id,
+                                "path": ckpt.path,
+                            },
                         )
                     ],
                 )
@@ -240,7 +260,12 @@ class AdapterLoader:
                 EventRecord(
                     kind=EventKind.ADAPTER_FAILED,
                     at=time.time(),
-                    payload={"name": lora.lora_name, "int_id": lora.lora_int_id, "path": lora.lora_path, "error": f"{type(error).__name__}: {error}"},
+                    payload={
+                        "name": lora.lora_name,
+                        "int_id": lora.lora_int_id,
+                        "path": lora.lora_path,
+                        "error": f"{type(error).__name__}: {error}",
+                    },
                 )
             )
         finally:
@@ -256,7 +281,11 @@ class AdapterLoader:
             self.stats.evictions[ckpt.name] += 1
             self._log.info("adapter evicted from host cache", adapter=ckpt.name, fingerprint=ckpt.fingerprint[:12])
             await self._record(
-                EventRecord(kind=EventKind.ADAPTER_EVICTED, at=time.time(), payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"})
+                EventRecord(
+                    kind=EventKind.ADAPTER_EVICTED,
+                    at=time.time(),
+                    payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"},
+                )
             )
 
     async def _record(self, event: EventRecord) -> None:
@@ -281,7 +310,9 @@ class AdapterLoader:
 
     async def _pin(self, tg, int_id: int, reply) -> None:
         if int_id not in self._registry:
-            await answer(reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first"))
+            await answer(
+                reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first")
+            )
             return
         if int_id not in self._pinned and len(self._pinned) >= self._max_loras:
             await answer(reply, TooManyLoRAsError(f"cannot pin more than max_loras={self._max_loras} adapters"))

@@ -44,8 +44,8 @@ from loraledger.errors import (
 )
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.canonical import digest
-from loraledger.structured_outputs import canonical_constraint
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
+from loraledger.structured_outputs import canonical_constraint
 from loraledger.version import __version__
 
 _INLINE_TOKENIZE_CHARS = 4096  # longer prompts are tokenized in a worker thread
@@ -99,7 +99,9 @@ class Admission:
                 # shut down, or torn down by another actor's failure: nobody is left waiting for an answer
                 with anyio.move_on_after(5, shield=True):
                     for rid, channel in self._admitting.items():
-                        await _deliver(channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}"))
+                        await _deliver(
+                            channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}")
+                        )
 
     async def _serve(self, tg) -> None:
         async for msg in self._inbox:
@@ -261,7 +263,11 @@ class Admission:
         if self._audit is None:
             return
         event = EventRecord(
-            kind=EventKind.REQUEST_FAILED, at=time.time(), request_id=rid, payload={"error": f"{type(error).__name__}: {error}"}, dedup_key=f"end:{rid}"
+            kind=EventKind.REQUEST_FAILED,
+            at=time.time(),
+            request_id=rid,
+            payload={"error": f"{type(error).__name__}: {error}"},
+            dedup_key=f"end:{rid}",
         )
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
             await self._audit.send(AuditAppend(events=[event]))
@@ -298,7 +304,9 @@ class Admission:
             ids = list(ids[-truncate:]) if truncate is not None else list(ids)
         else:
             if not isinstance(msg.prompt, str):
-                raise PromptError(f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}")
+                raise PromptError(
+                    f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}"
+                )
             if msg.prompt == "":
                 raise PromptError(f"request {rid!r}: the prompt is empty")
             if tokenizer is None:
@@ -314,7 +322,9 @@ class Admission:
                 raise PromptError(f"request {rid!r}: the prompt tokenizes to no tokens")
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size]
         if bad:
-            raise PromptError(f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})")
+            raise PromptError(
+                f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})"
+            )
         if len(ids) >= self._max_model_len:
             raise PromptTooLongError(
                 f"request {rid!r}: the prompt has {len(ids)} tokens but max_model_len is {self._max_model_len}, "
@@ -358,7 +368,17 @@ class Admission:
                 lora_path=lora.lora_path if lora else None,
             )
         await self._append_and_wait(
-            AuditAppend(events=[EventRecord(kind=EventKind.REQUEST_RESUMED, at=time.time(), request_id=rid, payload={}, dedup_key=f"resumed:{rid}")])
+            AuditAppend(
+                events=[
+                    EventRecord(
+                        kind=EventKind.REQUEST_RESUMED,
+                        at=time.time(),
+                        request_id=rid,
+                        payload={},
+                        dedup_key=f"resumed:{rid}",
+                    )
+                ]
+            )
         )
 
     async def _append_and_wait(self, msg: AuditAppend) -> None:
@@ -396,14 +416,22 @@ class Admission:
             constraint_kind=None if constraint is None else constraint.kind,
             constraint_sha256=None if constraint is None else constraint.sha256,
             # the constraint's text follows the prompt's policy (a schema can say as much as a prompt)
-            constraint_text=recordable(constraint.canonical) if constraint is not None and self._audit_prompts == "text" else None,
+            constraint_text=recordable(constraint.canonical)
+            if constraint is not None and self._audit_prompts == "text"
+            else None,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
         if msg.user is not None:
             payload["caller"] = {"user": recordable(msg.user)}
         if self._audit_prompts == "text":
             payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
-        event = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=msg.request_id, payload=payload, dedup_key=f"admit:{msg.request_id}")
+        event = EventRecord(
+            kind=EventKind.REQUEST_ADMITTED,
+            at=time.time(),
+            request_id=msg.request_id,
+            payload=payload,
+            dedup_key=f"admit:{msg.request_id}",
+        )
         await self._append_and_wait(
             AuditAppend(
                 adapters=[ckpt.to_record(self._base_fp, time.time())] if ckpt is not None else [],

@@ -23,8 +23,8 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from loraledger.actors.messages import AuditAppend, AuditCommitted, AuditRefused, Shutdown
-from loraledger.errors import AuditUnavailableError, DuplicateRequestError, LoraLedgerError
 from loraledger.actors.replies import answer
+from loraledger.errors import AuditUnavailableError, DuplicateRequestError, LoraLedgerError
 from loraledger.logging import get_logger
 from loraledger.store.records import AuditBatch
 
@@ -157,7 +157,8 @@ class AuditWriter:
         )
         self._log.error(
             "engine stopped with audit records not committed",
-            requests=[r.request_id for m in pending for r in m.requests] + [rid for m in pending for rid in m.commit_notify],
+            requests=[r.request_id for m in pending for r in m.requests]
+            + [rid for m in pending for rid in m.commit_notify],
         )
         with anyio.move_on_after(1, shield=True):
             for msg in pending:
@@ -245,7 +246,9 @@ class AuditWriter:
     def _write(self, pending: list[AuditAppend]) -> dict[int, Exception]:
         """One transaction for the whole group (worker thread). Returns refusals by message id()."""
         refused: dict[int, Exception] = {}
-        admission_ids = [r.request_id for m in pending if m.admission for r in m.requests if r.request_id not in self._attempted]
+        admission_ids = [
+            r.request_id for m in pending if m.admission for r in m.requests if r.request_id not in self._attempted
+        ]
         if admission_ids:
             existing = self._store.existing_request_ids(admission_ids)
             for msg in pending:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 
-from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.actors.adapter_loader import AdapterLoader
 from loraledger.actors.admission import Admission
 from loraledger.actors.audit_writer import AuditWriter
@@ -17,12 +16,21 @@ from loraledger.actors.lease_keeper import LeaseKeeper
 from loraledger.actors.messages import AuditAppend, Shutdown
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
+from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.logging import get_logger
 from loraledger.store.records import EventKind, EventRecord
 
 # inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
 # both directions under normal load, small enough that a stalled consumer is felt upstream
-INBOX = {"admission": 1024, "loader": 256, "scheduler": 4096, "executor": 2, "assembler": 8192, "audit": 16384, "lease": 4}
+INBOX = {
+    "admission": 1024,
+    "loader": 256,
+    "scheduler": 4096,
+    "executor": 2,
+    "assembler": 8192,
+    "audit": 16384,
+    "lease": 4,
+}
 
 
 @dataclass
@@ -49,7 +57,9 @@ class EngineCore:
         self._log = get_logger("engine_core")
         self._streams = {name: anyio.create_memory_object_stream[object](size) for name, size in INBOX.items()}
         self._done: dict[str, anyio.Event] = {name: anyio.Event() for name in INBOX}
-        self._scopes: dict[str, anyio.CancelScope] = {}  # each actor's own: cancelling them leaves the caller's code running
+        self._scopes: dict[
+            str, anyio.CancelScope
+        ] = {}  # each actor's own: cancelling them leaves the caller's code running
         self.runner = None
         # counters the loader and the audit writer publish (read by AsyncEngine.get_metrics, never written there)
         self.loader_stats = None
@@ -137,7 +147,9 @@ class EngineCore:
             grammars=self.grammars,
         )
         await tg.start(self._supervise, "admission", admission)
-        await self.record(EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)})
+        await self.record(
+            EventKind.ENGINE_STARTED, {"base_model_fingerprint": s.base_model_fingerprint, "model": str(args.model)}
+        )
 
     async def _supervise(self, name: str, actor, *, task_status=anyio.TASK_STATUS_IGNORED) -> None:
         """Run one actor. Each actor fails only the request whose message it could not handle; an exception
@@ -152,7 +164,9 @@ class EngineCore:
         except Exception as exc:
             if not started.done:
                 raise  # a failure to start is the caller's error, raised from start()
-            self._log.critical("actor failed; the engine stops", name=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            self._log.critical(
+                "actor failed; the engine stops", name=name, error=f"{type(exc).__name__}: {exc}", exc_info=exc
+            )
             if self.fatal is None:
                 self.fatal = exc
             for scope in self._scopes.values():
@@ -166,7 +180,9 @@ class EngineCore:
             return
         try:
             async with self.sender("audit") as audit:
-                await audit.send(AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)]))
+                await audit.send(
+                    AuditAppend(events=[EventRecord(kind=kind, at=time.time(), request_id=request_id, payload=payload)])
+                )
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             # the writer has stopped (a fatal error stopped every actor): the event cannot be on record
             self._log.warning("engine event not recorded: the audit writer has stopped", kind=kind)
@@ -197,7 +213,9 @@ class EngineCore:
                 await self._shutdown("lease")  # last: the lease is released once everything is on record
         if scope.cancelled_caught:
             waiting = sorted(name for name, done in self._done.items() if not done.is_set())
-            self._log.error("engine stop timed out: cancelling the actors still running", timeout=timeout, actors=waiting)
+            self._log.error(
+                "engine stop timed out: cancelling the actors still running", timeout=timeout, actors=waiting
+            )
             for scope in self._scopes.values():
                 scope.cancel()
         # our own inbox handles: with them gone the Executor (whose only other sender was the Scheduler) ends too

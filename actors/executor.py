@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -22,7 +22,9 @@ class Executor:
     reports ready only once it exists.
     """
 
-    def __init__(self, inbox: MemoryObjectReceiveStream, scheduler: MemoryObjectSendStream, make_runner: Callable[[], object]) -> None:
+    def __init__(
+        self, inbox: MemoryObjectReceiveStream, scheduler: MemoryObjectSendStream, make_runner: Callable[[], object]
+    ) -> None:
         self._inbox = inbox
         self._scheduler = scheduler
         self._make_runner = make_runner

@@ -36,7 +36,9 @@ class LeaseKeeperStats:
 class LeaseKeeper:
     def __init__(self, inbox: MemoryObjectReceiveStream, store, *, lease_seconds: float) -> None:
         self._inbox = inbox
-        self._store = store  # AuditStore with a registered instance; this actor calls renew_lease and release_lease only
+        self._store = (
+            store  # AuditStore with a registered instance; this actor calls renew_lease and release_lease only
+        )
         self._interval = lease_seconds / RENEWALS_PER_LEASE
         self._lease_seconds = lease_seconds
         self.stats = LeaseKeeperStats()

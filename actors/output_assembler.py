@@ -84,7 +84,9 @@ class OutputAssembler:
         self._scheduler = scheduler
         self._admission = admission
         self._audit = audit
-        self._decoded: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {token id: its text alone}
+        self._decoded: weakref.WeakKeyDictionary = (
+            weakref.WeakKeyDictionary()
+        )  # tokenizer -> {token id: its text alone}
         self._durable = durable and audit is not None
         self._reqs: dict[str, _ReqOut] = {}
         self._held: dict[str, _ReqOut] = {}
@@ -102,7 +104,9 @@ class OutputAssembler:
                     else:
                         try:
                             await self._handle(msg)
-                        except Exception as exc:  # the failure boundary: this message's request fails, the assembler goes on
+                        except (
+                            Exception
+                        ) as exc:  # the failure boundary: this message's request fails, the assembler goes on
                             rid = getattr(msg, "request_id", None)
                             self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                             if rid is not None:
@@ -140,14 +144,16 @@ class OutputAssembler:
             self._log.exception("request not handled", request_id=rid)
             await self._fail_quietly(rid, exc)
 
-    async def _fail_quietly(self, rid: str, exc: BaseException, req: "_ReqOut | None" = None) -> None:
+    async def _fail_quietly(self, rid: str, exc: BaseException, req: _ReqOut | None = None) -> None:
         """Fail request `rid` after `exc`: the caller gets a typed error, the Scheduler stops computing it.
 
         Called from the failure boundary, so it must not raise itself: a request it cannot reach any more
         (already released, or half torn down) is only logged."""
         try:
             req = self._reqs.get(rid) or self._held.pop(rid, None) or req
-            error = request_error(exc, (req.msg.caller_request_id if req is not None else None) or rid, "output assembler", audit_id=rid)
+            error = request_error(
+                exc, (req.msg.caller_request_id if req is not None else None) or rid, "output assembler", audit_id=rid
+            )
             if req is not None and rid not in self._reqs:
                 self._reqs[rid] = req  # held for its audit commit, or half finished: _fail ends it the same way
             await self._fail(rid, error)
@@ -306,7 +312,9 @@ class OutputAssembler:
         for i, lp in enumerate(lps):
             pos = first_pos + i
             if 0 < pos < len(prompt):
-                entry = {prompt[pos]: Logprob(lp, ranks[i] if ranks else None, self._decode_one(tokenizer, prompt[pos]))}
+                entry = {
+                    prompt[pos]: Logprob(lp, ranks[i] if ranks else None, self._decode_one(tokenizer, prompt[pos]))
+                }
                 if tops is not None:
                     for rank, (alt, alt_lp) in enumerate(tops[i], start=1):
                         if alt not in entry:
@@ -323,7 +331,9 @@ class OutputAssembler:
                 continue
             visible = len(seq.text)
             if not final and seq.finish_reason is None and req.max_stop_len and not params.include_stop_str_in_output:
-                visible = max(seq.sent_chars, len(seq.text) - req.max_stop_len + 1)  # a stop string may still be forming
+                visible = max(
+                    seq.sent_chars, len(seq.text) - req.max_stop_len + 1
+                )  # a stop string may still be forming
             if delta:
                 text, token_ids = seq.text[seq.sent_chars : visible], seq.token_ids[seq.sent_tokens :]
                 logprobs = seq.logprobs[seq.sent_tokens :] if seq.logprobs is not None else None
@@ -419,7 +429,9 @@ class OutputAssembler:
         from loraledger.errors import RequestFailedError
 
         request_logger(self._log, rid, req.metrics.adapter_name).error("final output not recordable", error=str(error))
-        failure = RequestFailedError(f"request {rid!r} finished, but the audit store refused its record, so its output is withheld: {error}")
+        failure = RequestFailedError(
+            f"request {rid!r} finished, but the audit store refused its record, so its output is withheld: {error}"
+        )
         await self._deliver(req, failure)
         await _send_quietly(self._admission, RequestDone(request_id=rid))
 
@@ -431,7 +443,15 @@ class OutputAssembler:
         if self._audit is not None:
             await self._audit.send(
                 AuditAppend(
-                    events=[EventRecord(kind=EventKind.REQUEST_FAILED, at=time.time(), request_id=rid, payload={"error": f"{type(error).__name__}: {error}"}, dedup_key=f"end:{rid}")]
+                    events=[
+                        EventRecord(
+                            kind=EventKind.REQUEST_FAILED,
+                            at=time.time(),
+                            request_id=rid,
+                            payload={"error": f"{type(error).__name__}: {error}"},
+                            dedup_key=f"end:{rid}",
+                        )
+                    ]
                 )
             )
         await self._deliver(req, error)
@@ -445,7 +465,9 @@ class OutputAssembler:
             await self._deliver(req, EngineDeadError(f"the engine stopped before request {rid} finished"))
         for rid in list(self._held):
             req = self._held.pop(rid)
-            await self._deliver(req, EngineDeadError(f"the engine stopped before request {rid}'s audit record was committed"))
+            await self._deliver(
+                req, EngineDeadError(f"the engine stopped before request {rid}'s audit record was committed")
+            )
 
 
 async def _send_quietly(stream, msg) -> None:

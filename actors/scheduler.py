@@ -55,12 +55,12 @@ from loraledger.actors.messages import (
     StopSeq,
     UnpinSlot,
 )
+from loraledger.actors.replies import answer
 from loraledger.actors.scheduler_state import SchedRequest, Seq, SeqStatus
 from loraledger.actors.step_stats import StepStats
 from loraledger.errors import EngineDeadError, RequestFailedError, StructuredOutputError
 from loraledger.gpu.block_manager import BlockManager
 from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
-from loraledger.actors.replies import answer
 from loraledger.logging import get_logger, request_logger
 from loraledger.store.records import EventKind, EventRecord
 
@@ -274,7 +274,15 @@ class Scheduler:
                 allowed_token_ids=list(params.allowed_token_ids or ()),
                 bad_words=[list(w) for w in msg.bad_words_token_ids],
             )
-            req.seqs.append(Seq(seq_id=self._next_seq_id + index, index=index, request=req, token_ids=list(msg.prompt_token_ids), spec=spec))
+            req.seqs.append(
+                Seq(
+                    seq_id=self._next_seq_id + index,
+                    index=index,
+                    request=req,
+                    token_ids=list(msg.prompt_token_ids),
+                    spec=spec,
+                )
+            )
         # every sequence was built: only now does the request enter the scheduler's state (nothing half-added)
         self._next_order += 1
         self._next_seq_id += len(req.seqs)
@@ -305,7 +313,9 @@ class Scheduler:
             return -1
         if asked == -1:
             if self._vocab_size is None:
-                raise RequestFailedError("logprobs=-1 asks for the whole vocabulary, whose size this scheduler was not given")
+                raise RequestFailedError(
+                    "logprobs=-1 asks for the whole vocabulary, whose size this scheduler was not given"
+                )
             return self._vocab_size
         return int(asked)
 
@@ -339,7 +349,9 @@ class Scheduler:
                     continue
                 self._remove_from_queues(seq)
                 self._finish_seq(seq)
-                updates.append(SeqUpdate(request_id=rid, seq_index=seq.index, token_ids=[], logprobs=[], finish_reason="abort"))
+                updates.append(
+                    SeqUpdate(request_id=rid, seq_index=seq.index, token_ids=[], logprobs=[], finish_reason="abort")
+                )
         if updates:
             await self._to_assembler(StepTokens(updates=updates, time=time.time()))
 
@@ -422,7 +434,10 @@ class Scheduler:
         """The steps in flight will end this sequence by length whatever they sample: plan nothing more for it."""
         if not seq.pending:
             return False
-        return seq.num_output + seq.pending >= seq.request.max_output or len(seq.token_ids) + seq.pending >= self._max_model_len
+        return (
+            seq.num_output + seq.pending >= seq.request.max_output
+            or len(seq.token_ids) + seq.pending >= self._max_model_len
+        )
 
     def _admit_waiting(self, work: list[tuple[Seq, int]], active_fps: set[str], budget: int) -> None:
         """Move waiting sequences into the running set while seats, tokens and KV blocks last.
@@ -454,7 +469,11 @@ class Scheduler:
                     continue
                 if cap is None and req in self._yielded_from:
                     continue  # it just gave a seat up for a request with none: not back in the same step
-                if seq.index > 0 and not req.seqs[0].num_computed >= req.prompt_len and req.seqs[0].status is not SeqStatus.FINISHED:
+                if (
+                    seq.index > 0
+                    and not req.seqs[0].num_computed >= req.prompt_len
+                    and req.seqs[0].status is not SeqStatus.FINISHED
+                ):
                     # siblings of n > 1 wait for the first sequence's prompt, then reuse its cached blocks
                     head_seen = True
                     continue
@@ -597,7 +616,9 @@ class Scheduler:
         seq.num_computed = seq.num_scheduled = seq.pending = 0  # no step is in flight when one preempts
         seq.status = SeqStatus.WAITING
         self._waiting.appendleft(seq)
-        log = request_logger(self._log, seq.request.request_id, seq.request.lora_request and seq.request.lora_request.lora_name)
+        log = request_logger(
+            self._log, seq.request.request_id, seq.request.lora_request and seq.request.lora_request.lora_name
+        )
         log.info("preempted for recompute", seq_index=seq.index, tokens=len(seq.token_ids))
 
     def _assign_slots(self, fps: set[str]) -> list[SlotLoad]:
@@ -645,7 +666,12 @@ class Scheduler:
             if not seq.announced:
                 seq.announced = True
                 new_seqs.append(
-                    NewSeq(seq_id=seq.seq_id, sampling=seq.spec, prompt_token_ids=seq.token_ids[: req.prompt_len], grammar=req.grammar)
+                    NewSeq(
+                        seq_id=seq.seq_id,
+                        sampling=seq.spec,
+                        prompt_token_ids=seq.token_ids[: req.prompt_len],
+                        grammar=req.grammar,
+                    )
                 )
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
@@ -662,7 +688,9 @@ class Scheduler:
                     block_table=self._blocks.block_table(seq.seq_id),
                     lora_slot=self._fp_slot[req.salt] if req.salt else -1,
                     sample=sample,
-                    prompt_logprobs=seq.spec.prompt_logprobs >= 0 and not req.prompt_logprobs_done and start < req.prompt_len,
+                    prompt_logprobs=seq.spec.prompt_logprobs >= 0
+                    and not req.prompt_logprobs_done
+                    and start < req.prompt_len,
                 )
             )
             seq.num_scheduled = end
@@ -674,7 +702,7 @@ class Scheduler:
 
     # --- after a step -------------------------------------------------------------------------
 
-    async def _on_step_done(self, entry: "_Inflight", done: StepDone) -> None:
+    async def _on_step_done(self, entry: _Inflight, done: StepDone) -> None:
         plan = entry.plan
         now = time.time()
         timings: dict[str, RequestTiming] = {}
@@ -683,7 +711,16 @@ class Scheduler:
             timings[rid] = RequestTiming(request_id=rid, preempted=True)
             if self._audit is not None:
                 await self._audit.send(
-                    AuditAppend(events=[EventRecord(kind=EventKind.REQUEST_PREEMPTED, at=now, request_id=rid, payload={"seq_index": seq.index})])
+                    AuditAppend(
+                        events=[
+                            EventRecord(
+                                kind=EventKind.REQUEST_PREEMPTED,
+                                at=now,
+                                request_id=rid,
+                                payload={"seq_index": seq.index},
+                            )
+                        ]
+                    )
                 )
         if done.error is not None or done.output is None:
             await self._fail_step(plan, done.error)
@@ -748,7 +785,9 @@ class Scheduler:
             req = self._requests.get(rid)
             if req is None:
                 continue
-            shown = repr(req.caller_request_id or rid) + ("" if req.caller_request_id in (None, rid) else f" (audit id {rid})")
+            shown = repr(req.caller_request_id or rid) + (
+                "" if req.caller_request_id in (None, rid) else f" (audit id {rid})"
+            )
             await self._fail_request(rid, StructuredOutputError(
                 f"request {shown}: its structured_outputs allow none of the tokens its other sampling parameters leave "
                 "(allowed_token_ids, bad_words) at this point of the output; loosen one of them"
@@ -767,7 +806,9 @@ class Scheduler:
     def _check_stop(self, seq: Seq, token: int, grammar_done: bool = False) -> tuple[str | None, int | None]:
         req = seq.request
         n_out = seq.num_output
-        if grammar_done:  # the grammar is complete (it took EOS): nothing more may follow, whatever min_tokens or ignore_eos say
+        if (
+            grammar_done
+        ):  # the grammar is complete (it took EOS): nothing more may follow, whatever min_tokens or ignore_eos say
             return "stop", token if token in req.stop_ids else None
         if n_out >= req.params.min_tokens:
             if token in req.stop_ids:

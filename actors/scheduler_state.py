@@ -30,7 +30,7 @@ class SchedRequest:
     eos_ids: frozenset[int]
     grammar: object = None  # CompiledConstraint of structured_outputs: each sequence gets a matcher of its own
     caller_request_id: str | None = None  # the caller's id (request_id is the audit key), for the errors it fails with
-    seqs: list["Seq"] = field(default_factory=list)
+    seqs: list[Seq] = field(default_factory=list)
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None
     prompt_logprobs_done: bool = False

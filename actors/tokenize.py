@@ -10,7 +10,7 @@ from loraledger.errors import NoTokenizerError, SamplingParamsError
 
 # per tokenizer, a copy that truncates on the left (vLLM's tokenizers do), and the lock its calls take:
 # a fast tokenizer sets its truncation on the shared Rust object for each call
-_LEFT: "weakref.WeakKeyDictionary[object, tuple[object, threading.Lock]]" = weakref.WeakKeyDictionary()
+_LEFT: weakref.WeakKeyDictionary[object, tuple[object, threading.Lock]] = weakref.WeakKeyDictionary()
 _LEFT_LOCK = threading.Lock()
 
 

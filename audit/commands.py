@@ -41,11 +41,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = _command(sub, "requests", "list requests (received order)", _requests)
     _filters(p)
-    p.add_argument("--finish-reason", choices=("stop", "length", "abort"), help="only requests with a completion that ended so (default: any)")
+    p.add_argument(
+        "--finish-reason",
+        choices=("stop", "length", "abort"),
+        help="only requests with a completion that ended so (default: any)",
+    )
     p.add_argument("--limit", type=int, help="at most this many rows (default: all)")
     _listing_format(p)
 
-    p = _command(sub, "usage", "requests, prompt / generated tokens and failed requests per adapter, tenant, day", _usage)
+    p = _command(
+        sub, "usage", "requests, prompt / generated tokens and failed requests per adapter, tenant, day", _usage
+    )
     p.add_argument("--by", default="adapter,tenant,day", help="comma-separated keys out of adapter,tenant,day")
     _filters(p)
     _listing_format(p)
@@ -53,7 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "adapters", "the adapter inventory with fingerprints and first / last use", _adapters)
     _listing_format(p)
 
-    p = _command(sub, "instances", "the engine instances that write this log, with their leases (live, expired, stopped, recovered)", _instances)
+    p = _command(
+        sub,
+        "instances",
+        "the engine instances that write this log, with their leases (live, expired, stopped, recovered)",
+        _instances,
+    )
     _listing_format(p)
 
     p = _command(sub, "verify", "recompute the hash chain and check every binding and completion", _verify)
@@ -68,14 +79,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "report", "export a signed compliance report bundle", _report)
     p.add_argument("--since", required=True, help="ISO-8601 time (UTC if no offset), inclusive")
     p.add_argument("--until", required=True, help="ISO-8601 time (UTC if no offset), exclusive")
-    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
+    p.add_argument(
+        "--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)"
+    )
     p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
     p.add_argument("--instance", help="only the requests this engine instance admitted (default: every instance)")
     p.add_argument("--out", required=True, metavar="DIR", help="a new or empty directory")
-    p.add_argument("--previous", metavar="DIR", help="the previous report bundle: chains this report to it (default: none)")
+    p.add_argument(
+        "--previous", metavar="DIR", help="the previous report bundle: chains this report to it (default: none)"
+    )
     p.add_argument("--format", choices=("csv", "jsonl"), default="csv", help="row file format")
-    p.add_argument("--key-file", metavar="PEM", help="Ed25519 private key (default: HMAC-SHA256 with $LORALEDGER_REPORT_KEY)")
-    p.add_argument("--unsigned", action="store_true", help="write the report even with no signing key (default: refuse)")
+    p.add_argument(
+        "--key-file", metavar="PEM", help="Ed25519 private key (default: HMAC-SHA256 with $LORALEDGER_REPORT_KEY)"
+    )
+    p.add_argument(
+        "--unsigned", action="store_true", help="write the report even with no signing key (default: refuse)"
+    )
 
     text = "check a report bundle's signature, file hashes and counts"
     p = sub.add_parser("verify-report", help=text, description=text)
@@ -85,7 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the Ed25519 public key of an Ed25519-signed report (default: none; HMAC reports use $LORALEDGER_REPORT_KEY)",
     )  # fmt: skip
     p.add_argument("--previous", metavar="DIR", help="the report this one claims to follow (default: none)")
-    p.add_argument("--allow-unsigned", action="store_true", help="accept a report written with --unsigned (default: refuse)")
+    p.add_argument(
+        "--allow-unsigned", action="store_true", help="accept a report written with --unsigned (default: refuse)"
+    )
     p.set_defaults(func=_verify_report)
 
     text = "write a new Ed25519 key pair for signing reports"
@@ -99,13 +120,17 @@ def _command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Names
     from loraledger.paths import default_audit_url
 
     p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("--url", default=None, help=f"audit database URL (default: $LORALEDGER_AUDIT_URL, else {default_audit_url()})")
+    p.add_argument(
+        "--url", default=None, help=f"audit database URL (default: $LORALEDGER_AUDIT_URL, else {default_audit_url()})"
+    )
     p.set_defaults(func=_pipe_safe(func))
     return p
 
 
 def _listing_format(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", choices=LISTING_FORMATS, default="table", help="a table for people, csv or JSON lines for programs")
+    p.add_argument(
+        "--format", choices=LISTING_FORMATS, default="table", help="a table for people, csv or JSON lines for programs"
+    )
 
 
 def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -123,9 +148,14 @@ def _pipe_safe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _filters(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)")
+    p.add_argument(
+        "--adapter", help="adapter fingerprint or the lora_name requests were submitted with (default: every adapter)"
+    )
     p.add_argument("--tenant", help="only this tenant's requests (default: every tenant)")
-    p.add_argument("--instance", help="only the requests this engine instance admitted (see `audit instances`; default: every instance)")
+    p.add_argument(
+        "--instance",
+        help="only the requests this engine instance admitted (see `audit instances`; default: every instance)",
+    )
     p.add_argument("--since", help="ISO-8601 time (UTC if no offset), inclusive (default: the first request)")
     p.add_argument("--until", help="ISO-8601 time (UTC if no offset), exclusive (default: now)")
 
@@ -178,7 +208,12 @@ def _usage(args: argparse.Namespace) -> int:
     fields += [name for name, _, _ in metrics]
     with _open(args) as log:
         rows = log.usage(
-            group_by=group_by, since=args.since, until=args.until, adapter=args.adapter, tenant=args.tenant, instance=args.instance
+            group_by=group_by,
+            since=args.since,
+            until=args.until,
+            adapter=args.adapter,
+            tenant=args.tenant,
+            instance=args.instance,
         )
         _emit(rows, table, fields, args.format, out, msgspec.to_builtins)
     return 0
@@ -209,7 +244,18 @@ def _instances(args: argparse.Namespace) -> int:
         ("started_at", "started (UTC)", 20), ("state", "lease", 9), ("expires_at", "lease ends (UTC)", 20),
         ("recovered_by", "recovered by", 33),
     )  # fmt: skip
-    fields = ("instance_id", "host", "pid", "engine_version", "started_at", "lease_seconds", "state", "expires_at", "recovered_by", "recovered_at")
+    fields = (
+        "instance_id",
+        "host",
+        "pid",
+        "engine_version",
+        "started_at",
+        "lease_seconds",
+        "state",
+        "expires_at",
+        "recovered_by",
+        "recovered_at",
+    )
     with _open(args) as log:
         _emit(log.instances(), table, fields, args.format, sys.stdout, _instance_cells)
     return 0
@@ -246,14 +292,19 @@ def _emit(
     elif fmt == "jsonl":
         for row in rows:
             c = cells(row)
-            out.write(json.dumps({name: c.get(name) for name in fields}, ensure_ascii=False, separators=(",", ":")) + "\n")
+            out.write(
+                json.dumps({name: c.get(name) for name in fields}, ensure_ascii=False, separators=(",", ":")) + "\n"
+            )
     else:
         widths = [max(width, len(header)) for _, header, width in table]
         out.write(" ".join(h.ljust(w) for (_, h, _), w in zip(table, widths)).rstrip() + "\n")
         n = 0
         for row in rows:
             c = cells(row)
-            out.write(" ".join(_fit(name, _text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip() + "\n")
+            out.write(
+                " ".join(_fit(name, _text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip()
+                + "\n"
+            )
             n += 1
         out.write(f"({n} row{'s' if n != 1 else ''})\n")
 
@@ -344,7 +395,9 @@ def format_lineage(lineage: RequestLineage) -> str:
         lines.append(f"  adapter       {b.adapter_fingerprint}")
         a = lineage.adapter
         if a is not None:
-            lines.append(f"                {a.name}, rank {a.rank}, alpha {a.alpha:g}, targets {', '.join(a.target_modules)}")
+            lines.append(
+                f"                {a.name}, rank {a.rank}, alpha {a.alpha:g}, targets {', '.join(a.target_modules)}"
+            )
     lines.append(f"completions ({len(lineage.completions)})")
     for c in lineage.completions:
         adapter = "base" if c.adapter_fingerprint is None else c.adapter_fingerprint[:12]
@@ -404,7 +457,7 @@ def format_verify(result: VerifyResult) -> str:
 
 
 def _row(problem: Problem) -> str:
-    """ (`table` row key=value, ...) of a problem that names a row."""
+    """(`table` row key=value, ...) of a problem that names a row."""
     if problem.table is None:
         return ""
     key = ", ".join(f"{k}={v!r}" for k, v in (problem.key or {}).items())
@@ -451,7 +504,9 @@ def _verify_report(args: argparse.Namespace) -> int:
     out = sys.stdout
     from loraledger.audit.report_verify import verify_report
 
-    check = verify_report(args.directory, key_file=args.key_file, previous=args.previous, allow_unsigned=args.allow_unsigned)
+    check = verify_report(
+        args.directory, key_file=args.key_file, previous=args.previous, allow_unsigned=args.allow_unsigned
+    )
     if check.ok:
         out.write(f"OK: {args.directory} is intact ({check.signature} signature, file hashes and counts match)\n")
         return 0
@@ -464,5 +519,7 @@ def _keygen(args: argparse.Namespace) -> int:
     from loraledger.audit.signing import generate_ed25519_key
 
     generate_ed25519_key(args.out, args.public)
-    out.write(f"Ed25519 private key written to {args.out}" + (f", public key to {args.public}" if args.public else "") + "\n")
+    out.write(
+        f"Ed25519 private key written to {args.out}" + (f", public key to {args.public}" if args.public else "") + "\n"
+    )
     return 0

@@ -92,7 +92,9 @@ class RowWriter:
 
     def close(self) -> ExportedFile:
         self._text.close()
-        return ExportedFile(name=self.path.name, rows=self.rows, bytes=self._sink.size, sha256=self._sink.sha256.hexdigest())
+        return ExportedFile(
+            name=self.path.name, rows=self.rows, bytes=self._sink.size, sha256=self._sink.sha256.hexdigest()
+        )
 
     def __enter__(self) -> RowWriter:
         return self

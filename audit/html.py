@@ -94,7 +94,11 @@ def _filters_text(filters: Mapping[str, Any]) -> str:
 def _verification_banner(verification: Mapping[str, Any]) -> str:
     if verification["ok"]:
         head = verification.get("head") or {}
-        where = f" Head: sequence {head.get('sequence')}, hash <code>{escape(str(head.get('hash')))}</code>." if head else ""
+        where = (
+            f" Head: sequence {head.get('sequence')}, hash <code>{escape(str(head.get('hash')))}</code>."
+            if head
+            else ""
+        )
         return f'<div class="banner ok">Audit log verified: hash chain intact, no gaps, every binding and completion matches.{where}</div>'
     seq = verification.get("first_bad_sequence")
     at = f" at sequence {seq}" if seq is not None else ""
@@ -113,14 +117,18 @@ def _summary_cards(counts: Mapping[str, Any]) -> str:
         ("adapters (incl. base)", len(counts["by_adapter"])),
         ("tenants", len(counts["by_tenant"])),
     ]
-    cards = "".join(f'<div class="card"><div class="v">{v:,}</div><div class="k">{escape(k)}</div></div>' for k, v in items)
+    cards = "".join(
+        f'<div class="card"><div class="v">{v:,}</div><div class="k">{escape(k)}</div></div>' for k, v in items
+    )
     return f'<h2>Summary</h2><div class="cards">{cards}</div>'
 
 
 def _colors(adapters: Sequence[AdapterInfo], daily: Sequence[UsageRow]) -> dict[str | None, tuple[str, str]]:
     """fingerprint -> (label, color); the base model is always grey so adapters keep the bright colors."""
     names = {a.record.fingerprint: a.record.name for a in adapters}
-    keys = sorted({row.adapter_fingerprint for row in daily} | set(names), key=lambda k: (k is None, names.get(k) or "", k or ""))
+    keys = sorted(
+        {row.adapter_fingerprint for row in daily} | set(names), key=lambda k: (k is None, names.get(k) or "", k or "")
+    )
     out: dict[str | None, tuple[str, str]] = {}
     i = 0
     for key in keys:
@@ -160,7 +168,8 @@ def _usage_section(adapters: Sequence[AdapterInfo], daily: Sequence[UsageRow], w
     series_r = [(colors[k][0], colors[k][1], requests[k]) for k in used]
     series_t = [(colors[k][0], colors[k][1], tokens[k]) for k in used]
     legend = "".join(
-        f'<span class="item"><span class="swatch" style="background:{colors[k][1]}"></span>{escape(colors[k][0])}</span>' for k in used
+        f'<span class="item"><span class="swatch" style="background:{colors[k][1]}"></span>{escape(colors[k][0])}</span>'
+        for k in used
     )
     return (
         "<h2>Usage per adapter over time</h2>"
@@ -202,8 +211,12 @@ def stacked_bar_svg(days: Sequence[str], series: Sequence[tuple[str, str, Sequen
     for k in range(5):
         value = y_max * k / 4
         y = top + plot_h - plot_h * k / 4
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#d8dee4" stroke-width="1"/>')
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#57606a">{_short_number(value)}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#d8dee4" stroke-width="1"/>'
+        )
+        out.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="11" text-anchor="end" fill="#57606a">{_short_number(value)}</text>'
+        )
     for i, day in enumerate(days):
         x = left + i * slot + (slot - bar_w) / 2
         y = top + plot_h
@@ -220,9 +233,15 @@ def stacked_bar_svg(days: Sequence[str], series: Sequence[tuple[str, str, Sequen
     step = max(1, math.ceil(len(days) / 12))
     for i in range(0, len(days), step):
         x = left + i * slot + slot / 2
-        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle" fill="#57606a">{escape(days[i][5:])}</text>')
-    out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" stroke="#57606a" stroke-width="1"/>')
-    out.append(f'<text x="{left + plot_w / 2:.0f}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#57606a">{escape(days[0][:4])} (month-day)</text>')
+        out.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 16}" font-size="11" text-anchor="middle" fill="#57606a">{escape(days[i][5:])}</text>'
+        )
+    out.append(
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{width - right}" y2="{top + plot_h}" stroke="#57606a" stroke-width="1"/>'
+    )
+    out.append(
+        f'<text x="{left + plot_w / 2:.0f}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#57606a">{escape(days[0][:4])} (month-day)</text>'
+    )
     out.append("</svg>")
     return "".join(out)
 
@@ -318,11 +337,14 @@ def _integrity_section(manifest: Mapping[str, Any], signing: Mapping[str, Any] |
     previous = manifest.get("previous")
     lines = [
         _signature_row(signing),
-        f"<tr><th>Events in window</th><td>sequence {seq['first']} to {seq['last']}</td></tr>" if seq["first"] is not None
+        f"<tr><th>Events in window</th><td>sequence {seq['first']} to {seq['last']}</td></tr>"
+        if seq["first"] is not None
         else "<tr><th>Events in window</th><td class='muted'>none</td></tr>",
-        f"<tr><th>Chain head at export</th><td>sequence {head['sequence']}, <code>{escape(head['hash'])}</code></td></tr>" if head
+        f"<tr><th>Chain head at export</th><td>sequence {head['sequence']}, <code>{escape(head['hash'])}</code></td></tr>"
+        if head
         else "<tr><th>Chain head at export</th><td class='muted'>empty log</td></tr>",
-        f"<tr><th>Previous report</th><td>manifest sha256 <code>{escape(previous['manifest_sha256'])}</code></td></tr>" if previous
+        f"<tr><th>Previous report</th><td>manifest sha256 <code>{escape(previous['manifest_sha256'])}</code></td></tr>"
+        if previous
         else "<tr><th>Previous report</th><td class='muted'>none given</td></tr>",
     ]
     return (

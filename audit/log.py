@@ -28,7 +28,16 @@ from loraledger.store.instances import LeaseState, lease_states
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
 
-_LISTING_REQUEST_COLUMNS = ("caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "prompt_token_count", "instance_id")
+_LISTING_REQUEST_COLUMNS = (
+    "caller_request_id",
+    "received_at",
+    "tenant",
+    "adapter_fingerprint",
+    "lora_name",
+    "lora_int_id",
+    "prompt_token_count",
+    "instance_id",
+)
 AMBIGUOUS_SHOWN = 10  # candidates an ambiguous prefix error lists
 SHOWN_PER_CALLER_ID = 100  # `audit show CALLER-ID`: the lineages shown of the requests that used one caller id
 _LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
@@ -56,7 +65,12 @@ class AuditLog:
             return self
         parsed = normalize_url(self.url)
         database = parsed.database
-        if parsed.get_backend_name() == "sqlite" and database and database != ":memory:" and not database.startswith("file:"):
+        if (
+            parsed.get_backend_name() == "sqlite"
+            and database
+            and database != ":memory:"
+            and not database.startswith("file:")
+        ):
             if not Path(database).exists():
                 raise AuditUnavailableError(
                     f"there is no audit database at {display_url(self.url)}: the file does not exist; "
@@ -155,7 +169,12 @@ class AuditLog:
         kinds = [e.kind for e in events if e.kind in q.LIFECYCLE_KINDS]
         status = q.status_of(kinds[-1] if kinds else None)
         return RequestLineage(
-            binding=binding, adapter=adapter, completions=completions, events=events, status=status, instance_id=binding_row.instance_id
+            binding=binding,
+            adapter=adapter,
+            completions=completions,
+            events=events,
+            status=status,
+            instance_id=binding_row.instance_id,
         )
 
     def resolve_request_ids(self, text: str, limit: int = SHOWN_PER_CALLER_ID) -> tuple[list[str], int]:
@@ -250,7 +269,11 @@ class AuditLog:
     ) -> Iterator[UsageRow]:
         """Requests, prompt tokens, generated tokens and failed requests per group (adapter, tenant, UTC day)."""
         flt = q.RequestFilter(
-            adapter=adapter, tenant=tenant, instance=instance, since=to_unix(since, what="since"), until=to_unix(until, what="until")
+            adapter=adapter,
+            tenant=tenant,
+            instance=instance,
+            since=to_unix(since, what="since"),
+            until=to_unix(until, what="until"),
         )
         stmt = q.usage_statement(flt, tuple(group_by))
         with self._connect() as conn, unavailable_as_error(self.url):

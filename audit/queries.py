@@ -23,7 +23,7 @@ A = Adapter.__table__
 R = Request.__table__
 C = Completion.__table__
 E = Event.__table__
-I = Instance.__table__
+I = Instance.__table__  # noqa: E741 (the tables are A, R, C, E, I throughout)
 
 STREAM_BATCH = 1000  # rows per fetch from a server-side cursor
 GROUP_KEYS = ("adapter", "tenant", "day")
@@ -304,11 +304,7 @@ def request_ids_of_caller_id(conn: Connection, caller_request_id: str, limit: in
 
 def request_ids_with_prefix(conn: Connection, prefix: str, limit: int) -> list[str]:
     """Up to limit request ids that start with prefix (exactly: SQLite's LIKE ignores ASCII case), in id order."""
-    stmt = (
-        select(R.c.request_id)
-        .where(R.c.request_id.startswith(prefix, autoescape=True))
-        .order_by(R.c.request_id)
-    )
+    stmt = select(R.c.request_id).where(R.c.request_id.startswith(prefix, autoescape=True)).order_by(R.c.request_id)
     found: list[str] = []
     for (request_id,) in stream(conn, stmt):
         if request_id.startswith(prefix):

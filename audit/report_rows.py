@@ -59,7 +59,10 @@ _REQUEST_END = _SAMPLING + 1
 _COMPLETION_LAYOUT = ["request_id", "c_completion_index", *(c.name for c in _COMPLETION_SELECT)]
 _INDEX = _COMPLETION_LAYOUT.index("c_completion_index")
 _COMPLETION_START = _INDEX + 1
-_FINISH_REASON, _GENERATED = _COMPLETION_LAYOUT.index("c_finish_reason"), _COMPLETION_LAYOUT.index("c_generated_token_count")
+_FINISH_REASON, _GENERATED = (
+    _COMPLETION_LAYOUT.index("c_finish_reason"),
+    _COMPLETION_LAYOUT.index("c_generated_token_count"),
+)
 
 
 def group_counts(table: Mapping[str | None, list[int]], key: str) -> list[dict[str, Any]]:
@@ -117,8 +120,16 @@ class Tally:
     def daily_usage(self) -> list[UsageRow]:
         """Requests and generated tokens per adapter and UTC day (what the report's chart shows)."""
         return [
-            UsageRow(adapter_fingerprint=fp, lora_name=None, tenant=None, day=day, requests=v[0], prompt_tokens=0,
-                     generated_tokens=v[1], errors=0)  # fmt: skip
+            UsageRow(
+                adapter_fingerprint=fp,
+                lora_name=None,
+                tenant=None,
+                day=day,
+                requests=v[0],
+                prompt_tokens=0,
+                generated_tokens=v[1],
+                errors=0,
+            )  # fmt: skip
             for (fp, day), v in sorted(self.daily.items(), key=lambda kv: (kv[0][1], kv[0][0] or ""))
         ]
 
@@ -127,15 +138,19 @@ def row_files(fmt: str) -> tuple[str, str]:
     return f"requests.{fmt}", f"completions.{fmt}"
 
 
-def export_rows(conn: Connection, flt: q.RequestFilter, out: Path, fmt: str, tally: Tally, bar: Progress) -> list[ExportedFile]:
+def export_rows(
+    conn: Connection, flt: q.RequestFilter, out: Path, fmt: str, tally: Tally, bar: Progress
+) -> list[ExportedFile]:
     """Write the requests and completions files for flt, streaming; returns the two files' entries."""
     requests_name, completions_name = row_files(fmt)
     jsonl = fmt == "jsonl"
     groups = q.request_groups(conn, flt, request_columns=_REQUEST_SELECT, completion_columns=_COMPLETION_SELECT)
     # closing: on an error the cursors are closed here, while their connection is still open
-    with contextlib.closing(groups), RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests, RowWriter(
-        out / completions_name, COMPLETION_COLUMNS, fmt
-    ) as completions:
+    with (
+        contextlib.closing(groups),
+        RowWriter(out / requests_name, REQUEST_COLUMNS, fmt) as requests,
+        RowWriter(out / completions_name, COMPLETION_COLUMNS, fmt) as completions,
+    ):
         for request, rows in groups:
             request_id, tenant = request[0], request[_TENANT]
             reasons: Counter[str] = Counter()
@@ -150,6 +165,8 @@ def export_rows(conn: Connection, flt: q.RequestFilter, out: Path, fmt: str, tal
             if jsonl:  # a JSON value in JSON lines; the stored JSON text in a CSV cell
                 line[_SAMPLING] = json.loads(line[_SAMPLING])
             requests.write((*line, status, count, generated))
-            tally.add(request[_ADAPTER], tenant, request[_RECEIVED][:10], status, request[_PROMPT_TOKENS], reasons, generated)
+            tally.add(
+                request[_ADAPTER], tenant, request[_RECEIVED][:10], status, request[_PROMPT_TOKENS], reasons, generated
+            )
             bar.advance()
         return [requests.close(), completions.close()]

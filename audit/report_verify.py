@@ -37,7 +37,9 @@ def verify_report(
     try:
         raw = (directory / MANIFEST).read_bytes()
     except OSError as exc:
-        return ReportCheck(ok=False, problems=[f"cannot read {directory / MANIFEST}: {exc.strerror}"], signature="unknown")
+        return ReportCheck(
+            ok=False, problems=[f"cannot read {directory / MANIFEST}: {exc.strerror}"], signature="unknown"
+        )
     try:
         manifest = json.loads(raw)
         if not isinstance(manifest, dict):
@@ -45,7 +47,9 @@ def verify_report(
         if manifest_bytes(manifest) != raw:
             problems.append(f"{MANIFEST} is not byte for byte as loraledger writes it: it was edited")
     except (ValueError, UnicodeDecodeError) as exc:
-        return ReportCheck(ok=False, problems=[f"{MANIFEST} is not a JSON object ({exc}): it was edited"], signature="unknown")
+        return ReportCheck(
+            ok=False, problems=[f"{MANIFEST} is not a JSON object ({exc}): it was edited"], signature="unknown"
+        )
 
     algorithm = "unknown"
     try:
@@ -53,7 +57,9 @@ def verify_report(
         algorithm = signature.algorithm
         if signature.algorithm == UNSIGNED:
             if not allow_unsigned:
-                problems.append("the report is unsigned (written with --unsigned); pass --allow-unsigned to check it anyway")
+                problems.append(
+                    "the report is unsigned (written with --unsigned); pass --allow-unsigned to check it anyway"
+                )
         else:
             wrong = check_signature(signature, signed_message(manifest), key_file=key_file, env=env)
             if wrong is not None:
@@ -95,7 +101,9 @@ def _check_contents(directory: Path, manifest: Mapping[str, Any]) -> list[str]:
             continue
         size, digest = path.stat().st_size, sha256_file(path)
         if digest != entry["sha256"] or size != entry["bytes"]:
-            problems.append(f"{name} does not match its sha256 in {MANIFEST} ({size} bytes, sha256 {digest}): it was edited")
+            problems.append(
+                f"{name} does not match its sha256 in {MANIFEST} ({size} bytes, sha256 {digest}): it was edited"
+            )
     requests_name, completions_name = row_files(fmt)
     if (directory / requests_name).is_file() and (directory / completions_name).is_file():
         problems += _check_counts(directory, manifest, listed, fmt)
@@ -116,7 +124,9 @@ def _check_counts(directory: Path, manifest: Mapping[str, Any], listed: Mapping[
             problems.append(f"{name} has {rows} rows but {MANIFEST} says {listed[name]['rows']}")
     for key, value in found.items():
         if counts[key] != value:
-            problems.append(f"counts.{key} in {MANIFEST} is {json.dumps(counts[key])} but the files give {json.dumps(value)}")
+            problems.append(
+                f"counts.{key} in {MANIFEST} is {json.dumps(counts[key])} but the files give {json.dumps(value)}"
+            )
     for group in ("by_adapter", "by_tenant"):
         for unit in ("requests", "completions"):
             total = sum(g[unit] for g in counts[group])
@@ -151,7 +161,9 @@ def _recount(requests_path: Path, completions_path: Path, fmt: str) -> dict[str,
         by_adapter[row["adapter_fingerprint"] or None][1] += 1
         by_tenant[row["tenant"] or None][1] += 1
     if completion_tokens != generated:
-        raise ValueError(f"the requests file counts {generated} generated tokens, the completions file {completion_tokens}")
+        raise ValueError(
+            f"the requests file counts {generated} generated tokens, the completions file {completion_tokens}"
+        )
     return {
         "requests": requests,
         "completions": completions,

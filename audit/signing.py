@@ -84,7 +84,9 @@ def _hmac_key_from_env(env: Mapping[str, str]) -> bytes | None:
         return None
     key = text.encode()
     if len(key) < MIN_HMAC_KEY_BYTES:
-        raise ConfigError(f"${REPORT_KEY_ENV} is {len(key)} bytes long; use a random key of at least {MIN_HMAC_KEY_BYTES} bytes")
+        raise ConfigError(
+            f"${REPORT_KEY_ENV} is {len(key)} bytes long; use a random key of at least {MIN_HMAC_KEY_BYTES} bytes"
+        )
     return key
 
 
@@ -130,7 +132,9 @@ def check_signature(
     if signature.algorithm == HMAC_SHA256:
         key = _hmac_key_from_env(env)
         if key is None:
-            raise ConfigError(f"the report is signed with HMAC-SHA256: set ${REPORT_KEY_ENV} to the key it was signed with")
+            raise ConfigError(
+                f"the report is signed with HMAC-SHA256: set ${REPORT_KEY_ENV} to the key it was signed with"
+            )
         expected = hmac.new(key, message, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, signature.value):
             return "the HMAC-SHA256 signature does not match the manifest (edited, or signed with another key)"

@@ -23,15 +23,15 @@ from sqlalchemy import Connection, Dialect, Row, and_, func, not_, select
 
 from loraledger.audit import rows
 from loraledger.audit.queries import A, C, E, I, R, stream
-from loraledger.store.instances import LEASES as L
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
+from loraledger.store import instances
 from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash
+from loraledger.store.instances import LEASES as L
 from loraledger.store.records import Checkpoint, CompletionRecord, EventKind
-from loraledger.store import instances
 from loraledger.store.registration import is_registered, registration_key
 
 _R, _C = "r_", "c_"
@@ -224,7 +224,13 @@ class _Walk:
             found.add(seq, f"prev_hash does not match the hash of event {seq - 1}: event {seq - 1} or {seq} was rewritten",
                       table="events", key=key)  # fmt: skip
         if bad:
-            found.add(seq, f"`events` row seq={seq} cannot be verified: {describe(bad)}", ev.get("request_id"), table="events", key=key)
+            found.add(
+                seq,
+                f"`events` row seq={seq} cannot be verified: {describe(bad)}",
+                ev.get("request_id"),
+                table="events",
+                key=key,
+            )
         else:
             self._check_hash(seq, ev)
         if self.checkpoint is not None and seq == self.checkpoint.sequence and ev.get("hash") != self.checkpoint.hash:
@@ -247,10 +253,16 @@ class _Walk:
             self.head = Checkpoint(sequence=seq, hash=ev["hash"], at=ev["at"].timestamp())
 
     def _check_hash(self, seq: int, ev: dict[str, Any]) -> None:
-        fields = EventFields(seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"], ev.get("instance_id"))
+        fields = EventFields(
+            seq, ev["at"], ev["kind"], ev["request_id"], ev["payload"], ev["dedup_key"], ev.get("instance_id")
+        )
         try:
             intact = event_hash(ev["prev_hash"], fields) == ev["hash"]
-        except (TypeError, ValueError, UnicodeEncodeError):  # a payload with no canonical form cannot be what was hashed
+        except (
+            TypeError,
+            ValueError,
+            UnicodeEncodeError,
+        ):  # a payload with no canonical form cannot be what was hashed
             intact = False
         if not intact:
             self.found.add(seq, f"the hash of event {seq} ({ev['kind']}) does not match its contents: the row was altered",
@@ -262,7 +274,9 @@ class _Walk:
         found, rid, payload = self.found, ev["request_id"], ev["payload"]
         binding = payload.get("binding") if isinstance(payload, dict) else None
         if not isinstance(binding, dict):
-            found.add(seq, f"request_admitted event for {rid!r} carries no binding", rid, table="events", key={"seq": seq})
+            found.add(
+                seq, f"request_admitted event for {rid!r} carries no binding", rid, table="events", key={"seq": seq}
+            )
             return
         if _safe_digest(binding) != payload.get("binding_sha256"):
             found.add(seq, f"the binding in the request_admitted event for {rid!r} does not match its binding_sha256", rid,
@@ -272,11 +286,19 @@ class _Walk:
                       table="events", key={"seq": seq})  # fmt: skip
         key = {"request_id": rid}
         if m[_R + "request_id"] is None:
-            found.add(seq, f"request {rid!r} was admitted but its binding row in `requests` is missing", rid, table="requests", key=key)
+            found.add(
+                seq,
+                f"request {rid!r} was admitted but its binding row in `requests` is missing",
+                rid,
+                table="requests",
+                key=key,
+            )
             return
         values, bad = self.t.requests.decode(m, _R)
         if bad:
-            found.add(seq, f"the `requests` row of {rid!r} cannot be read: {describe(bad)}", rid, table="requests", key=key)
+            found.add(
+                seq, f"the `requests` row of {rid!r} cannot be read: {describe(bad)}", rid, table="requests", key=key
+            )
             return
         try:
             expected = rows.binding_builtins(binding)
@@ -357,7 +379,9 @@ class _Walk:
         if "adapter_sha256" in payload and _safe_digest(adapter) != payload["adapter_sha256"]:
             found.add(seq, f"the adapter in the adapter_registered event of {fp} does not match its adapter_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        self._check_registered_row(seq, self.t.adapters, "fingerprint", adapter, "adapter", EventKind.ADAPTER_REGISTERED)
+        self._check_registered_row(
+            seq, self.t.adapters, "fingerprint", adapter, "adapter", EventKind.ADAPTER_REGISTERED
+        )
 
     # -- instances --------------------------------------------------------------------------
 
@@ -374,7 +398,9 @@ class _Walk:
         if _safe_digest(instance) != payload.get("instance_sha256"):
             found.add(seq, f"the instance in the instance_registered event of {iid} does not match its instance_sha256",
                       table="events", key={"seq": seq})  # fmt: skip
-        self._check_registered_row(seq, self.t.instances, "instance_id", instance, "instance", EventKind.INSTANCE_REGISTERED)
+        self._check_registered_row(
+            seq, self.t.instances, "instance_id", instance, "instance", EventKind.INSTANCE_REGISTERED
+        )
 
     def _check_recovered(self, seq: int, ev: dict[str, Any]) -> None:
         """The instances an engine_recovered event claims (revision 0007 on): each lease names its writer as the
@@ -392,13 +418,20 @@ class _Walk:
                 self.found.add(seq, f"instance {iid} was recovered by {claimer} (engine_recovered event {seq}), but its lease in "
                                f"`instance_leases` names {leases.get(iid)!r}", table="instance_leases", key={"instance_id": iid})  # fmt: skip
 
-    def _check_registered_row(self, seq: int, t: RawTable, column: str, recorded: dict[str, Any], noun: str, kind: str) -> None:
+    def _check_registered_row(
+        self, seq: int, t: RawTable, column: str, recorded: dict[str, Any], noun: str, kind: str
+    ) -> None:
         """The row a registration event (adapter or instance) carries a copy of: present, readable, and equal to it."""
         found, value = self.found, recorded[column]
         key = {column: value}
         row = self.conn.execute(select(*t.columns()).where(t.c[column] == value)).first()
         if row is None:
-            found.add(seq, f"{noun} {value} was registered (event {seq}) but its row in `{t.name}` is missing", table=t.name, key=key)
+            found.add(
+                seq,
+                f"{noun} {value} was registered (event {seq}) but its row in `{t.name}` is missing",
+                table=t.name,
+                key=key,
+            )
             return
         values, bad = t.decode(row._mapping)
         if bad:
@@ -424,9 +457,7 @@ def _completion(values: dict[str, Any]) -> CompletionRecord | str:
 
 
 def _first_seq(request_id: Any) -> Any:
-    return (
-        select(func.min(E.c.seq)).where(E.c.request_id == request_id).correlate_except(E).scalar_subquery()
-    )
+    return select(func.min(E.c.seq)).where(E.c.request_id == request_id).correlate_except(E).scalar_subquery()
 
 
 def _check_unbound(conn: Connection, found: _Problems) -> None:
@@ -435,7 +466,9 @@ def _check_unbound(conn: Connection, found: _Problems) -> None:
     total = conn.execute(select(func.count()).select_from(R).where(not_(admitted))).scalar_one()
     if not total:
         return
-    stmt = select(R.c.request_id, _first_seq(R.c.request_id).label("seq")).where(not_(admitted)).order_by(R.c.request_id)
+    stmt = (
+        select(R.c.request_id, _first_seq(R.c.request_id).label("seq")).where(not_(admitted)).order_by(R.c.request_id)
+    )
     for row in stream(conn, stmt.limit(VerifyResult.MAX_PROBLEMS)):
         found.add(row.seq, f"request {row.request_id!r} is in `requests` but has no request_admitted event", row.request_id,
                   table="requests", key={"request_id": row.request_id})  # fmt: skip

@@ -24,9 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     from loraledger.gpu.config import ModelConfig
     from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 
-    parser = argparse.ArgumentParser(prog="python -m bench.run --only adapter-memory", description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=64, help="adapters to keep loaded (default 64, the churn scenario's max_cpu_loras)")
-    parser.add_argument("--max-lora-rank", type=int, default=8, help="the engine's max_lora_rank (default 8, the adapters' rank)")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run --only adapter-memory", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--count", type=int, default=64, help="adapters to keep loaded (default 64, the churn scenario's max_cpu_loras)"
+    )
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=8, help="the engine's max_lora_rank (default 8, the adapters' rank)"
+    )
     args = parser.parse_args(argv)
     config = ModelConfig.from_pretrained(model_assets().model_dir)
     paths = churn_adapters(max(args.count, 1))[: args.count]
@@ -34,15 +40,19 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     before = _rss_bytes()
     kept = [
-        load_lora_checkpoint(str(p), lora_name=f"m{i}", lora_int_id=i + 1, model_config=config, max_lora_rank=args.max_lora_rank)
+        load_lora_checkpoint(
+            str(p), lora_name=f"m{i}", lora_int_id=i + 1, model_config=config, max_lora_rank=args.max_lora_rank
+        )
         for i, p in enumerate(paths)
     ]
     gc.collect()
     grown = _rss_bytes() - before
     counted = sum(c.nbytes for c in kept)
     mib = 2**20
-    print(f"{len(kept)} adapters (rank 8, max_lora_rank {args.max_lora_rank}): on disk {on_disk / mib:.1f} MiB, "
-          f"checkpoints' nbytes {counted / mib:.1f} MiB, resident memory grew {grown / mib:.1f} MiB")
+    print(
+        f"{len(kept)} adapters (rank 8, max_lora_rank {args.max_lora_rank}): on disk {on_disk / mib:.1f} MiB, "
+        f"checkpoints' nbytes {counted / mib:.1f} MiB, resident memory grew {grown / mib:.1f} MiB"
+    )
     return 0
 
 

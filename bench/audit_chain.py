@@ -52,8 +52,16 @@ def _batch(prefix: str, start: int, size: int):
         completions.append(completion)
         admitted = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         finished = {"completions_sha256": completions_digest([completion]), "num_completions": 1}
-        events.append(EventRecord(kind=EventKind.REQUEST_ADMITTED, at=now, request_id=rid, payload=admitted, dedup_key=f"admitted:{rid}"))
-        events.append(EventRecord(kind=EventKind.REQUEST_FINISHED, at=now, request_id=rid, payload=finished, dedup_key=f"end:{rid}"))
+        events.append(
+            EventRecord(
+                kind=EventKind.REQUEST_ADMITTED, at=now, request_id=rid, payload=admitted, dedup_key=f"admitted:{rid}"
+            )
+        )
+        events.append(
+            EventRecord(
+                kind=EventKind.REQUEST_FINISHED, at=now, request_id=rid, payload=finished, dedup_key=f"end:{rid}"
+            )
+        )
     return AuditBatch(requests=requests, completions=completions, events=events)
 
 
@@ -78,7 +86,10 @@ def measure(url: str, writers: int, batch: int, round_id: str) -> float:
     """Events/s that `writers` processes commit together into url, over SECONDS."""
     ctx = mp.get_context("spawn")
     ready, go, counts, stop_at = ctx.Queue(), ctx.Event(), ctx.Queue(), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=_writer, args=(url, f"{round_id}-w{w}", batch, ready, go, stop_at, counts)) for w in range(writers)]
+    procs = [
+        ctx.Process(target=_writer, args=(url, f"{round_id}-w{w}", batch, ready, go, stop_at, counts))
+        for w in range(writers)
+    ]
     for p in procs:
         p.start()
     for _ in procs:  # every writer has imported, registered and written once before the clock starts
@@ -99,14 +110,25 @@ def main(argv: list[str] | None = None) -> int:
     from loraledger.store.migrate import upgrade
 
     parser = argparse.ArgumentParser(prog="python -m bench.run --only audit-chain", description=__doc__.splitlines()[0])
-    parser.add_argument("--url", action="append", default=None, help="an audit database to write (repeatable; default: a new SQLite file)")
-    parser.add_argument("--writers", type=int, nargs="+", default=[1, 4], help="writer process counts to compare (default: 1 4)")
+    parser.add_argument(
+        "--url",
+        action="append",
+        default=None,
+        help="an audit database to write (repeatable; default: a new SQLite file)",
+    )
+    parser.add_argument(
+        "--writers", type=int, nargs="+", default=[1, 4], help="writer process counts to compare (default: 1 4)"
+    )
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="requests per group commit (default: 1 8)")
     parser.add_argument("--repeats", type=int, default=2, help="rounds per setting, median reported (default 2)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         urls = args.url or [f"sqlite:///{Path(tmp) / 'audit.sqlite3'}"]
-        print(f"{'database':<12} {'batch':>5} " + " ".join(f"{f'{w} writer(s)':>13}" for w in args.writers) + f" {'ratio':>7}")
+        print(
+            f"{'database':<12} {'batch':>5} "
+            + " ".join(f"{f'{w} writer(s)':>13}" for w in args.writers)
+            + f" {'ratio':>7}"
+        )
         for url in urls:
             upgrade(url)
             dialect = "postgresql" if url.startswith("postgres") else "sqlite"
@@ -116,13 +138,18 @@ def main(argv: list[str] | None = None) -> int:
                     runs = [measure(url, w, batch, f"b{batch}w{w}r{r}-{time.time_ns()}") for r in range(args.repeats)]
                     rates.append(statistics.median(runs))
                 ratio = rates[-1] / rates[0]
-                print(f"{dialect:<12} {batch:>5} " + " ".join(f"{r:>9.0f} ev/s" for r in rates) + f" {ratio:>6.2f}x", flush=True)
+                print(
+                    f"{dialect:<12} {batch:>5} " + " ".join(f"{r:>9.0f} ev/s" for r in rates) + f" {ratio:>6.2f}x",
+                    flush=True,
+                )
             with AuditLog(url) as log:
                 result = log.verify()
             if not result.ok:
                 print(f"{display_url(url)}: the log does NOT verify: {result.problems[:3]}")
                 return 1
-            print(f"{display_url(url)}: {result.events} events from {len(log_instances(url))} instances, one chain, verified")
+            print(
+                f"{display_url(url)}: {result.events} events from {len(log_instances(url))} instances, one chain, verified"
+            )
     return 0
 
 

@@ -51,10 +51,14 @@ class ChurnConfig:
 def churn_workload(cfg: ChurnConfig, vocab_size: int, num_adapters: int) -> Workload:
     rng = np.random.default_rng(cfg.seed)
     prompts = random_prompts(rng, cfg.num_requests, cfg.prompt_len, vocab_size)
-    adapters = zipf_choices(np.random.default_rng(cfg.seed + 1), cfg.num_requests, num_adapters, cfg.zipf_exponent, base_share=0.0)
+    adapters = zipf_choices(
+        np.random.default_rng(cfg.seed + 1), cfg.num_requests, num_adapters, cfg.zipf_exponent, base_share=0.0
+    )
     # the popular adapters would otherwise sit together at one end of the batch; mix them as traffic would
     order = np.random.default_rng(cfg.seed + 2).permutation(cfg.num_requests)
-    return Workload(prompts=prompts, adapter_of=[adapters[i] for i in order], max_tokens=[cfg.new_tokens] * cfg.num_requests)
+    return Workload(
+        prompts=prompts, adapter_of=[adapters[i] for i in order], max_tokens=[cfg.new_tokens] * cfg.num_requests
+    )
 
 
 def run_churn(assets: BenchAssets, cfg: ChurnConfig, log: Callable[[str], None] = print) -> dict:
@@ -84,7 +88,9 @@ def run_churn(assets: BenchAssets, cfg: ChurnConfig, log: Callable[[str], None] 
         finally:
             engine.close()
         results[name] = _summarise_run(run, workload, register_seconds, cfg)
-        log(f"  {name}: {run.seconds:.1f}s, {run.tokens_per_second:.1f} tok/s, max queue wait {results[name]['queue_wait']['max']:.2f}s")
+        log(
+            f"  {name}: {run.seconds:.1f}s, {run.tokens_per_second:.1f} tok/s, max queue wait {results[name]['queue_wait']['max']:.2f}s"
+        )
     churn, base = results["churn"], results["baseline_8_adapters"]
     ratio = churn["tokens_per_second"] / base["tokens_per_second"]
     cpu_ratio = base["cpu_seconds"] / churn["cpu_seconds"]  # same token count in both runs
@@ -212,10 +218,19 @@ async def _churn_serving(assets: BenchAssets, cfg: ChurnServingConfig, log) -> d
     ratio = churn["tokens_per_second"] / base["tokens_per_second"]
     return {
         "config": {**cfg.__dict__, "traffic": traffic_cfg.__dict__, "rate_used": rate},
-        "workload": {"requests": len(workload), "useful_tokens": workload.generated_tokens, "arrival_span_seconds": workload.arrivals[-1]},
+        "workload": {
+            "requests": len(workload),
+            "useful_tokens": workload.generated_tokens,
+            "arrival_span_seconds": workload.arrivals[-1],
+        },
         **results,
         "ratios": {
-            "churn serving throughput / 8-adapter serving": {"value": ratio, "target": 0.7, "op": ">=", "met": ratio >= 0.7},
+            "churn serving throughput / 8-adapter serving": {
+                "value": ratio,
+                "target": 0.7,
+                "op": ">=",
+                "met": ratio >= 0.7,
+            },
         },
     }
 
@@ -225,7 +240,11 @@ def churn_serving_traffic(traffic_cfg: ServingConfig, vocab_size: int, rate: flo
     arrivals, prompts and lengths for every `num_adapters`, so that only the adapters differ between runs."""
     traffic = serving_traffic(traffic_cfg, vocab_size, rate, num_adapters=1, base_share=traffic_cfg.base_share)
     adapters = zipf_choices(
-        np.random.default_rng(traffic_cfg.seed + 1), len(traffic), num_adapters, traffic_cfg.zipf_exponent, traffic_cfg.base_share
+        np.random.default_rng(traffic_cfg.seed + 1),
+        len(traffic),
+        num_adapters,
+        traffic_cfg.zipf_exponent,
+        traffic_cfg.base_share,
     )
     return replace(traffic, adapter_of=adapters)
 

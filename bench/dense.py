@@ -36,7 +36,9 @@ def _ms_per_call(fn, iters: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run --only dense", description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 32, 64, 256, 2048], help="row counts (default 1 4 32 64 256 2048)")
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[1, 4, 32, 64, 256, 2048], help="row counts (default 1 4 32 64 256 2048)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--iters", type=int, default=10, help="calls per round (default 10)")
@@ -61,10 +63,18 @@ def main(argv: list[str] | None = None) -> int:
                     packed.append(_ms_per_call(lambda: dense(x), iters))
                 ref = F.linear(x.double(), weight.double())
                 err = float((dense(x).double() - ref).abs().max())
-                row = {"projection": name, "rows": rows, "f_linear_ms": min(plain), "dense_ms": min(packed), "max_abs_err": err}
+                row = {
+                    "projection": name,
+                    "rows": rows,
+                    "f_linear_ms": min(plain),
+                    "dense_ms": min(packed),
+                    "max_abs_err": err,
+                }
                 row["speedup"] = row["f_linear_ms"] / row["dense_ms"]
                 rows_out.append(row)
-                print(f"{name:<10} {rows:>5} {row['f_linear_ms']:>12.3f} {row['dense_ms']:>10.3f} {row['speedup']:>8.2f}x {err:>9.1e}")
+                print(
+                    f"{name:<10} {rows:>5} {row['f_linear_ms']:>12.3f} {row['dense_ms']:>10.3f} {row['speedup']:>8.2f}x {err:>9.1e}"
+                )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"threads": args.threads, "rows": rows_out}, indent=2))

@@ -78,8 +78,12 @@ def gpu_assets(cache: Path = CACHE / "gpu") -> GpuAssets:
 def workload(seed: int, new_tokens: int, batch: int = NUM_ADAPTERS) -> Workload:
     """`batch` prompts bound round-robin to adapters 0..31 (at 32, each prompt its own)."""
     return batch_workload(
-        seed, num_prompts=batch, prompt_len=PROMPT_LEN, max_tokens=new_tokens,
-        vocab_size=int(SHAPE["vocab_size"]), num_adapters=NUM_ADAPTERS,
+        seed,
+        num_prompts=batch,
+        prompt_len=PROMPT_LEN,
+        max_tokens=new_tokens,
+        vocab_size=int(SHAPE["vocab_size"]),
+        num_adapters=NUM_ADAPTERS,
     )
 
 
@@ -93,7 +97,12 @@ def _hf_run(model, w: Workload) -> dict:
 
 
 def _engine_runs(
-    engine, new_tokens: int, repeats: int, log, switch_intervals: tuple[float, ...] = (), batches: tuple[int, ...] = (NUM_ADAPTERS,)
+    engine,
+    new_tokens: int,
+    repeats: int,
+    log,
+    switch_intervals: tuple[float, ...] = (),
+    batches: tuple[int, ...] = (NUM_ADAPTERS,),
 ) -> dict[str, list]:
     """A and B alternating over fresh prompts, at each batch size (keys "A", "B" at 32, "A/64", "B/64", ...);
     with switch_intervals, each round runs A and B at 32 once per interval (sys.setswitchinterval: how long a
@@ -112,10 +121,14 @@ def _engine_runs(
                 intervals = (None, *switch_intervals) if batch == NUM_ADAPTERS else (None,)
                 for interval in intervals:
                     sys.setswitchinterval(default if interval is None else interval)
-                    suffix = ("" if batch == NUM_ADAPTERS else f"/{batch}") + ("" if interval is None else f"@{interval * 1e3:g}ms")
+                    suffix = ("" if batch == NUM_ADAPTERS else f"/{batch}") + (
+                        "" if interval is None else f"@{interval * 1e3:g}ms"
+                    )
                     for key, load in (("A", w), ("B", base_only(w))):
                         runs.setdefault(key + suffix, []).append(engine.generate(load))
-                    log(f"round {r}{suffix}: A {runs['A' + suffix][-1].tokens_per_second:.0f} tok/s, B {runs['B' + suffix][-1].tokens_per_second:.0f} tok/s")
+                    log(
+                        f"round {r}{suffix}: A {runs['A' + suffix][-1].tokens_per_second:.0f} tok/s, B {runs['B' + suffix][-1].tokens_per_second:.0f} tok/s"
+                    )
     finally:
         sys.setswitchinterval(default)
     return runs
@@ -196,13 +209,21 @@ def run(
     hf_peft = HFModel(assets.model_dir, assets.adapters, dtype=torch.bfloat16, device="cuda")
     _hf_run(hf_peft, workload(900, 2))
     c = _hf_run(hf_peft, short)
-    results["C"] = {"label": f"HF + PEFT, mixed, {hf_new_tokens} tokens", **c, "tokens_per_second": c["tokens"] / c["seconds"]}
+    results["C"] = {
+        "label": f"HF + PEFT, mixed, {hf_new_tokens} tokens",
+        **c,
+        "tokens_per_second": c["tokens"] / c["seconds"],
+    }
     del hf_peft
     torch.cuda.empty_cache()
     hf_base = HFModel(assets.model_dir, dtype=torch.bfloat16, device="cuda")
     _hf_run(hf_base, base_only(workload(900, 2)))
     d = _hf_run(hf_base, base_only(short))
-    results["D"] = {"label": f"HF, base model, {hf_new_tokens} tokens", **d, "tokens_per_second": d["tokens"] / d["seconds"]}
+    results["D"] = {
+        "label": f"HF, base model, {hf_new_tokens} tokens",
+        **d,
+        "tokens_per_second": d["tokens"] / d["seconds"],
+    }
     del hf_base
 
     a_ids, c_ids = a_short.token_ids, results["C"].pop("token_ids")
@@ -223,7 +244,9 @@ def run(
 
 
 def _table(report: dict) -> str:
-    lines = [f"device: {report['device']}, batch 32 unless named, prompt {PROMPT_LEN}, {report['new_tokens']} new tokens, bf16"]
+    lines = [
+        f"device: {report['device']}, batch 32 unless named, prompt {PROMPT_LEN}, {report['new_tokens']} new tokens, bf16"
+    ]
     lines.append(
         f"{'system':<62} {'seconds':>8} {'tok/s':>8} {'step ms':>8} {'GPU ms':>7} {'engine':>7} {'GPU idle':>9}"
     )
@@ -246,14 +269,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_decode", description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--hf-new-tokens", type=int, default=16, help="new tokens in the HF runs (C, D) and in A' (default 16)")
-    parser.add_argument("--eager", action="store_true", help="also run A and B with enforce_eager=True (no CUDA graphs)")
     parser.add_argument(
-        "--switch-interval", type=float, action="append", default=[],
+        "--hf-new-tokens", type=int, default=16, help="new tokens in the HF runs (C, D) and in A' (default 16)"
+    )
+    parser.add_argument(
+        "--eager", action="store_true", help="also run A and B with enforce_eager=True (no CUDA graphs)"
+    )
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        action="append",
+        default=[],
         help="also run A and B with sys.setswitchinterval(SECONDS) (repeatable)",
     )
-    parser.add_argument("--batch", type=int, action="append", default=[], help="also run A and B at this batch size (repeatable)")
-    parser.add_argument("--sync", action="store_true", help="also run A and B with async_scheduling=False (one step at a time)")
+    parser.add_argument(
+        "--batch", type=int, action="append", default=[], help="also run A and B at this batch size (repeatable)"
+    )
+    parser.add_argument(
+        "--sync", action="store_true", help="also run A and B with async_scheduling=False (one step at a time)"
+    )
     parser.add_argument("--json", type=Path, help="also write the report to this JSON file")
     args = parser.parse_args(argv)
     if no_gpu("bench.gpu_decode"):

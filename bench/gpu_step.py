@@ -49,11 +49,21 @@ BATCHES = (32, 64, 128)
 def write_config(folder: Path, shape: dict) -> Path:
     """A Hugging Face config.json for the shape (all ModelRunner reads from the folder once weights are patched)."""
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": shape["hidden"],
-        "intermediate_size": shape["intermediate"], "num_hidden_layers": shape["layers"],
-        "num_attention_heads": shape["heads"], "num_key_value_heads": shape["kv_heads"], "vocab_size": shape["vocab"],
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-        "tie_word_embeddings": shape["tied"], "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": shape["hidden"],
+        "intermediate_size": shape["intermediate"],
+        "num_hidden_layers": shape["layers"],
+        "num_attention_heads": shape["heads"],
+        "num_key_value_heads": shape["kv_heads"],
+        "vocab_size": shape["vocab"],
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": shape["tied"],
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     }
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
@@ -73,8 +83,13 @@ def random_weights(config, dtype: torch.dtype, device: torch.device, seed: int =
     ones = torch.ones(h, dtype=dtype, device=device)
     layers = [
         LayerWeights(
-            input_norm=ones, qkv=linear(q + 2 * kv, h), qkv_bias=None, o=linear(h, q), post_norm=ones,
-            gate_up=linear(2 * inter, h), down=linear(h, inter),
+            input_norm=ones,
+            qkv=linear(q + 2 * kv, h),
+            qkv_bias=None,
+            o=linear(h, q),
+            post_norm=ones,
+            gate_up=linear(2 * inter, h),
+            down=linear(h, inter),
         )
         for _ in range(config.num_hidden_layers)
     ]
@@ -112,9 +127,17 @@ def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):
     model_runner.load_weights = lambda _dir, cfg, dtype, device: random_weights(cfg, dtype, device)
     try:
         runner = model_runner.ModelRunner(
-            model_dir, dtype=torch.bfloat16, device=device, ops=CudaOps("cuda"),
-            num_kv_blocks=max(max_batch, 32) * per_seq + 8, block_size=BLOCK, max_loras=NUM_ADAPTERS, max_lora_rank=RANK,
-            enable_lora=True, max_num_batched_tokens=max(max_batch, 32) * PROMPT_LEN, max_model_len=max_len,
+            model_dir,
+            dtype=torch.bfloat16,
+            device=device,
+            ops=CudaOps("cuda"),
+            num_kv_blocks=max(max_batch, 32) * per_seq + 8,
+            block_size=BLOCK,
+            max_loras=NUM_ADAPTERS,
+            max_lora_rank=RANK,
+            enable_lora=True,
+            max_num_batched_tokens=max(max_batch, 32) * PROMPT_LEN,
+            max_model_len=max_len,
             cuda_graph_max_batch=max_batch,
         )
     finally:
@@ -142,7 +165,10 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
     runner, config = make_runner(shape_name, folder, max_batch, max_len)
     log(f"{shape_name}: runner built in {time.perf_counter() - started:.1f} s")
     per_seq = -(-max_len // BLOCK)
-    loads = [SlotLoad(slot=s, fingerprint=f"bench-adapter-{s:02d}", checkpoint=random_adapter(config, s, runner.device)) for s in range(NUM_ADAPTERS)]
+    loads = [
+        SlotLoad(slot=s, fingerprint=f"bench-adapter-{s:02d}", checkpoint=random_adapter(config, s, runner.device))
+        for s in range(NUM_ADAPTERS)
+    ]
     gen = torch.Generator().manual_seed(5)
     report: dict = {"shape": shape_name, **SHAPES[shape_name]}
     state = {"step": 0, "next_seq": 0}
@@ -150,7 +176,7 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
     def execute(plan_kwargs: dict) -> tuple[object, float]:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = runner.execute(StepPlan(state["step"], **plan_kwargs))
+        out = runner.execute(StepPlan(state["step"], **plan_kwargs))  # noqa: F821 (bound above, before this closure runs)
         torch.cuda.synchronize()
         state["step"] += 1
         return out, time.perf_counter() - t0
@@ -171,7 +197,12 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
 
     # prefill: 32 prompts x 128 tokens in one step (4,096 tokens), the kernels warmed by a first run
     prefill_ms = {}
-    for label, with_lora in (("warm-up", True), ("32 adapters", True), ("no adapters", False), ("32 adapters again", True)):
+    for label, with_lora in (
+        ("warm-up", True),
+        ("32 adapters", True),
+        ("no adapters", False),
+        ("32 adapters again", True),
+    ):
         ids, tables, prompts, slots = new_batch(32, with_lora)
         _, seconds = prefill(ids, tables, prompts, slots, {"slot_loads": loads} if label == "warm-up" else None)
         execute({"seqs": [], "freed_seq_ids": ids})
@@ -179,7 +210,8 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
             prefill_ms[label] = 1e3 * seconds
     report["prefill_4096"] = {
         "ms": prefill_ms,
-        "adapters_over_base": statistics.mean([prefill_ms["32 adapters"], prefill_ms["32 adapters again"]]) / prefill_ms["no adapters"],
+        "adapters_over_base": statistics.mean([prefill_ms["32 adapters"], prefill_ms["32 adapters again"]])
+        / prefill_ms["no adapters"],
     }
     log(f"{shape_name}: prefill of 4,096 tokens {prefill_ms}")
 
@@ -190,7 +222,9 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
             last, _ = prefill(ids, tables, prompts, slots)
             host = []
             for i in range(steps):
-                works = [SeqWork(sid, [last[sid]], PROMPT_LEN + i, tables[sid], slot, True) for sid, slot in zip(ids, slots)]
+                works = [
+                    SeqWork(sid, [last[sid]], PROMPT_LEN + i, tables[sid], slot, True) for sid, slot in zip(ids, slots)
+                ]
                 out, seconds = execute({"seqs": works})
                 host.append(seconds)
                 last = {s.seq_id: s.token_id for s in out.sampled}
@@ -200,8 +234,12 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
             nbytes = step_bytes(config, batch, PROMPT_LEN + steps, with_lora)
             roofline_ms = nbytes["total"] / copy_gbps / 1e6
             row = {
-                "batch": batch, "adapters": NUM_ADAPTERS if with_lora else 0, "gpu_ms": gpu,
-                "execute_ms": 1e3 * statistics.median(host[steps // 4 :]), "bytes": nbytes, "roofline_ms": roofline_ms,
+                "batch": batch,
+                "adapters": NUM_ADAPTERS if with_lora else 0,
+                "gpu_ms": gpu,
+                "execute_ms": 1e3 * statistics.median(host[steps // 4 :]),
+                "bytes": nbytes,
+                "roofline_ms": roofline_ms,
                 "gpu_pct_of_roofline": 100.0 * roofline_ms / gpu,
             }
             row["execute_pct_of_roofline"] = 100.0 * roofline_ms / row["execute_ms"]
@@ -216,7 +254,9 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
             )
     report["decode"] = rows
     for batch in BATCHES:
-        with_, without = (next(r for r in rows if r["batch"] == batch and (r["adapters"] > 0) == w) for w in (True, False))
+        with_, without = (
+            next(r for r in rows if r["batch"] == batch and (r["adapters"] > 0) == w) for w in (True, False)
+        )
         report.setdefault("adapters_over_base_gpu", {})[batch] = without["gpu_ms"] / with_["gpu_ms"]
         report.setdefault("byte_ratio", {})[batch] = without["bytes"]["total"] / with_["bytes"]["total"]
     runner.close()
@@ -225,7 +265,9 @@ def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=p
     return report
 
 
-def run_overlapped(runner, state: dict, ids: list[int], tables: dict, slots: list[int], last: dict, start: int, steps: int) -> dict:
+def run_overlapped(
+    runner, state: dict, ids: list[int], tables: dict, slots: list[int], last: dict, start: int, steps: int
+) -> dict:
     """`steps` decode steps from position `start` (first inputs: `last`), every plan handed to a StepThread at
     once, each after the first with PENDING_TOKEN inputs: each step is launched before the one before it is
     finished, its input ids taken on the device. Wall ms per step, and the device's busy and idle time per step
@@ -278,7 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in report["shapes"].items():
         print(f"{name}: prefill 4096 tokens, 32 adapters / none: {r['prefill_4096']['adapters_over_base']:.2f}x time")
         for batch in BATCHES:
-            print(f"{name} batch {batch}: no-adapter / 32-adapter GPU time {r['adapters_over_base_gpu'][batch]:.3f} (bytes ratio {r['byte_ratio'][batch]:.3f})")
+            print(
+                f"{name} batch {batch}: no-adapter / 32-adapter GPU time {r['adapters_over_base_gpu'][batch]:.3f} (bytes ratio {r['byte_ratio'][batch]:.3f})"
+            )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

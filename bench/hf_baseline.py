@@ -54,7 +54,11 @@ class HFModel:
         self.model = model
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], adapter_of: Sequence[int | None], new_tokens: int, clock: TokenClock | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        adapter_of: Sequence[int | None],
+        new_tokens: int,
+        clock: TokenClock | None = None,
     ) -> torch.Tensor:
         """Greedy, exactly `new_tokens` per row (min_new_tokens = max_new_tokens), left padded; returns the new ids."""
         longest = max(len(p) for p in prompts)
@@ -67,7 +71,9 @@ class HFModel:
         if self.with_adapters:
             kwargs["adapter_names"] = [BASE if a is None else str(a) for a in adapter_of]
         elif any(a is not None for a in adapter_of):
-            raise ValueError("this HFModel has no adapters; build it with the adapter folders to serve adapter requests")
+            raise ValueError(
+                "this HFModel has no adapters; build it with the adapter folders to serve adapter requests"
+            )
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=ids.to(self.device),

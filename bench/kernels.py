@@ -98,7 +98,9 @@ def bench_copy(warmup: int, iters: int) -> Result:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = median_ms(lambda: dst.copy_(src), warmup, iters)
-    return Result("device-to-device copy, 1 GiB", ms * 1e3, ms * 1e3, 2 * src.numel(), 2 * src.numel() / ms / 1e6, None, None)
+    return Result(
+        "device-to-device copy, 1 GiB", ms * 1e3, ms * 1e3, 2 * src.numel(), 2 * src.numel() / ms / 1e6, None, None
+    )
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,15 @@ LORA_CASES = (
     LoraCase("LoRA decode, 8B down: 32 tokens x 32 adapters", 32, 32, 14336, 16, (4096,)),
     LoraCase("LoRA decode, 1B qkv: 32 tokens x 32 adapters", 32, 32, 2048, 16, (2048, 512, 512)),
     LoraCase(
-        "SGMV prefill: 4096 tokens, 32 adapters x 128, ranks 8-64, 4096 -> 4096", 4096, 32, 4096, 64, (4096,),
-        run=128, ranks=(8, 16, 32, 64), target=60.0,
+        "SGMV prefill: 4096 tokens, 32 adapters x 128, ranks 8-64, 4096 -> 4096",
+        4096,
+        32,
+        4096,
+        64,
+        (4096,),
+        run=128,
+        ranks=(8, 16, 32, 64),
+        target=60.0,
     ),
     LoraCase("SGMV prefill: 4096 tokens, 32 adapters x 128, r16, 4096 -> 4096", 4096, 32, 4096, 16, (4096,), run=128),
 )
@@ -136,7 +145,9 @@ def _lora_inputs(case: LoraCase, copies: int, gen: torch.Generator):
     y = torch.randn(case.tokens, out_total, generator=gen).to(dtype=dtype, device=dev)
     stacks = []
     for _ in range(copies):
-        a = (torch.randn(case.adapters, n * case.rank, case.hidden, generator=gen) * case.hidden**-0.5).to(dtype=dtype, device=dev)
+        a = (torch.randn(case.adapters, n * case.rank, case.hidden, generator=gen) * case.hidden**-0.5).to(
+            dtype=dtype, device=dev
+        )
         b = (torch.randn(case.adapters, out_total, case.rank, generator=gen) * 0.01).to(dtype=dtype, device=dev)
         stacks.append((a, b))
     return x, y, stacks
@@ -170,7 +181,9 @@ def bench_lora(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
                 continue
             meta = ops.lora_prepare(slots, case.adapters)
             if case.ranks:
-                meta.extra.update(slot_ranks=torch.tensor(adapter_ranks, dtype=torch.int32, device="cuda"), max_rank=case.rank)
+                meta.extra.update(
+                    slot_ranks=torch.tensor(adapter_ranks, dtype=torch.int32, device="cuda"), max_rank=case.rank
+                )
 
             def call(i: int, ops=ops, meta=meta) -> None:
                 a, b = stacks[i]
@@ -224,7 +237,15 @@ def bench_attention(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
     for case in ATTENTION_CASES:
         args, nbytes = _attention_call(case, gen)
         results.append(
-            _result(case.name, lambda _i: ops.paged_attention_decode(*args), nbytes, copy_gbps, case.target, warmup, iters)
+            _result(
+                case.name,
+                lambda _i, a=args: ops.paged_attention_decode(*a),
+                nbytes,
+                copy_gbps,
+                case.target,
+                warmup,
+                iters,
+            )
         )
         del args
     return results
@@ -235,24 +256,50 @@ def sweep_attention(copy_gbps: float, warmup: int, iters: int) -> list[dict]:
     import loraledger.gpu.ops_cuda as ops_cuda
     from loraledger.gpu import kernel_sources as ks
 
-    shipped_template, shipped_u, shipped_split = ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda._SPLIT_MIN
+    shipped_template, shipped_u, shipped_split = (
+        ks.PAGED_ATTENTION_DECODE,
+        ks.attention_tokens_per_lane,
+        ops_cuda._SPLIT_MIN,
+    )
     gen = torch.Generator().manual_seed(23)
     rows = []
     try:
         for u in (2, 4, 8):
             extra = tuple((t, hp, epl, str(u)) for t, hp, epl, _ in shipped_template.instantiations)
-            ks.PAGED_ATTENTION_DECODE = replace(shipped_template, instantiations=shipped_template.instantiations + extra)
+            ks.PAGED_ATTENTION_DECODE = replace(
+                shipped_template, instantiations=shipped_template.instantiations + extra
+            )
             ks.attention_tokens_per_lane = lambda ctype, hp, epl, u=u: u
             for split_min in (128, 256, 512, 1024):
                 ops_cuda._SPLIT_MIN = split_min
                 ops = ops_cuda.CudaOps("cuda")
                 for case in ATTENTION_CASES:
                     args, nbytes = _attention_call(case, gen)
-                    r = _result(case.name, lambda _i: ops.paged_attention_decode(*args), nbytes, copy_gbps, None, warmup, iters)
-                    rows.append({"case": case.name, "U": u, "split_min": split_min, "time_us": r.time_us, "pct_of_copy": r.pct_of_copy})
+                    r = _result(
+                        case.name,
+                        lambda _i, a=args: ops.paged_attention_decode(*a),
+                        nbytes,
+                        copy_gbps,
+                        None,
+                        warmup,
+                        iters,
+                    )
+                    rows.append(
+                        {
+                            "case": case.name,
+                            "U": u,
+                            "split_min": split_min,
+                            "time_us": r.time_us,
+                            "pct_of_copy": r.pct_of_copy,
+                        }
+                    )
                     del args
     finally:
-        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda._SPLIT_MIN = shipped_template, shipped_u, shipped_split
+        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda._SPLIT_MIN = (
+            shipped_template,
+            shipped_u,
+            shipped_split,
+        )
     return rows
 
 
@@ -278,22 +325,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--iters", type=int, default=200)
-    parser.add_argument("--sweep", action="store_true", help="also sweep paged attention's tokens per lane and split length")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also sweep paged attention's tokens per lane and split length"
+    )
     args = parser.parse_args(argv)
     if no_gpu("bench/kernels.py"):
         return 2
     copy = bench_copy(args.warmup, args.iters)
-    results = [copy, *bench_lora(copy.gbps, args.warmup, args.iters), *bench_attention(copy.gbps, args.warmup, args.iters)]
+    results = [
+        copy,
+        *bench_lora(copy.gbps, args.warmup, args.iters),
+        *bench_attention(copy.gbps, args.warmup, args.iters),
+    ]
     device = torch.cuda.get_device_name()
     print(f"device: {device}\n{_table(results)}")
     sweep = sweep_attention(copy.gbps, 5, 60) if args.sweep else []
     for case in ATTENTION_CASES:
         mine = [r for r in sweep if r["case"] == case.name]
         if mine:
-            print(f"sweep {case.seqs} x {case.context}: " + "  ".join(f"U{r['U']}/s{r['split_min']} {r['pct_of_copy']:.0f}%" for r in mine))
+            print(
+                f"sweep {case.seqs} x {case.context}: "
+                + "  ".join(f"U{r['U']}/s{r['split_min']} {r['pct_of_copy']:.0f}%" for r in mine)
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"device": device, "copy_gbps": copy.gbps, "results": [asdict(r) for r in results], "attention_sweep": sweep}, f, indent=2)
+            json.dump(
+                {
+                    "device": device,
+                    "copy_gbps": copy.gbps,
+                    "results": [asdict(r) for r in results],
+                    "attention_sweep": sweep,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -27,7 +27,14 @@ def _setup(device: str, threads: int):
 
         assets = gpu_assets()
         # the two engines are alive at once: each may take under half the device (gpu_memory_utilization)
-        kwargs = dict(num_threads=None, max_loras=NUM_ADAPTERS, max_lora_rank=RANK, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.45)
+        kwargs = dict(
+            num_threads=None,
+            max_loras=NUM_ADAPTERS,
+            max_lora_rank=RANK,
+            device="cuda",
+            dtype="bfloat16",
+            gpu_memory_utilization=0.45,
+        )
         return assets.model_dir, assets.adapters, kwargs, workload(3, 64)
     from bench.assets import model_assets
     from bench.workload import batch_workload
@@ -40,7 +47,9 @@ def _setup(device: str, threads: int):
 def run(device: str, rounds: int, threads: int, log=print) -> dict:
     torch.set_num_threads(threads)
     model_dir, adapters, kwargs, work = _setup(device, threads)
-    engines = {mode: OfflineEngine(model_dir, adapters, async_scheduling=mode == "on", **kwargs) for mode in ("on", "off")}
+    engines = {
+        mode: OfflineEngine(model_dir, adapters, async_scheduling=mode == "on", **kwargs) for mode in ("on", "off")
+    }
     runs: dict[str, list] = {"on": [], "off": []}
     try:
         for engine in engines.values():
@@ -49,7 +58,9 @@ def run(device: str, rounds: int, threads: int, log=print) -> dict:
         for r in range(rounds):
             for mode, engine in engines.items():
                 runs[mode].append(engine.generate(work))
-            log(f"round {r}: on {runs['on'][-1].tokens_per_second:.0f} tok/s, off {runs['off'][-1].tokens_per_second:.0f} tok/s")
+            log(
+                f"round {r}: on {runs['on'][-1].tokens_per_second:.0f} tok/s, off {runs['off'][-1].tokens_per_second:.0f} tok/s"
+            )
     finally:
         for engine in engines.values():
             engine.close()
@@ -77,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("on", "off"):
         r = report[mode]
         idle = "" if r["gpu_idle_fraction"] is None else f", device idle {100 * r['gpu_idle_fraction']:.1f}%"
-        print(f"async_scheduling {mode:<3}: median {r['median']:.0f} tok/s ({', '.join(f'{t:.0f}' for t in r['tokens_per_second'])}){idle}")
+        print(
+            f"async_scheduling {mode:<3}: median {r['median']:.0f} tok/s ({', '.join(f'{t:.0f}' for t in r['tokens_per_second'])}){idle}"
+        )
     print(f"on / off: {report['on_over_off']:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

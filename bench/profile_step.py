@@ -73,7 +73,9 @@ class StepProfiler:
 
     def __init__(self) -> None:
         # kind -> op or label -> [self us, total us, calls]
-        self.ops: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(lambda: [0.0, 0.0, 0]))
+        self.ops: dict[str, dict[str, list[float]]] = collections.defaultdict(
+            lambda: collections.defaultdict(lambda: [0.0, 0.0, 0])
+        )
         self.steps: collections.Counter[str] = collections.Counter()
         self.enabled = False
 
@@ -114,16 +116,24 @@ class StepProfiler:
             lines.append("  aten ops by self CPU time (share of runner.execute)")
             ops = sorted(((k, v) for k, v in table.items() if k not in labels), key=lambda kv: -kv[1][0])
             for name, (self_us, _, calls) in ops[:top]:
-                lines.append(f"    {name:<52} {self_us / 1e6:8.3f}s {100 * self_us / step_total:5.1f}%  calls {int(calls)}")
+                lines.append(
+                    f"    {name:<52} {self_us / 1e6:8.3f}s {100 * self_us / step_total:5.1f}%  calls {int(calls)}"
+                )
             lines.append("  labelled parts by inclusive CPU time")
-            for name, (_, total_us, calls) in sorted(((k, v) for k, v in table.items() if k in labels), key=lambda kv: -kv[1][1]):
-                lines.append(f"    {name:<52} {total_us / 1e6:8.3f}s {100 * total_us / step_total:5.1f}%  calls {int(calls)}")
+            for name, (_, total_us, calls) in sorted(
+                ((k, v) for k, v in table.items() if k in labels), key=lambda kv: -kv[1][1]
+            ):
+                lines.append(
+                    f"    {name:<52} {total_us / 1e6:8.3f}s {100 * total_us / step_total:5.1f}%  calls {int(calls)}"
+                )
         return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run --only profile", description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=("mixed", "base"), default="mixed", help="scenario 1 (mixed adapters) or 3 (base only)")
+    parser.add_argument(
+        "--scenario", choices=("mixed", "base"), default="mixed", help="scenario 1 (mixed adapters) or 3 (base only)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
@@ -154,14 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.close()
     e = run.engine
-    print(f"scenario {args.scenario}: {run.tokens} tokens in {wall:.2f}s under profiling; engine stats: {e['steps']} steps, "
-          f"forward {e['forward_seconds']:.2f}s, prepare {e['prepare_seconds']:.2f}s, schedule {e['schedule_seconds']:.3f}s, "
-          f"update {e['update_seconds']:.3f}s, step wall {e['wall_seconds']:.2f}s, overhead_fraction {e['overhead_fraction']:.3f}")
+    print(
+        f"scenario {args.scenario}: {run.tokens} tokens in {wall:.2f}s under profiling; engine stats: {e['steps']} steps, "
+        f"forward {e['forward_seconds']:.2f}s, prepare {e['prepare_seconds']:.2f}s, schedule {e['schedule_seconds']:.3f}s, "
+        f"update {e['update_seconds']:.3f}s, step wall {e['wall_seconds']:.2f}s, overhead_fraction {e['overhead_fraction']:.3f}"
+    )
     print(steps.report(args.top))
     print("\nevent-loop thread (actors), pyinstrument; epoll.poll is the loop waiting for work (idle):")
-    print(loop_profiler.output_text(unicode=False, color=False, show_all=True, processor_options={"filter_threshold": 0.01}))
+    print(
+        loop_profiler.output_text(
+            unicode=False, color=False, show_all=True, processor_options={"filter_threshold": 0.01}
+        )
+    )
     print("the same, functions by self time:")
-    flat = loop_profiler.output_text(unicode=False, color=False, flat=True, processor_options={"filter_threshold": 0.0005})
+    flat = loop_profiler.output_text(
+        unicode=False, color=False, flat=True, processor_options={"filter_threshold": 0.0005}
+    )
     print("\n".join(flat.splitlines()[: args.top + 8]))
     RESULTS.mkdir(parents=True, exist_ok=True)
     html = RESULTS / f"profile-{args.scenario}-loop.html"

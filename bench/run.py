@@ -47,23 +47,103 @@ class Benchmark:
 
 # Every benchmark a maintainer runs again; bench/README.md has the same table (a test checks they agree).
 CATALOGUE = (
-    Benchmark("throughput", "tokens/s of 8 adapters + base mixed vs transformers + PEFT, vs the base model alone, audit on vs off", "~2 min"),
-    Benchmark("serving", "throughput and TTFT/ITL under Poisson arrivals, streamed, vs transformers static batches", "~5 min"),
+    Benchmark(
+        "throughput",
+        "tokens/s of 8 adapters + base mixed vs transformers + PEFT, vs the base model alone, audit on vs off",
+        "~2 min",
+    ),
+    Benchmark(
+        "serving", "throughput and TTFT/ITL under Poisson arrivals, streamed, vs transformers static batches", "~5 min"
+    ),
     Benchmark("churn-serving", "the serving traffic over 1,000 adapters with 8 slots vs over 8 adapters", "~3 min"),
     Benchmark("churn", "all requests at once over 1,000 adapters vs over 8: the cost of a small step", "~2 min"),
-    Benchmark("dense", "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows", "~1 min", "bench.dense"),
-    Benchmark("adapter-memory", "host memory of N cached adapters vs their size on disk", "~30 s", "bench.adapter_memory", "--count 64 --max-lora-rank 16"),
-    Benchmark("profile", "where a throughput step's time goes: torch profiler per op, pyinstrument on the event loop", "~1 min", "bench.profile_step", "--scenario mixed|base"),
-    Benchmark("step-parts", "seconds per part of the step (projections, LoRA, attention, sampling...), unprofiled", "1-3 min", "bench.step_timers", "--scenario mixed|base|churn|churn-baseline|churn-serving"),
-    Benchmark("schedule", "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock", "seconds", "bench.slot_sim", "--rates 5.4 9.8 --max-loras 8"),
-    Benchmark("overlap", "overlapped scheduling on vs off (async_scheduling), one workload, alternating rounds", "~1 min (CPU)", "bench.overlap", "--device cpu|cuda"),
-    Benchmark("structured", "structured outputs: batch-32 tokens/s with every request JSON-constrained vs none; xgrammar vs llguidance compile and mask-fill time at 512 / 32k / 150k vocabularies", "~3 min", "bench.structured", "--rounds 3"),
-    Benchmark("audit-chain", "events/s that 1 vs 4 writer processes (engine instances) commit to one audit hash chain, and the ratio", "~1 min", "bench.audit_chain", "--url postgresql://127.0.0.1:5432/DB --batch 1 8"),
-    Benchmark("server", "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams", "~4 min", "bench.server", "--concurrency 32"),
-    Benchmark("scale-out", "Ray Serve: adapter-affinity hit rate and throughput, multiplexed vs round-robin (2 replicas, 16 adapters); simulated 8-64 replicas over 1,000", "~5 min", "bench.scale_out", "--skip-live"),
-    Benchmark("kernels", "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth", "<= 4 min (H100)", "bench.kernels", "--sweep"),
-    Benchmark("gpu-step", "GPU: a decode step's time vs its bytes on 1B and 8B shapes, batches 32/64/128; a 4,096-token prefill", "<= 5 min (H100)", "bench.gpu_step", "--shape 1b 8b"),
-    Benchmark("gpu-decode", "GPU: batch-32 decode with 32 adapters vs none vs transformers + PEFT, end to end", "<= 5 min (H100)", "bench.gpu_decode", "--eager"),
+    Benchmark(
+        "dense", "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows", "~1 min", "bench.dense"
+    ),
+    Benchmark(
+        "adapter-memory",
+        "host memory of N cached adapters vs their size on disk",
+        "~30 s",
+        "bench.adapter_memory",
+        "--count 64 --max-lora-rank 16",
+    ),
+    Benchmark(
+        "profile",
+        "where a throughput step's time goes: torch profiler per op, pyinstrument on the event loop",
+        "~1 min",
+        "bench.profile_step",
+        "--scenario mixed|base",
+    ),
+    Benchmark(
+        "step-parts",
+        "seconds per part of the step (projections, LoRA, attention, sampling...), unprofiled",
+        "1-3 min",
+        "bench.step_timers",
+        "--scenario mixed|base|churn|churn-baseline|churn-serving",
+    ),
+    Benchmark(
+        "schedule",
+        "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock",
+        "seconds",
+        "bench.slot_sim",
+        "--rates 5.4 9.8 --max-loras 8",
+    ),
+    Benchmark(
+        "overlap",
+        "overlapped scheduling on vs off (async_scheduling), one workload, alternating rounds",
+        "~1 min (CPU)",
+        "bench.overlap",
+        "--device cpu|cuda",
+    ),
+    Benchmark(
+        "structured",
+        "structured outputs: batch-32 tokens/s with every request JSON-constrained vs none; xgrammar vs llguidance compile and mask-fill time at 512 / 32k / 150k vocabularies",
+        "~3 min",
+        "bench.structured",
+        "--rounds 3",
+    ),
+    Benchmark(
+        "audit-chain",
+        "events/s that 1 vs 4 writer processes (engine instances) commit to one audit hash chain, and the ratio",
+        "~1 min",
+        "bench.audit_chain",
+        "--url postgresql://127.0.0.1:5432/DB --batch 1 8",
+    ),
+    Benchmark(
+        "server",
+        "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams",
+        "~4 min",
+        "bench.server",
+        "--concurrency 32",
+    ),
+    Benchmark(
+        "scale-out",
+        "Ray Serve: adapter-affinity hit rate and throughput, multiplexed vs round-robin (2 replicas, 16 adapters); simulated 8-64 replicas over 1,000",
+        "~5 min",
+        "bench.scale_out",
+        "--skip-live",
+    ),
+    Benchmark(
+        "kernels",
+        "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth",
+        "<= 4 min (H100)",
+        "bench.kernels",
+        "--sweep",
+    ),
+    Benchmark(
+        "gpu-step",
+        "GPU: a decode step's time vs its bytes on 1B and 8B shapes, batches 32/64/128; a 4,096-token prefill",
+        "<= 5 min (H100)",
+        "bench.gpu_step",
+        "--shape 1b 8b",
+    ),
+    Benchmark(
+        "gpu-decode",
+        "GPU: batch-32 decode with 32 adapters vs none vs transformers + PEFT, end to end",
+        "<= 5 min (H100)",
+        "bench.gpu_decode",
+        "--eager",
+    ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
 
@@ -107,18 +187,38 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(rest) or 0)
 
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="print every benchmark: what it answers, how long it takes, its command")
+    parser.add_argument(
+        "--list", action="store_true", help="print every benchmark: what it answers, how long it takes, its command"
+    )
     parser.add_argument(
         "--only", action="append", choices=[b.name for b in CATALOGUE], metavar="NAME",
         help=f"run only this part (repeatable for {', '.join(PARTS)}; the others run alone); default: the four scenarios",
     )  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="small sizes and one repeat: a smoke test, not figures to quote")
-    parser.add_argument("--repeats", type=int, default=None, help="measured calls per throughput scenario (default 3, --quick 1)")
-    parser.add_argument("--serving-rate", type=float, default=None, help="arrivals per second in serving and churn-serving (default: 1.25 x measured capacity)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes and one repeat: a smoke test, not figures to quote"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="measured calls per throughput scenario (default 3, --quick 1)"
+    )
+    parser.add_argument(
+        "--serving-rate",
+        type=float,
+        default=None,
+        help="arrivals per second in serving and churn-serving (default: 1.25 x measured capacity)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads for every system (default 2)")
-    parser.add_argument("--churn-max-loras", type=int, default=None, help="adapter slots in the churn scenario (default 8)")
-    parser.add_argument("--churn-max-lora-rank", type=int, default=None, help="max_lora_rank in the churn scenario (default 8, the adapters' rank)")
-    parser.add_argument("--no-audit", action="store_true", help="skip scenario 1a (scenario 1 with the SQLite audit store)")
+    parser.add_argument(
+        "--churn-max-loras", type=int, default=None, help="adapter slots in the churn scenario (default 8)"
+    )
+    parser.add_argument(
+        "--churn-max-lora-rank",
+        type=int,
+        default=None,
+        help="max_lora_rank in the churn scenario (default 8, the adapters' rank)",
+    )
+    parser.add_argument(
+        "--no-audit", action="store_true", help="skip scenario 1a (scenario 1 with the SQLite audit store)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     args = parser.parse_args(argv)
     if args.list:
@@ -153,8 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"command": " ".join(["python -m bench.run", *argv]), "started": time.time()}
     report["environment"] = environment()
     if report["environment"]["engine_imported_from_elsewhere"]:
-        log(f"WARNING: engine modules imported from outside {Path(__file__).resolve().parent.parent}: "
-            f"{report['environment']['engine_imported_from_elsewhere']} (check `pip show loraledger`)")
+        log(
+            f"WARNING: engine modules imported from outside {Path(__file__).resolve().parent.parent}: "
+            f"{report['environment']['engine_imported_from_elsewhere']} (check `pip show loraledger`)"
+        )
     assets = model_assets()
     for part in parts:
         log(f"== {part}")
@@ -208,8 +310,10 @@ def format_report(report: dict) -> str:
         s = report["serving"]
         lines += [
             "",
-            (f"Serving: {s['workload']['requests']} requests at {s['config']['rate_used']:.2f} req/s, "
-            f"{s['workload']['useful_tokens']} tokens"),
+            (
+                f"Serving: {s['workload']['requests']} requests at {s['config']['rate_used']:.2f} req/s, "
+                f"{s['workload']['useful_tokens']} tokens"
+            ),
             f"  {'system':<22} {'seconds':>8} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}",
         ]
         for name, key in (("loraledger (stream)", "loraledger"), ("HF static batch 32", "hf_static")):
@@ -238,8 +342,14 @@ def format_report(report: dict) -> str:
             target = "" if r["target"] is None else f"{r['op']} {r['target']:g}"
             met = "" if r["met"] is None else ("yes" if r["met"] else "NO")
             value = r["value"]
-            extra = " ".join(f"{r[k]:7.3f}" if r.get(k) is not None else " " * 7 for k in ("best_value", "cpu_time_value"))
-            lines.append(f"  {name:<48} {value:8.3f} {target:>10} {met:>5} {extra}" if math.isfinite(value) else f"  {name:<48} {'n/a':>8}")
+            extra = " ".join(
+                f"{r[k]:7.3f}" if r.get(k) is not None else " " * 7 for k in ("best_value", "cpu_time_value")
+            )
+            lines.append(
+                f"  {name:<48} {value:8.3f} {target:>10} {met:>5} {extra}"
+                if math.isfinite(value)
+                else f"  {name:<48} {'n/a':>8}"
+            )
     return "\n".join(lines)
 
 

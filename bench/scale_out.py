@@ -74,7 +74,14 @@ def local_ray(tmp: Path, port: int):
 
     os.environ.update(RAY_TMPDIR=str(tmp), RAY_AUTH_MODE="disabled")
     env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RAY_TMPDIR": str(tmp), "RAY_AUTH_MODE": "disabled"}
-    ray.init(num_cpus=8, include_dashboard=False, _temp_dir=str(tmp), log_to_driver=False, runtime_env={"env_vars": env}, _node_ip_address="127.0.0.1")
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        _temp_dir=str(tmp),
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+        _node_ip_address="127.0.0.1",
+    )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield
@@ -94,7 +101,9 @@ def deploy(routing: str, app_args: dict, replicas: int) -> None:
     options = dict(num_replicas=replicas, ray_actor_options={"num_cpus": 1})
     if routing == "round_robin":
         options["request_router_config"] = RequestRouterConfig(request_router_class=ROUND_ROBIN_ROUTER)
-    app = Router.options(ray_actor_options={"num_cpus": 0.5}).bind(EngineReplica.options(**options).bind(parsed), parsed)
+    app = Router.options(ray_actor_options={"num_cpus": 0.5}).bind(
+        EngineReplica.options(**options).bind(parsed), parsed
+    )
     serve.run(app, name="loraledger", route_prefix="/")
 
 
@@ -107,7 +116,13 @@ async def drive(base_url: str, key: str, adapters: list[str], args) -> dict:
     async def one(http: httpx.AsyncClient, i: int, model: str) -> None:
         nonlocal tokens, failed
         async with limiter:
-            body = {"model": model, "prompt": f"request {i}: summarise the ticket", "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True}
+            body = {
+                "model": model,
+                "prompt": f"request {i}: summarise the ticket",
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             r = await http.post(f"{base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
             if r.status_code == 200:
                 tokens += r.json()["usage"]["completion_tokens"]
@@ -133,7 +148,9 @@ def adapter_loads(audit_url: str) -> int:
     engine = make_engine(audit_url)
     try:
         with engine.connect() as conn:
-            return conn.execute(select(func.count()).select_from(EVENTS).where(EVENTS.c.kind == EventKind.ADAPTER_LOADED)).scalar_one()
+            return conn.execute(
+                select(func.count()).select_from(EVENTS).where(EVENTS.c.kind == EventKind.ADAPTER_LOADED)
+            ).scalar_one()
     finally:
         engine.dispose()
 
@@ -186,10 +203,14 @@ def run_simulation(args) -> list[dict]:
             config = SimConfig(replicas=replicas, adapters=args.sim_adapters, zipf_s=args.zipf, models_per_replica=args.sim_models_per_replica,
                                requests=args.sim_requests, seed=args.seed)  # fmt: skip
             rows.append(asdict(simulate(config, policy)))
-    print(f"\nsimulated: {args.sim_adapters} adapters, Zipf s={args.zipf}, {args.sim_models_per_replica} adapters per replica, {args.sim_requests} requests")
+    print(
+        f"\nsimulated: {args.sim_adapters} adapters, Zipf s={args.zipf}, {args.sim_models_per_replica} adapters per replica, {args.sim_requests} requests"
+    )
     print(f"{'replicas':>8}  {'policy':<12}{'hit rate':>9}{'loads/s':>10}{'loads/s/replica':>17}")
     for r in rows:
-        print(f"{r['replicas']:>8}  {r['policy']:<12}{r['hit_rate']:>9.3f}{r['loads_per_s']:>10.1f}{r['loads_per_s_per_replica']:>17.2f}")
+        print(
+            f"{r['replicas']:>8}  {r['policy']:<12}{r['hit_rate']:>9.3f}{r['loads_per_s']:>10.1f}{r['loads_per_s_per_replica']:>17.2f}"
+        )
     return rows
 
 
@@ -198,15 +219,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=2, help="live: engine replicas")
     parser.add_argument("--adapters", type=int, default=16, help="live: adapters in the folder")
     parser.add_argument("--max-loras", type=int, default=2, help="live: adapters on a replica's device at once")
-    parser.add_argument("--max-cpu-loras", type=int, default=4, help="live: adapters a replica holds in host memory (Ray's max_num_models_per_replica)")
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=4,
+        help="live: adapters a replica holds in host memory (Ray's max_num_models_per_replica)",
+    )
     parser.add_argument("--requests", type=int, default=192, help="live: requests per routing")
     parser.add_argument("--concurrency", type=int, default=8, help="live: requests in flight at once")
     parser.add_argument("--max-tokens", type=int, default=16, help="live: new tokens per request (ignore_eos)")
-    parser.add_argument("--zipf", type=float, default=1.0, help="adapter popularity: the k-th most asked-for has weight k^-s")
+    parser.add_argument(
+        "--zipf", type=float, default=1.0, help="adapter popularity: the k-th most asked-for has weight k^-s"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the request sequence's seed")
-    parser.add_argument("--pg", default=PG_ADMIN, help="a PostgreSQL server URL where the user may CREATE DATABASE (libpq form)")
+    parser.add_argument(
+        "--pg", default=PG_ADMIN, help="a PostgreSQL server URL where the user may CREATE DATABASE (libpq form)"
+    )
     parser.add_argument("--skip-live", action="store_true", help="only the simulation (no Ray, no PostgreSQL)")
-    parser.add_argument("--sim-replicas", type=int, nargs="+", default=[8, 16, 32, 64], help="simulated: replica counts")
+    parser.add_argument(
+        "--sim-replicas", type=int, nargs="+", default=[8, 16, 32, 64], help="simulated: replica counts"
+    )
     parser.add_argument("--sim-adapters", type=int, default=1000, help="simulated: adapters")
     parser.add_argument("--sim-models-per-replica", type=int, default=16, help="simulated: adapters a replica holds")
     parser.add_argument("--sim-requests", type=int, default=100_000, help="simulated: requests per run")
@@ -216,7 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     live = {} if args.skip_live else run_live(args)
     sim = run_simulation(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "live": live, "simulated": sim, "environment": environment()}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": {k: str(v) for k, v in vars(args).items()},
+                "live": live,
+                "simulated": sim,
+                "environment": environment(),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

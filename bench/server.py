@@ -72,10 +72,18 @@ async def in_process(engine, loras, workload, args, measure: bool = True) -> dic
 
     async def one(i: int) -> None:
         a = workload.adapter_of[i]
-        params = SamplingParams(max_tokens=workload.max_tokens[i], ignore_eos=True, temperature=0.8, seed=i, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=workload.max_tokens[i],
+            ignore_eos=True,
+            temperature=0.8,
+            seed=i,
+            output_kind=RequestOutputKind.DELTA,
+        )
         sent, first = time.perf_counter(), None
         lora = loras[a] if a is not None else None
-        async for out in engine.generate({"prompt_token_ids": workload.prompts[i]}, params, engine.new_request_id(), lora, tenant="bench"):
+        async for out in engine.generate(
+            {"prompt_token_ids": workload.prompts[i]}, params, engine.new_request_id(), lora, tenant="bench"
+        ):
             n = sum(len(c.token_ids) for c in out.outputs)
             if n and first is None:
                 first = time.perf_counter() - sent
@@ -106,8 +114,10 @@ class Server:
         ]  # fmt: skip
         self.log = open(tmp / "server.log", "wb")
 
-    def __enter__(self) -> "Server":
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    def __enter__(self) -> Server:
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"}
+        )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -165,9 +175,15 @@ async def _rounds(assets, server: Server, tmp: Path, args) -> dict[str, list[dic
     loras = [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(assets.adapters)]
     runs: dict[str, list[dict]] = {"in-process audit": [], "in-process no audit": [], "http": []}
     limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency + 8)
-    audited = AsyncEngine.from_engine_args(_engine_args(assets, f"sqlite:///{tmp / 'inproc.db'}", args.threads, args.concurrency))
+    audited = AsyncEngine.from_engine_args(
+        _engine_args(assets, f"sqlite:///{tmp / 'inproc.db'}", args.threads, args.concurrency)
+    )
     plain = AsyncEngine.from_engine_args(_engine_args(assets, None, args.threads, args.concurrency))
-    async with audited, plain, httpx.AsyncClient(timeout=600, limits=limits, headers={"Authorization": f"Bearer {server.key}"}) as http:
+    async with (
+        audited,
+        plain,
+        httpx.AsyncClient(timeout=600, limits=limits, headers={"Authorization": f"Bearer {server.key}"}) as http,
+    ):
         for engine in (audited, plain):
             for lora in loras:
                 await engine.add_lora(lora)
@@ -184,7 +200,10 @@ async def _rounds(assets, server: Server, tmp: Path, args) -> dict[str, list[dic
                 if r > 0:
                     runs[name].append(result)
             if r > 0:
-                print(f"round {r}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items()), file=sys.stderr)
+                print(
+                    f"round {r}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:.0f} tok/s" for k, v in runs.items()),
+                    file=sys.stderr,
+                )
     return runs
 
 
@@ -194,8 +213,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="streams in flight at once")
     parser.add_argument("--prompt-len", type=int, default=64, help="prompt length in token ids")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (all generated: ignore_eos)")
-    parser.add_argument("--repeats", type=int, default=3, help="measured interleaved rounds of the three systems, after one warm-up round (medians reported)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine (in process, and in the server)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measured interleaved rounds of the three systems, after one warm-up round (medians reported)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads of the engine (in process, and in the server)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "server.json")
     args = parser.parse_args(argv)
 
@@ -217,17 +243,32 @@ def main(argv: list[str] | None = None) -> int:
         for name, xs in runs.items()
     }
     ratios = {
-        "http / in-process audit (HTTP + auth)": summary["http"]["tokens_per_s"] / summary["in-process audit"]["tokens_per_s"],
-        "http / in-process no audit (HTTP + auth + audit)": summary["http"]["tokens_per_s"] / summary["in-process no audit"]["tokens_per_s"],
+        "http / in-process audit (HTTP + auth)": summary["http"]["tokens_per_s"]
+        / summary["in-process audit"]["tokens_per_s"],
+        "http / in-process no audit (HTTP + auth + audit)": summary["http"]["tokens_per_s"]
+        / summary["in-process no audit"]["tokens_per_s"],
     }
-    print(f"\n{args.requests} requests x {args.max_tokens} tokens, {args.concurrency} concurrent streams, {args.repeats} rounds (medians)")
+    print(
+        f"\n{args.requests} requests x {args.max_tokens} tokens, {args.concurrency} concurrent streams, {args.repeats} rounds (medians)"
+    )
     print(f"{'system':<22}{'tok/s':>10}{'TTFT p50':>12}{'TTFT p99':>12}")
     for name, s in summary.items():
         print(f"{name:<22}{s['tokens_per_s']:>10.0f}{s['ttft_p50']:>11.3f}s{s['ttft_p99']:>11.3f}s")
     for name, value in ratios.items():
         print(f"{name}: {value:.2f}x (target >= 0.9x)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": {k: str(v) for k, v in vars(args).items()}, "runs": runs, "summary": summary, "ratios": ratios, "environment": env}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "config": {k: str(v) for k, v in vars(args).items()},
+                "runs": runs,
+                "summary": summary,
+                "ratios": ratios,
+                "environment": env,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

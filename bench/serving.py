@@ -73,7 +73,12 @@ def run_serving(assets: BenchAssets, cfg: ServingConfig, log: Callable[[str], No
     }
     ll_tps, hf_tps = ll_result["tokens_per_second"], hf_result["tokens_per_second"]
     out["ratios"] = {
-        "serving throughput loraledger / HF static": {"value": ll_tps / hf_tps, "target": 2.0, "op": ">=", "met": ll_tps / hf_tps >= 2.0},
+        "serving throughput loraledger / HF static": {
+            "value": ll_tps / hf_tps,
+            "target": 2.0,
+            "op": ">=",
+            "met": ll_tps / hf_tps >= 2.0,
+        },
         "serving p99 TTFT loraledger / HF static": {
             "value": ll_result["ttft"]["p99"] / hf_result["ttft"]["p99"],
             "target": 1.0,
@@ -105,18 +110,29 @@ async def _serve_loraledger(assets: BenchAssets, cfg: ServingConfig, log) -> tup
     from loraledger import AsyncEngine, EngineArgs, LoRARequest
 
     args = EngineArgs(
-        model=str(assets.model_dir), enable_lora=True, max_loras=8, max_lora_rank=16, audit_url=None, num_threads=cfg.num_threads
+        model=str(assets.model_dir),
+        enable_lora=True,
+        max_loras=8,
+        max_lora_rank=16,
+        audit_url=None,
+        num_threads=cfg.num_threads,
     )
     loras = [LoRARequest(f"bench-{i}", i + 1, str(p)) for i, p in enumerate(assets.adapters)]
     async with AsyncEngine.from_engine_args(args) as engine:
         # warm-up, doubling as the capacity measurement the default arrival rate is derived from
         calibration = await measure_capacity(engine, loras, cfg.prompt_len, assets.vocab_size)
         rate = cfg.rate if cfg.rate is not None else arrival_rate(cfg, calibration)
-        workload = serving_traffic(cfg, assets.vocab_size, rate, num_adapters=len(assets.adapters), base_share=cfg.base_share)
-        log(f"  loraledger capacity at batch 32: {calibration:.1f} tok/s -> arrival rate {rate:.2f} req/s over {workload.arrivals[-1]:.1f}s")
+        workload = serving_traffic(
+            cfg, assets.vocab_size, rate, num_adapters=len(assets.adapters), base_share=cfg.base_share
+        )
+        log(
+            f"  loraledger capacity at batch 32: {calibration:.1f} tok/s -> arrival rate {rate:.2f} req/s over {workload.arrivals[-1]:.1f}s"
+        )
         result = await stream_workload(engine, loras, workload)
-    log(f"  loraledger: {result['seconds']:.1f}s, {result['tokens_per_second']:.1f} tok/s, "
-        f"TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s")
+    log(
+        f"  loraledger: {result['seconds']:.1f}s, {result['tokens_per_second']:.1f} tok/s, "
+        f"TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s"
+    )
     return {**result, "workload": workload}, rate, calibration
 
 
@@ -133,13 +149,21 @@ def _stream_params(n: int):
 
 async def measure_capacity(engine, loras: list, prompt_len: int, vocab_size: int) -> float:
     """Generated tokens/s for 32 prompts x 32 tokens over `loras` round-robin (twice; the first call warms up)."""
-    warm = batch_workload(10_001, num_prompts=32, prompt_len=prompt_len, max_tokens=32, vocab_size=vocab_size, num_adapters=len(loras))
+    warm = batch_workload(
+        10_001, num_prompts=32, prompt_len=prompt_len, max_tokens=32, vocab_size=vocab_size, num_adapters=len(loras)
+    )
     calibration = 0.0
     for _ in range(2):
         started = time.perf_counter()
         await engine.generate_many(
             [
-                (engine.new_request_id(), {"prompt_token_ids": p}, _stream_params(32), None if a is None else loras[a], None)
+                (
+                    engine.new_request_id(),
+                    {"prompt_token_ids": p},
+                    _stream_params(32),
+                    None if a is None else loras[a],
+                    None,
+                )
                 for p, a in zip(warm.prompts, warm.adapter_of)
             ]
         )
@@ -211,7 +235,12 @@ async def stream_workload(engine, loras: list, workload: Workload) -> dict:
 def _serve_hf(assets: BenchAssets, cfg: ServingConfig, workload: Workload, log) -> dict:
     model = HFModel(assets.model_dir, assets.adapters)
     warm = batch_workload(
-        10_002, num_prompts=cfg.hf_batch, prompt_len=cfg.prompt_len, max_tokens=8, vocab_size=assets.vocab_size, num_adapters=len(assets.adapters)
+        10_002,
+        num_prompts=cfg.hf_batch,
+        prompt_len=cfg.prompt_len,
+        max_tokens=8,
+        vocab_size=assets.vocab_size,
+        num_adapters=len(assets.adapters),
     )
     model.generate(warm.prompts, warm.adapter_of, 8)
     n = len(workload)
@@ -246,5 +275,7 @@ def _serve_hf(assets: BenchAssets, cfg: ServingConfig, workload: Workload, log) 
         "itl": {**percentiles(itl), "max": max(itl)},
         "e2e_latency": percentiles([finish[i] - workload.arrivals[i] for i in range(n)]),
     }
-    log(f"  HF static: {span:.1f}s, {tokens / span:.1f} tok/s, TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s")
+    log(
+        f"  HF static: {span:.1f}s, {tokens / span:.1f} tok/s, TTFT p50/p99 {result['ttft']['p50']:.3f}/{result['ttft']['p99']:.3f}s"
+    )
     return result

@@ -159,7 +159,9 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
             clock[0] += cost.seconds(plan)
             nxt = deliver_arrivals(clock[0], nxt)  # arrivals during the step reach the Scheduler before its end
             sampled = [SampledToken(seq_id=w.seq_id, token_id=5, logprob=0.0) for w in plan.seqs if w.sample]
-            await inbox_send.send(StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id))
+            await inbox_send.send(
+                StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id)
+            )
         await inbox_send.send(Shutdown())  # the Scheduler returns and closes its output stream: consume_outputs ends
     for stream in (inbox_send, executor_inbox, assembler_inbox):
         stream.close()
@@ -175,11 +177,15 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
     )
 
 
-def churn_pair(rate: float, *, num_adapters: int = 1000, baseline_adapters: int = 8, vocab_size: int = 32000) -> tuple[Workload, Workload]:
+def churn_pair(
+    rate: float, *, num_adapters: int = 1000, baseline_adapters: int = 8, vocab_size: int = 32000
+) -> tuple[Workload, Workload]:
     """The churn-serving traffic at `rate` requests/s (bench.churn.run_churn_serving's): over
     `baseline_adapters`, then over `num_adapters`."""
     cfg = ServingConfig(base_share=0.0)
-    return churn_serving_traffic(cfg, vocab_size, rate, baseline_adapters), churn_serving_traffic(cfg, vocab_size, rate, num_adapters)
+    return churn_serving_traffic(cfg, vocab_size, rate, baseline_adapters), churn_serving_traffic(
+        cfg, vocab_size, rate, num_adapters
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,12 +193,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", type=float, nargs="+", default=[5.4, 7.0, 9.8], help="arrival rates, requests/s")
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--fixed-ms", type=float, default=StepCost.fixed * 1e3, help="step cost: fixed part")
-    parser.add_argument("--per-seq-ms", type=float, default=StepCost.per_seq * 1e3, help="step cost: per decoding sequence")
+    parser.add_argument(
+        "--per-seq-ms", type=float, default=StepCost.per_seq * 1e3, help="step cost: per decoding sequence"
+    )
     parser.add_argument("--per-prompt-token-ms", type=float, default=StepCost.per_prompt_token * 1e3)
     args = parser.parse_args(argv)
     cost = StepCost(args.fixed_ms / 1e3, args.per_seq_ms / 1e3, args.per_prompt_token_ms / 1e3)
-    print(f"step cost: {cost.fixed * 1e3:.1f} ms + {cost.per_seq * 1e3:.2f} ms/sequence + {cost.per_prompt_token * 1e3:.2f} ms/prompt token")
-    print("  rate | 8 adapters: steps  slot loads | churn: steps  >= bound  slot loads/adapters  TTFT p50   max  (simulated s)")
+    print(
+        f"step cost: {cost.fixed * 1e3:.1f} ms + {cost.per_seq * 1e3:.2f} ms/sequence + {cost.per_prompt_token * 1e3:.2f} ms/prompt token"
+    )
+    print(
+        "  rate | 8 adapters: steps  slot loads | churn: steps  >= bound  slot loads/adapters  TTFT p50   max  (simulated s)"
+    )
     for rate in args.rates:
         base_traffic, churn_traffic = churn_pair(rate)
         base = simulate(base_traffic, args.max_loras, cost)

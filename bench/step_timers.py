@@ -75,7 +75,9 @@ class Timers:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run --only step-parts", description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=("mixed", "base", "churn", "churn-baseline", "churn-serving"), default="mixed")
+    parser.add_argument(
+        "--scenario", choices=("mixed", "base", "churn", "churn-baseline", "churn-serving"), default="mixed"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rate", type=float, default=None, help="churn-serving: requests/s (default: calibrated)")
     args = parser.parse_args(argv)
@@ -110,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             num_threads=args.threads,
             max_loras=cfg.max_loras,
             max_lora_rank=cfg.max_lora_rank,
-            max_cpu_loras=max(cfg.max_cpu_loras if args.scenario == "churn" else count, cfg.max_loras),  # as bench.churn
+            max_cpu_loras=max(
+                cfg.max_cpu_loras if args.scenario == "churn" else count, cfg.max_loras
+            ),  # as bench.churn
             name_prefix="churn-",
         )
         engine.register_all()

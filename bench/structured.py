@@ -29,7 +29,11 @@ SCHEMA = {
         "age": {"type": "integer"},
         "email": {"type": "string"},
         "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}}, "required": ["city"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+            "required": ["city"],
+        },
     },
     "required": ["name", "age", "email", "address"],
 }
@@ -48,14 +52,18 @@ def engine_ratio(rounds: int, threads: int, log=print) -> dict:
 
     torch.set_num_threads(threads)
     assets = model_assets()
-    work = batch_workload(1, num_prompts=BATCH, prompt_len=64, max_tokens=32, vocab_size=assets.vocab_size, num_adapters=8)
+    work = batch_workload(
+        1, num_prompts=BATCH, prompt_len=64, max_tokens=32, vocab_size=assets.vocab_size, num_adapters=8
+    )
     engine = OfflineEngine(assets.model_dir, assets.adapters, num_threads=threads)
     so = StructuredOutputsParams(json=SCHEMA)
     prompts = [{"prompt_token_ids": p} for p in work.prompts]
     loras = [None if a is None else engine.loras[a] for a in work.adapter_of]
     params = {
         "none": [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.max_tokens],
-        "all": [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, structured_outputs=so) for n in work.max_tokens],
+        "all": [
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, structured_outputs=so) for n in work.max_tokens
+        ],
     }
     runs: dict[str, list[float]] = {"none": [], "all": []}
     finished_by_grammar = 0
@@ -98,7 +106,7 @@ def synthetic_tokenizer(vocab_size: int):
     for ch in sorted(alphabet):
         vocab[ch] = len(vocab)
     rng = random.Random(0)
-    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_\",:{}[]"
+    letters = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_",:{}[]'
     while len(vocab) < vocab_size:
         word = ("Ġ" if rng.random() < 0.5 else "") + "".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
         vocab.setdefault(word, len(vocab))
@@ -128,7 +136,10 @@ def _xgrammar(tokenizer, vocab: int, eos: int, steps: int) -> dict:
             if m.is_terminated() or not m.accept_token(t):
                 matchers[i] = xgr.GrammarMatcher(compiled)
 
-    return {"compile_ms": 1e3 * compile_s, **_steps(fill, advance, bitmask, vocab, steps, xgr.apply_token_bitmask_inplace)}
+    return {
+        "compile_ms": 1e3 * compile_s,
+        **_steps(fill, advance, bitmask, vocab, steps, xgr.apply_token_bitmask_inplace),
+    }
 
 
 def _llguidance(tokenizer, vocab: int, eos: int, steps: int) -> dict:
@@ -154,7 +165,10 @@ def _llguidance(tokenizer, vocab: int, eos: int, steps: int) -> dict:
             if m.is_stopped() or not m.consume_token(t):
                 matchers[i] = llguidance.LLMatcher(lltok, grammar)
 
-    return {"compile_ms": 1e3 * compile_s, **_steps(fill, advance, bitmask, vocab, steps, lt.apply_token_bitmask_inplace)}
+    return {
+        "compile_ms": 1e3 * compile_s,
+        **_steps(fill, advance, bitmask, vocab, steps, lt.apply_token_bitmask_inplace),
+    }
 
 
 def _steps(fill, advance, bitmask, vocab: int, steps: int, apply) -> dict:
@@ -194,8 +208,10 @@ def grammar_engines(steps: int, log=print) -> dict:
         for engine, run in (("xgrammar", _xgrammar), ("llguidance", _llguidance)):
             r = run(tokenizer, vocab, eos, steps)
             report[name][engine] = r
-            log(f"{name:<15} {engine:<10} compile {r['compile_ms']:8.1f} ms   fill (batch {BATCH}) {r['fill_ms_median']:7.3f} ms"
-                f"   apply {r['apply_ms_median']:6.3f} ms")
+            log(
+                f"{name:<15} {engine:<10} compile {r['compile_ms']:8.1f} ms   fill (batch {BATCH}) {r['fill_ms_median']:7.3f} ms"
+                f"   apply {r['apply_ms_median']:6.3f} ms"
+            )
     return report
 
 
@@ -213,8 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_engine:
         report["engine"] = engine_ratio(args.rounds, args.threads)
         e = report["engine"]
-        print(f"batch {BATCH}: none {e['median_none']:.0f} tok/s, all constrained {e['median_all']:.0f} tok/s: "
-              f"{e['all_over_none']:.2f}x ({e['finished_by_grammar']} outputs ended by their grammar)")
+        print(
+            f"batch {BATCH}: none {e['median_none']:.0f} tok/s, all constrained {e['median_all']:.0f} tok/s: "
+            f"{e['all_over_none']:.2f}x ({e['finished_by_grammar']} outputs ended by their grammar)"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     return 0

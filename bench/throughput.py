@@ -39,7 +39,9 @@ class ThroughputConfig:
 class Scenario:
     key: str
     label: str
-    run: Callable[[Workload], object]  # returns an object with .seconds, .tokens, .token_ids (and .engine for loraledger)
+    run: Callable[
+        [Workload], object
+    ]  # returns an object with .seconds, .tokens, .token_ids (and .engine for loraledger)
 
 
 @dataclass
@@ -90,7 +92,9 @@ def run_throughput(assets: BenchAssets, cfg: ThroughputConfig, log: Callable[[st
             ]
             if cfg.with_audit:
                 audit_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-                ll_audit = OfflineEngine(assets.model_dir, assets.adapters, num_threads=cfg.num_threads, audit_url=audit_url)
+                ll_audit = OfflineEngine(
+                    assets.model_dir, assets.adapters, num_threads=cfg.num_threads, audit_url=audit_url
+                )
                 closers.append(ll_audit.close)
                 scenarios.append(Scenario("1a", "loraledger, mixed adapters, SQLite audit on", ll_audit.generate))
             results = _measure(scenarios, workload, cfg.repeats, log)
@@ -112,7 +116,9 @@ def _measure(scenarios: list[Scenario], workload: Callable[[int], Workload], rep
         for s in scenarios:
             run = s.run(w)
             runs[s.key].append(run)
-            log(f"  repeat {r} scenario {s.key:>2}: {run.seconds:7.2f}s  {run.tokens / run.seconds:8.1f} tok/s  (cpu {run.cpu_seconds:6.2f}s)")
+            log(
+                f"  repeat {r} scenario {s.key:>2}: {run.seconds:7.2f}s  {run.tokens / run.seconds:8.1f} tok/s  (cpu {run.cpu_seconds:6.2f}s)"
+            )
     return runs
 
 
@@ -177,7 +183,12 @@ def _summarise(scenarios: list[Scenario], runs: dict[str, list], cfg: Throughput
     ratio("(1a)/(2) audited mixed vs HF+PEFT", "1a", "2", None)
     if "1" in out["scenarios"]:
         overhead = out["scenarios"]["1"]["engine_stats"]["overhead_fraction"]
-        out["ratios"]["engine overhead_fraction, scenario 1"] = {"value": overhead, "target": 0.10, "op": "<", "met": overhead < 0.10}
+        out["ratios"]["engine overhead_fraction, scenario 1"] = {
+            "value": overhead,
+            "target": 0.10,
+            "op": "<",
+            "met": overhead < 0.10,
+        }
     out["token_agreement"] = {
         "(1) vs (2)": _agreement(runs["1"], runs["2"]),
         "(3) vs (4)": _agreement(runs["3"], runs["4"]),

@@ -34,7 +34,9 @@ def round_robin(count: int, num_adapters: int) -> list[int | None]:
     return [j % (num_adapters + 1) if j % (num_adapters + 1) < num_adapters else None for j in range(count)]
 
 
-def zipf_choices(rng: np.random.Generator, count: int, num_adapters: int, exponent: float, base_share: float) -> list[int | None]:
+def zipf_choices(
+    rng: np.random.Generator, count: int, num_adapters: int, exponent: float, base_share: float
+) -> list[int | None]:
     """Adapter k drawn with weight 1 / (k + 1)**exponent; a `base_share` of requests use the base model."""
     weights = 1.0 / np.arange(1, num_adapters + 1) ** exponent
     picks = rng.choice(num_adapters, size=count, p=weights / weights.sum())
@@ -42,7 +44,9 @@ def zipf_choices(rng: np.random.Generator, count: int, num_adapters: int, expone
     return [None if b else int(k) for k, b in zip(picks, base)]
 
 
-def batch_workload(seed: int, *, num_prompts: int, prompt_len: int, max_tokens: int, vocab_size: int, num_adapters: int) -> Workload:
+def batch_workload(
+    seed: int, *, num_prompts: int, prompt_len: int, max_tokens: int, vocab_size: int, num_adapters: int
+) -> Workload:
     """Scenario 1's request set; scenario 3 uses `.base_only()` of the same one."""
     rng = np.random.default_rng(seed)
     return Workload(

@@ -9,8 +9,7 @@ from loraledger.gpu.ops import Ops
 from loraledger.logging import get_logger
 
 NO_GPU_MESSAGE = (
-    "no CUDA GPU is visible to torch; use device='cpu' or run on a machine with an NVIDIA GPU "
-    "and a CUDA build of torch"
+    "no CUDA GPU is visible to torch; use device='cpu' or run on a machine with an NVIDIA GPU and a CUDA build of torch"
 )
 NO_CUPY_MESSAGE = (
     "CuPy is not installed, and the CUDA kernels need it: pip install 'loraledger[cuda]' (CUDA 12) "
@@ -50,7 +49,7 @@ def _cuda_device(device: str) -> torch.device:
 
 
 def select_backend(device: str) -> tuple[Ops, torch.device]:
-    """"cpu" -> TorchOps; "cuda" / "cuda:N" -> CudaOps (DeviceError naming the fix when it cannot run);
+    """ "cpu" -> TorchOps; "cuda" / "cuda:N" -> CudaOps (DeviceError naming the fix when it cannot run);
     "auto" -> CUDA when a GPU and CuPy are both present, else the CPU (the choice and its reason are logged).
     """
     log = get_logger("backend")

@@ -108,8 +108,10 @@ class BlockManager:
         if not self.can_allocate(seq_id, num_tokens, prefix_blocks):
             raise RuntimeError(f"allocate(seq {seq_id}, {num_tokens} tokens) without room: call can_allocate first")
         if any(self._hash[b] is None for b in prefix_blocks):  # checked before anything changes
-            raise RuntimeError(f"a prefix block of seq {seq_id} is no longer cached: lookup_prefix's result was used "
-                               "after another allocation evicted it")
+            raise RuntimeError(
+                f"a prefix block of seq {seq_id} is no longer cached: lookup_prefix's result was used "
+                "after another allocation evicted it"
+            )
         state = self._seqs.get(seq_id)
         if state is None:
             state = self._seqs[seq_id] = _SeqState(table=[], num_computed_tokens=len(prefix_blocks) * self.block_size)
@@ -123,7 +125,9 @@ class BlockManager:
             state.table.append(block)
         return list(state.table)
 
-    def cache_full_blocks(self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int, cache_salt: str) -> None:
+    def cache_full_blocks(
+        self, seq_id: int, token_ids: Sequence[int], num_computed_tokens: int, cache_salt: str
+    ) -> None:
         """Record that KV now exists for num_computed_tokens of token_ids, and index the blocks that became full.
 
         Call after every step that computed KV for seq_id (also with prefix caching off: fork
@@ -193,7 +197,9 @@ class BlockManager:
     def _blocks_needed(self, seq_id: int, num_tokens: int, prefix_blocks: Sequence[int] = ()) -> int:
         state = self._seqs.get(seq_id)
         if state is not None and prefix_blocks:
-            raise RuntimeError(f"sequence {seq_id} already has a block table: prefix blocks are adopted on the first allocate only")
+            raise RuntimeError(
+                f"sequence {seq_id} already has a block table: prefix blocks are adopted on the first allocate only"
+            )
         have = len(state.table) if state is not None else len(prefix_blocks)
         return max(0, -(-num_tokens // self.block_size) - have)
 

@@ -68,7 +68,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         }
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path) -> "ModelConfig":
+    def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelLoadError(f"{path} not found: the model folder must hold a Hugging Face config.json")
@@ -79,7 +79,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         return cls.from_dict(raw, source=str(path))
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "config") -> "ModelConfig":
+    def from_dict(cls, raw: dict, source: str = "config") -> ModelConfig:
         archs = raw.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -149,7 +149,11 @@ def _layer_windows(raw: dict, arch: str, layers: int, sliding: int | None, sourc
     with use_sliding_window) or, for the others, the window on every layer."""
     types = raw.get("layer_types")
     if types is not None:
-        if not isinstance(types, list) or len(types) != layers or not set(types) <= {"full_attention", "sliding_attention"}:
+        if (
+            not isinstance(types, list)
+            or len(types) != layers
+            or not set(types) <= {"full_attention", "sliding_attention"}
+        ):
             raise ModelLoadError(
                 f"{source}: layer_types must list 'full_attention' or 'sliding_attention' for each of the {layers} layers"
             )

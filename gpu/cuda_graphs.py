@@ -94,11 +94,17 @@ class DecodeGraphs:
         """Whether a step of these (ordered) sequences can replay a graph: all one-token, sampling, no prompt logprobs,
         each context at most max_len tokens (a longer one runs eagerly, as vLLM does past max_seq_len_to_capture)."""
         return 0 < len(seqs) <= self.max_batch and all(
-            len(s.token_ids) == 1 and s.sample and not s.prompt_logprobs and s.start_pos < self.max_len and len(s.block_table) <= self.width
+            len(s.token_ids) == 1
+            and s.sample
+            and not s.prompt_logprobs
+            and s.start_pos < self.max_len
+            and len(s.block_table) <= self.width
             for s in seqs
         )
 
-    def run(self, seqs: Sequence[SeqWork], pending: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+    def run(
+        self, seqs: Sequence[SeqWork], pending: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor | None:
         """Logits [len(seqs), V] (fp32) of one decode step, a view of the graph's output valid until the
         next run; None when this step's graph could not be captured (the caller runs the step eagerly).
 
@@ -118,7 +124,9 @@ class DecodeGraphs:
                     entry = self._capture(size, with_lora)
                 except (RuntimeError, KernelInputError) as exc:  # out of memory, a launch refused in capture
                     self._failed.add(key)
-                    log.warning("CUDA graph capture failed; these steps run eagerly", size=size, lora=with_lora, error=repr(exc))
+                    log.warning(
+                        "CUDA graph capture failed; these steps run eagerly", size=size, lora=with_lora, error=repr(exc)
+                    )
                     return None
             self._fill(seqs, size)
             if pending is not None:

@@ -32,7 +32,9 @@ class ForwardBatch:
     logits_indices: torch.Tensor  # [N] int64: the token rows whose logits are computed
     lora: LoraMeta | None  # None: no adapter token in the step
     lora_groups: frozenset[str]  # fused modules targeted by some active slot; the rest skip LoRA
-    prefill_sizes: tuple[int, int] | None = None  # (longest query chunk, longest context) of the P chunks, known on the host
+    prefill_sizes: tuple[int, int] | None = (
+        None  # (longest query chunk, longest context) of the P chunks, known on the host
+    )
 
     @property
     def num_tokens(self) -> int:

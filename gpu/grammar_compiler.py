@@ -43,13 +43,17 @@ class CompiledConstraint:
 class GrammarCompiler:
     """Compiles constraints for the engine's vocabulary; thread-safe (Admission calls it from worker threads)."""
 
-    def __init__(self, vocab_size: int, stop_token_ids: tuple[int, ...], *, max_cached: int = 256, max_tokenizers: int = 16) -> None:
+    def __init__(
+        self, vocab_size: int, stop_token_ids: tuple[int, ...], *, max_cached: int = 256, max_tokenizers: int = 16
+    ) -> None:
         self._vocab_size = vocab_size  # the logits' width (may exceed the tokenizer's vocabulary)
         self._stop = list(stop_token_ids)
         self._max_cached = max_cached
         self._lock = threading.Lock()
         self._max_tokenizers = max_tokenizers  # the model's and the adapters' own tokenizers, most recently used
-        self._compilers: OrderedDict[int, tuple[object, xgr.GrammarCompiler]] = OrderedDict()  # id(tokenizer) -> (tokenizer, compiler)
+        self._compilers: OrderedDict[int, tuple[object, xgr.GrammarCompiler]] = (
+            OrderedDict()
+        )  # id(tokenizer) -> (tokenizer, compiler)
         self._cache: OrderedDict[tuple[int, str], CompiledConstraint] = OrderedDict()
         self.compiles = 0  # grammars compiled (cache misses), for tests and stats
 
@@ -77,7 +81,9 @@ class GrammarCompiler:
             if known is not None and known[0] is tokenizer:
                 self._compilers.move_to_end(id(tokenizer))
                 return known[1]
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop or None)
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop or None
+        )
         compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # our cache is the bounded one
         with self._lock:
             self._compilers[id(tokenizer)] = (tokenizer, compiler)  # holds the tokenizer: its id stays unique
@@ -92,10 +98,15 @@ def _compile(compiler: xgr.GrammarCompiler, c: Constraint) -> xgr.CompiledGramma
     try:
         match c.kind:
             case "json":
-                return compiler.compile_json_schema(c.spec, any_whitespace=c.any_whitespace, max_whitespace_cnt=_whitespace(c))
+                return compiler.compile_json_schema(
+                    c.spec, any_whitespace=c.any_whitespace, max_whitespace_cnt=_whitespace(c)
+                )
             case "json_object":
                 return compiler.compile_json_schema(
-                    {"type": "object"}, any_whitespace=c.any_whitespace, strict_mode=False, max_whitespace_cnt=_whitespace(c)
+                    {"type": "object"},
+                    any_whitespace=c.any_whitespace,
+                    strict_mode=False,
+                    max_whitespace_cnt=_whitespace(c),
                 )
             case "regex":
                 return compiler.compile_regex(c.spec)

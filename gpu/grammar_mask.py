@@ -30,4 +30,6 @@ class GrammarMask:
             self._bitmask = xgr.allocate_token_bitmask(max(n, 2 * self._bitmask.shape[0]), self.vocab_size)
         bitmask = self._bitmask[:n]  # row i belongs to logits row i; only the constrained rows are filled and read
         self._batch.batch_fill_next_token_bitmask([matchers[i] for i in rows], bitmask, indices=rows)
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), vocab_size=self.vocab_size, indices=rows)
+        xgr.apply_token_bitmask_inplace(
+            logits, bitmask.to(logits.device, non_blocking=True), vocab_size=self.vocab_size, indices=rows
+        )

@@ -68,7 +68,9 @@ def weights_bytes(model_dir: str | Path, element_size: int) -> int:
     return numel * element_size
 
 
-def activation_peak_bytes(config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, element_size: int) -> int:
+def activation_peak_bytes(
+    config: ModelConfig, *, max_num_batched_tokens: int, max_num_seqs: int, element_size: int
+) -> int:
     """An upper estimate of a step's transient memory: one layer's activations for the token budget, plus the
     sampler's fp32/fp64 [rows, vocab] tensors (logits, processed logits, the Gumbel noise and its uniforms)."""
     tokens = max_num_batched_tokens

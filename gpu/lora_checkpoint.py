@@ -233,24 +233,38 @@ def _adapter_files(folder: Path, err: _Errors) -> tuple[Path, Path]:
     try:
         exists, is_dir = folder.exists(), folder.is_dir()
     except (OSError, ValueError) as exc:  # ValueError: a path with NUL
-        raise err(AdapterNotFoundError, f"adapter folder {str(folder)!r} cannot be opened ({exc}); check the LoRARequest's lora_path") from exc
+        raise err(
+            AdapterNotFoundError,
+            f"adapter folder {str(folder)!r} cannot be opened ({exc}); check the LoRARequest's lora_path",
+        ) from exc
     if not exists:
-        raise err(AdapterNotFoundError, f"adapter folder {str(folder)!r} does not exist; "
-                                        "check the LoRARequest's lora_path")
+        raise err(
+            AdapterNotFoundError, f"adapter folder {str(folder)!r} does not exist; check the LoRARequest's lora_path"
+        )
     if not is_dir:
-        raise err(AdapterNotFoundError, f"{str(folder)!r} is not a directory; lora_path must name the "
-                                        f"folder holding {CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise err(
+            AdapterNotFoundError,
+            f"{str(folder)!r} is not a directory; lora_path must name the "
+            f"folder holding {CONFIG_FILE} and {WEIGHTS_FILE}",
+        )
     config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not config_path.is_file():
-        raise err(AdapterNotFoundError, f"{CONFIG_FILE} is missing from {str(folder)!r}; "
-                                        "save the adapter with peft's save_pretrained()")
+        raise err(
+            AdapterNotFoundError,
+            f"{CONFIG_FILE} is missing from {str(folder)!r}; save the adapter with peft's save_pretrained()",
+        )
     if not weights_path.is_file():
         if (folder / "adapter_model.bin").is_file():
-            raise err(AdapterNotFoundError, f"only {WEIGHTS_FILE} is supported and the folder holds adapter_model.bin; "
-                                            "convert it: python -c \"import torch; from safetensors.torch import save_file; "
-                                            "save_file(torch.load('adapter_model.bin'), 'adapter_model.safetensors')\"")
-        raise err(AdapterNotFoundError, f"{WEIGHTS_FILE} is missing from {str(folder)!r}; "
-                                        "save the adapter with peft's save_pretrained()")
+            raise err(
+                AdapterNotFoundError,
+                f"only {WEIGHTS_FILE} is supported and the folder holds adapter_model.bin; "
+                'convert it: python -c "import torch; from safetensors.torch import save_file; '
+                "save_file(torch.load('adapter_model.bin'), 'adapter_model.safetensors')\"",
+            )
+        raise err(
+            AdapterNotFoundError,
+            f"{WEIGHTS_FILE} is missing from {str(folder)!r}; save the adapter with peft's save_pretrained()",
+        )
     return config_path, weights_path
 
 
@@ -261,7 +275,10 @@ def _read_config(path: Path, err: _Errors) -> bytes:
     except OSError as exc:
         raise err(AdapterNotFoundError, f"cannot read {CONFIG_FILE}: {exc}; check the folder's permissions") from exc
     if len(data) > _MAX_CONFIG_BYTES:
-        raise err(AdapterFormatError, f"{CONFIG_FILE} is larger than {_MAX_CONFIG_BYTES} bytes; it is not a PEFT adapter config, re-save the adapter")
+        raise err(
+            AdapterFormatError,
+            f"{CONFIG_FILE} is larger than {_MAX_CONFIG_BYTES} bytes; it is not a PEFT adapter config, re-save the adapter",
+        )
     return data
 
 
@@ -276,7 +293,9 @@ def _open_weights(path: Path, err: _Errors):
 
 
 def _corrupt(err: _Errors, why: str) -> Exception:
-    return err(AdapterFormatError, f"{WEIGHTS_FILE} is corrupt or truncated ({why}); re-save or re-download the adapter")
+    return err(
+        AdapterFormatError, f"{WEIGHTS_FILE} is corrupt or truncated ({why}); re-save or re-download the adapter"
+    )
 
 
 def _read_header(f, err: _Errors) -> list[_RawTensor]:
@@ -313,9 +332,13 @@ def _read_header(f, err: _Errors) -> list[_RawTensor]:
         entry = header[name]
         try:
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            ok = (isinstance(dtype, str) and isinstance(shape, list)
-                  and all(type(d) is int and d >= 0 for d in shape)
-                  and type(begin) is int and type(end) is int)
+            ok = (
+                isinstance(dtype, str)
+                and isinstance(shape, list)
+                and all(type(d) is int and d >= 0 for d in shape)
+                and type(begin) is int
+                and type(end) is int
+            )
         except (TypeError, KeyError, ValueError):
             ok = False
         if not ok:
@@ -326,10 +349,16 @@ def _read_header(f, err: _Errors) -> list[_RawTensor]:
     covered = 0
     for t in sorted(tensors, key=lambda t: (t.begin, t.end)):
         if t.begin != covered:
-            raise _corrupt(err, f"the data section has bytes {covered}..{t.begin} that belong to no tensor (or tensors that overlap)")
+            raise _corrupt(
+                err,
+                f"the data section has bytes {covered}..{t.begin} that belong to no tensor (or tensors that overlap)",
+            )
         covered = t.end
     if covered != data_len:
-        raise _corrupt(err, f"the data section has {data_len - covered} bytes after the last tensor (the file is {size} bytes, its tensors end at byte {8 + header_len + covered})")
+        raise _corrupt(
+            err,
+            f"the data section has {data_len - covered} bytes after the last tensor (the file is {size} bytes, its tensors end at byte {8 + header_len + covered})",
+        )
     return tensors
 
 
@@ -343,7 +372,9 @@ def _read_tensors(f, tensors: list[_RawTensor], err: _Errors) -> list[_RawTensor
             f.seek(data_start + t.begin)
             got = f.readinto(buf)
         except OSError as exc:
-            raise err(AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions") from exc
+            raise err(
+                AdapterNotFoundError, f"cannot read {WEIGHTS_FILE}: {exc}; check the folder's permissions"
+            ) from exc
         if got != len(buf):
             raise _corrupt(err, f"tensor {t.name!r}: the file ended after {got} of its {len(buf)} bytes")
         out.append(dataclasses.replace(t, data=buf))
@@ -356,11 +387,14 @@ def _parse_config(data: bytes, err: _Errors) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise err(AdapterFormatError, f"{CONFIG_FILE} is not valid JSON ({exc}); re-save the adapter") from exc
     if not isinstance(config, dict):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} must hold a JSON object, got {type(config).__name__}; re-save the adapter")
+        raise err(
+            AdapterFormatError,
+            f"{CONFIG_FILE} must hold a JSON object, got {type(config).__name__}; re-save the adapter",
+        )
     return config
 
 
-def _frame(h: "hashlib._Hash", data: bytes | memoryview) -> None:
+def _frame(h: hashlib._Hash, data: bytes | memoryview) -> None:
     h.update(len(data).to_bytes(8, "big"))
     h.update(data)
 
@@ -383,8 +417,10 @@ def _fingerprint(config: dict, tensors: list[_RawTensor]) -> str:
 def _check_supported(config: dict, err: _Errors) -> None:
     peft_type = config.get("peft_type", "LORA")
     if peft_type != "LORA":
-        raise err(AdapterUnsupportedError, f"peft_type {peft_type!r} is not supported yet; "
-                                           "only LoRA adapters (peft_type 'LORA') can be served")
+        raise err(
+            AdapterUnsupportedError,
+            f"peft_type {peft_type!r} is not supported yet; only LoRA adapters (peft_type 'LORA') can be served",
+        )
     problems = []
     if config.get("use_dora"):
         problems.append("use_dora=true (DoRA)")
@@ -394,12 +430,21 @@ def _check_supported(config: dict, err: _Errors) -> None:
         problems.append(f"bias={config['bias']!r} (trained biases)")
     if config.get("lora_bias"):
         problems.append("lora_bias=true (a bias on lora_B)")
-    for key in ("fan_in_fan_out", "layer_replication", "target_parameters", "trainable_token_indices", "alora_invocation_tokens"):
+    for key in (
+        "fan_in_fan_out",
+        "layer_replication",
+        "target_parameters",
+        "trainable_token_indices",
+        "alora_invocation_tokens",
+    ):
         if config.get(key):
             problems.append(f"{key}={config[key]!r}")
     if problems:
-        raise err(AdapterUnsupportedError, f"the adapter uses {', '.join(problems)}, which is not supported yet; "
-                                           "retrain or re-export it as a plain LoRA adapter without these options")
+        raise err(
+            AdapterUnsupportedError,
+            f"the adapter uses {', '.join(problems)}, which is not supported yet; "
+            "retrain or re-export it as a plain LoRA adapter without these options",
+        )
 
 
 def _rank_and_alpha(config: dict, err: _Errors) -> tuple[int, float, bool]:
@@ -416,8 +461,11 @@ def _rank_and_alpha(config: dict, err: _Errors) -> tuple[int, float, bool]:
 
 def _rank_error(err: _Errors, what: str, rank: int, max_lora_rank: int) -> Exception:
     allowed = 1 << (rank - 1).bit_length()  # EngineArgs accepts powers of two only
-    return err(AdapterRankError, f"{what}, above max_lora_rank={max_lora_rank}; raise max_lora_rank to at least {rank} "
-                                 f"(max_lora_rank={allowed}, it must be a power of two)")
+    return err(
+        AdapterRankError,
+        f"{what}, above max_lora_rank={max_lora_rank}; raise max_lora_rank to at least {rank} "
+        f"(max_lora_rank={allowed}, it must be a power of two)",
+    )
 
 
 def _candidate_modules(model_config: ModelConfig) -> list[str]:
@@ -445,10 +493,17 @@ def _in_transformed_layers(config: dict, key: str, err: _Errors) -> bool:
     ok_indexes = (type(indexes) is int and indexes >= 0) or (
         isinstance(indexes, list) and all(type(i) is int and i >= 0 for i in indexes)
     )
-    ok_pattern = pattern is None or isinstance(pattern, str) or (isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))
+    ok_pattern = (
+        pattern is None
+        or isinstance(pattern, str)
+        or (isinstance(pattern, list) and all(isinstance(p, str) for p in pattern))
+    )
     if not (ok_indexes and ok_pattern):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} has layers_to_transform={indexes!r} / layers_pattern={pattern!r}; "
-                                      "they must be a layer index or a list of them / a name or a list of names")
+        raise err(
+            AdapterFormatError,
+            f"{CONFIG_FILE} has layers_to_transform={indexes!r} / layers_pattern={pattern!r}; "
+            "they must be a layer index or a list of them / a name or a list of names",
+        )
     if not pattern:
         match = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", key)
     else:
@@ -457,7 +512,9 @@ def _in_transformed_layers(config: dict, key: str, err: _Errors) -> bool:
             try:
                 match = re.match(rf"(?:^|.*?\.){p}\.(?P<idx>\d+)\.", key)
             except re.error as exc:
-                raise err(AdapterFormatError, f"{CONFIG_FILE} layers_pattern {p!r} is not a valid regex: {exc}") from exc
+                raise err(
+                    AdapterFormatError, f"{CONFIG_FILE} layers_pattern {p!r} is not a valid regex: {exc}"
+                ) from exc
             if match is not None:
                 break
     if match is None:
@@ -500,18 +557,27 @@ def _module_name(key: tuple[int, str]) -> str:
 
 def _patterns(config: dict, err: _Errors) -> _Patterns:
     ranks, alphas = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
-    if not isinstance(ranks, dict) or not all(isinstance(k, str) and type(v) is int and v >= 1 for k, v in ranks.items()):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} rank_pattern must map module names to positive integer ranks, got {ranks!r}")
+    if not isinstance(ranks, dict) or not all(
+        isinstance(k, str) and type(v) is int and v >= 1 for k, v in ranks.items()
+    ):
+        raise err(
+            AdapterFormatError,
+            f"{CONFIG_FILE} rank_pattern must map module names to positive integer ranks, got {ranks!r}",
+        )
     if not isinstance(alphas, dict) or not all(
         isinstance(k, str) and not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
         for k, v in alphas.items()
     ):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} alpha_pattern must map module names to finite numbers, got {alphas!r}")
+        raise err(
+            AdapterFormatError, f"{CONFIG_FILE} alpha_pattern must map module names to finite numbers, got {alphas!r}"
+        )
     for k in (*ranks, *alphas):
         try:
             re.compile(k)
         except re.error as exc:
-            raise err(AdapterFormatError, f"{CONFIG_FILE} rank_pattern/alpha_pattern key {k!r} is not a valid regex: {exc}") from exc
+            raise err(
+                AdapterFormatError, f"{CONFIG_FILE} rank_pattern/alpha_pattern key {k!r} is not a valid regex: {exc}"
+            ) from exc
     return _Patterns(ranks, alphas)
 
 
@@ -523,23 +589,41 @@ def _declared_targets(config: dict, model_config: ModelConfig, err: _Errors) -> 
     if isinstance(targets, str) and targets.lower() == "all-linear":
         targets = list(LORA_TARGETS)  # PEFT's shorthand: every linear layer except the output layer
     valid = isinstance(targets, str) or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))
-    valid_ex = exclude is None or isinstance(exclude, str) or (isinstance(exclude, list) and all(isinstance(t, str) for t in exclude))
+    valid_ex = (
+        exclude is None
+        or isinstance(exclude, str)
+        or (isinstance(exclude, list) and all(isinstance(t, str) for t in exclude))
+    )
     if not (valid and valid_ex):
-        raise err(AdapterFormatError, f"{CONFIG_FILE} target_modules/exclude_modules must be a list of names or a regex string")
+        raise err(
+            AdapterFormatError,
+            f"{CONFIG_FILE} target_modules/exclude_modules must be a list of names or a regex string",
+        )
     try:
-        declared = {k for k in _candidate_modules(model_config)
-                    if _matches(targets, k) and not (exclude and _matches(exclude, k))}
+        declared = {
+            k
+            for k in _candidate_modules(model_config)
+            if _matches(targets, k) and not (exclude and _matches(exclude, k))
+        }
     except re.error as exc:
-        raise err(AdapterFormatError, f"{CONFIG_FILE} target_modules/exclude_modules is not a valid regex: {exc}") from exc
+        raise err(
+            AdapterFormatError, f"{CONFIG_FILE} target_modules/exclude_modules is not a valid regex: {exc}"
+        ) from exc
     if not isinstance(targets, str):  # PEFT applies layers_to_transform to a list of targets only
         declared = {k for k in declared if _in_transformed_layers(config, k, err)}
     bad = sorted({k.rsplit(".", 1)[-1] for k in declared} - set(LORA_TARGETS))
     if bad:
-        raise err(AdapterTargetError, f"target_modules {targets!r} selects {', '.join(bad)}, which LoRA cannot be applied to here; "
-                                      f"supported targets: {', '.join(LORA_TARGETS)}. Retrain without them")
+        raise err(
+            AdapterTargetError,
+            f"target_modules {targets!r} selects {', '.join(bad)}, which LoRA cannot be applied to here; "
+            f"supported targets: {', '.join(LORA_TARGETS)}. Retrain without them",
+        )
     if not declared:
-        raise err(AdapterTargetError, f"target_modules {targets!r} matches no module of this {model_config.architecture} base model; "
-                                      f"supported targets: {', '.join(LORA_TARGETS)}. Is the adapter for another base model?")
+        raise err(
+            AdapterTargetError,
+            f"target_modules {targets!r} matches no module of this {model_config.architecture} base model; "
+            f"supported targets: {', '.join(LORA_TARGETS)}. Is the adapter for another base model?",
+        )
     return declared
 
 
@@ -554,18 +638,26 @@ def _group_tensors(raw: list[_RawTensor], err: _Errors) -> dict[tuple[int, str],
         if lora_at is None:
             full_weights.append(t.name)
         elif parts[lora_at] == "lora_magnitude_vector":
-            raise err(AdapterUnsupportedError, f"tensor {t.name!r} is a DoRA magnitude vector; DoRA is not supported yet, "
-                                               "use a plain LoRA adapter")
+            raise err(
+                AdapterUnsupportedError,
+                f"tensor {t.name!r} is a DoRA magnitude vector; DoRA is not supported yet, use a plain LoRA adapter",
+            )
         elif lora_at == 0 or parts[lora_at - 1] not in LORA_TARGETS:
             unsupported.add(".".join(parts[:lora_at]) or t.name)
     if unsupported:
-        raise err(AdapterTargetError, f"the adapter has LoRA tensors for {', '.join(sorted(unsupported))}, which LoRA cannot be "
-                                      f"applied to here; supported targets: {', '.join(LORA_TARGETS)}. Retrain without them")
+        raise err(
+            AdapterTargetError,
+            f"the adapter has LoRA tensors for {', '.join(sorted(unsupported))}, which LoRA cannot be "
+            f"applied to here; supported targets: {', '.join(LORA_TARGETS)}. Retrain without them",
+        )
     if full_weights:
         # PEFT writes whole weights for modules_to_save and for saved embedding layers
-        raise err(AdapterUnsupportedError, f"the adapter holds full (non-LoRA) weights such as {full_weights[0]!r}; replacing base "
-                                           "weights is not supported yet, export a plain LoRA adapter (no modules_to_save, "
-                                           "save_embedding_layers=False)")
+        raise err(
+            AdapterUnsupportedError,
+            f"the adapter holds full (non-LoRA) weights such as {full_weights[0]!r}; replacing base "
+            "weights is not supported yet, export a plain LoRA adapter (no modules_to_save, "
+            "save_embedding_layers=False)",
+        )
 
     pairs: dict[tuple[int, str], dict[str, _RawTensor]] = {}
     adapter_names = set()
@@ -573,19 +665,30 @@ def _group_tensors(raw: list[_RawTensor], err: _Errors) -> dict[tuple[int, str],
         m = _TENSOR_NAME.fullmatch(t.name)
         if m is None:
             cls = AdapterUnsupportedError if t.name.endswith(".bias") else AdapterFormatError
-            raise err(cls, f"tensor name {t.name!r} is not a supported PEFT LoRA weight "
-                           "(expected base_model.model.model.layers.N.<self_attn|mlp>.<module>.lora_A|lora_B.weight)")
+            raise err(
+                cls,
+                f"tensor name {t.name!r} is not a supported PEFT LoRA weight "
+                "(expected base_model.model.model.layers.N.<self_attn|mlp>.<module>.lora_A|lora_B.weight)",
+            )
         module = m["module"]
         if m["block"] != _BLOCK_OF[module]:
-            raise err(AdapterFormatError, f"tensor {t.name!r}: {module} belongs under {_BLOCK_OF[module]}, not {m['block']}")
+            raise err(
+                AdapterFormatError, f"tensor {t.name!r}: {module} belongs under {_BLOCK_OF[module]}, not {m['block']}"
+            )
         adapter_names.add(m["adapter"])
         slot = pairs.setdefault((int(m["layer"]), module), {})
         if m["ab"] in slot:
-            raise err(AdapterFormatError, f"{WEIGHTS_FILE} holds two {m['ab']} tensors for layer {m['layer']} {module}; "
-                                          "save a single adapter per folder")
+            raise err(
+                AdapterFormatError,
+                f"{WEIGHTS_FILE} holds two {m['ab']} tensors for layer {m['layer']} {module}; "
+                "save a single adapter per folder",
+            )
         slot[m["ab"]] = t
     if len(adapter_names) > 1:
-        raise err(AdapterFormatError, f"{WEIGHTS_FILE} mixes adapter names {sorted(map(str, adapter_names))}; save one adapter per folder")
+        raise err(
+            AdapterFormatError,
+            f"{WEIGHTS_FILE} mixes adapter names {sorted(map(str, adapter_names))}; save one adapter per folder",
+        )
     return pairs
 
 
@@ -617,16 +720,24 @@ def _check_finite(
     will hold); only when one fails are the tensors searched for the culprit.
     """
     finite = all(bool(torch.isfinite(t).all()) for pair in stacks.groups.values() for t in pair)
-    if finite and all(bool(torch.isfinite(b.abs().amax() * stacks.largest_scale(group))) for group, (_, b) in stacks.groups.items()):
+    if finite and all(
+        bool(torch.isfinite(b.abs().amax() * stacks.largest_scale(group))) for group, (_, b) in stacks.groups.items()
+    ):
         return
     for key, (a, b) in weights.items():
         for raw, tensor in ((pairs[key]["lora_A"], a), (pairs[key]["lora_B"], b)):
             bad = int((~torch.isfinite(tensor)).sum())
             if bad:
-                raise err(AdapterFormatError, f"tensor {raw.name!r} holds {bad} NaN or infinite value(s) (as fp32); the adapter "
-                                              "is broken (diverged training or a bad conversion), re-train or re-export it")
-    raise err(AdapterFormatError, "lora_B times the adapter's scale (lora_alpha / r) overflows fp32; "
-                                  "the adapter is broken, re-train or re-export it")
+                raise err(
+                    AdapterFormatError,
+                    f"tensor {raw.name!r} holds {bad} NaN or infinite value(s) (as fp32); the adapter "
+                    "is broken (diverged training or a bad conversion), re-train or re-export it",
+                )
+    raise err(
+        AdapterFormatError,
+        "lora_B times the adapter's scale (lora_alpha / r) overflows fp32; "
+        "the adapter is broken, re-train or re-export it",
+    )
 
 
 def _check_tensors(
@@ -652,32 +763,47 @@ def _check_tensors(
             raise bad(f"the adapter has tensors for layer {layer}, the base model has {n_layers} layers")
         for ab in ("lora_A", "lora_B"):
             if ab not in slot:
-                raise err(AdapterShapeError, f"layer {layer} {module} has no {ab} tensor (a LoRA needs both A and B); "
-                                             "the file is incomplete, re-save the adapter")
+                raise err(
+                    AdapterShapeError,
+                    f"layer {layer} {module} has no {ab} tensor (a LoRA needs both A and B); "
+                    "the file is incomplete, re-save the adapter",
+                )
             if len(slot[ab].shape) != 2:
                 raise bad(f"{slot[ab].name} has shape {list(slot[ab].shape)}, a LoRA weight is 2-D")
         a_rank, b_rank = slot["lora_A"].shape[0], slot["lora_B"].shape[1]
         if max(a_rank, b_rank) > max_lora_rank:
-            raise _rank_error(err, f"layer {layer} {module} has rank {max(a_rank, b_rank)}", max(a_rank, b_rank), max_lora_rank)
+            raise _rank_error(
+                err, f"layer {layer} {module} has rank {max(a_rank, b_rank)}", max(a_rank, b_rank), max_lora_rank
+            )
         if a_rank != b_rank:
             raise bad(f"layer {layer} {module}: lora_A has rank {a_rank} but lora_B has rank {b_rank}")
         rank = rank_of((layer, module))
         if a_rank != rank:
-            raise bad(f"layer {layer} {module} has rank {a_rank} but adapter_config.json gives it r={rank} (r or rank_pattern)")
+            raise bad(
+                f"layer {layer} {module} has rank {a_rank} but adapter_config.json gives it r={rank} (r or rank_pattern)"
+            )
         in_f, out_f = shapes[module]
         got_a, got_b = slot["lora_A"].shape, slot["lora_B"].shape
         if got_a[1] != in_f or got_b[0] != out_f:
-            raise bad(f"layer {layer} {module}: lora_A is {list(got_a)} and lora_B is {list(got_b)}, "
-                      f"the base model needs [{rank}, {in_f}] and [{out_f}, {rank}]")
+            raise bad(
+                f"layer {layer} {module}: lora_A is {list(got_a)} and lora_B is {list(got_b)}, "
+                f"the base model needs [{rank}, {in_f}] and [{out_f}, {rank}]"
+            )
 
     if declared is not None:
         have = {f"model.layers.{layer}.{_BLOCK_OF[m]}.{m}" for layer, m in pairs}
         if extra := sorted(have - declared):
-            raise err(AdapterFormatError, f"the weights file has tensors for {_some(extra)}, which adapter_config.json "
-                                          "target_modules does not declare; the files disagree, re-save the adapter")
+            raise err(
+                AdapterFormatError,
+                f"the weights file has tensors for {_some(extra)}, which adapter_config.json "
+                "target_modules does not declare; the files disagree, re-save the adapter",
+            )
         if missing := sorted(declared - have):
-            raise err(AdapterShapeError, f"adapter_config.json targets {_some(missing)} but the weights file has no "
-                                         "tensors for them; the file is incomplete, re-save the adapter")
+            raise err(
+                AdapterShapeError,
+                f"adapter_config.json targets {_some(missing)} but the weights file has no "
+                "tensors for them; the file is incomplete, re-save the adapter",
+            )
     for slot in pairs.values():
         for t in slot.values():
             _check_dtype_and_size(t, t.end - t.begin, err)
@@ -685,11 +811,16 @@ def _check_tensors(
 
 def _check_dtype_and_size(t: _RawTensor, nbytes: int, err: _Errors) -> None:
     if t.dtype not in _DTYPES:
-        raise err(AdapterFormatError, f"tensor {t.name!r} has dtype {t.dtype}; only F32, F16, BF16 and F64 are supported")
+        raise err(
+            AdapterFormatError, f"tensor {t.name!r} has dtype {t.dtype}; only F32, F16, BF16 and F64 are supported"
+        )
     numel = math.prod(t.shape)
     if numel * _DTYPES[t.dtype][1] != nbytes:
-        raise err(AdapterFormatError, f"tensor {t.name!r}: shape {list(t.shape)} of {t.dtype} needs {numel * _DTYPES[t.dtype][1]} bytes, "
-                                      f"the file holds {nbytes}; the file is corrupt, re-save the adapter")
+        raise err(
+            AdapterFormatError,
+            f"tensor {t.name!r}: shape {list(t.shape)} of {t.dtype} needs {numel * _DTYPES[t.dtype][1]} bytes, "
+            f"the file holds {nbytes}; the file is corrupt, re-save the adapter",
+        )
 
 
 def _build_weights(

@@ -64,8 +64,7 @@ def stack_for_slots(config: ModelConfig, max_lora_rank: int, ckpt: object) -> Sl
     rank = int(ckpt.rank)
     if rank > max_lora_rank:
         raise AdapterRankError(
-            f"adapter rank {rank} is above max_lora_rank {max_lora_rank}; "
-            "start the engine with a larger max_lora_rank",
+            f"adapter rank {rank} is above max_lora_rank {max_lora_rank}; start the engine with a larger max_lora_rank",
             lora_name=name,
             lora_path=path,
         )

@@ -76,14 +76,16 @@ class LaunchedStep:
     seq_ids: list[int]  # sampled rows, in row order
     rows_of: dict[int, int]
     job: SampleJob | None
-    prompt: "_PromptLogprobJob | None"
+    prompt: _PromptLogprobJob | None
     prepare_seconds: float
     forward_seconds: float
     # CUDA: (start, end) around the step's device work, and the previous step's end (for the idle time between)
     events: tuple[torch.cuda.Event, torch.cuda.Event, torch.cuda.Event | None] | None
     settled: bool = False  # the sampled ids are in the sequences' output_token_ids
     grammar_done: set[int] = field(default_factory=set)  # sequences whose grammar completed with this step's token
-    grammar_refused: set[int] = field(default_factory=set)  # sequences whose grammar refused this step's token (SeqState.refused)
+    grammar_refused: set[int] = field(
+        default_factory=set
+    )  # sequences whose grammar refused this step's token (SeqState.refused)
 
 
 class ModelRunner:
@@ -249,8 +251,14 @@ class ModelRunner:
             events[1].record()
             self._last_end = events[1]
         step = LaunchedStep(
-            plan.step_id, seq_ids, {sid: i for i, sid in enumerate(seq_ids)}, job, prompt, t1 - t0,
-            time.perf_counter() - t1, events,
+            plan.step_id,
+            seq_ids,
+            {sid: i for i, sid in enumerate(seq_ids)},
+            job,
+            prompt,
+            t1 - t0,
+            time.perf_counter() - t1,
+            events,
         )
         self._unfinished.append(step)
         self._previous = step
@@ -259,7 +267,9 @@ class ModelRunner:
     def finish(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's results (the oldest unfinished one) and return them."""
         if not self._unfinished or self._unfinished[0] is not step:
-            raise ConfigError(f"step {step.step_id} is finished out of order: steps finish in the order they were launched")
+            raise ConfigError(
+                f"step {step.step_id} is finished out of order: steps finish in the order they were launched"
+            )
         t0 = time.perf_counter()
         try:
             self._settle(step)
@@ -271,7 +281,13 @@ class ModelRunner:
             ranks = out.ranks or [None] * len(step.seq_ids)
             sampled = [
                 SampledToken(
-                    sid, out.token_ids[j], out.logprobs[j], out.top_logprobs[j], ranks[j], sid in step.grammar_done, sid in step.grammar_refused
+                    sid,
+                    out.token_ids[j],
+                    out.logprobs[j],
+                    out.top_logprobs[j],
+                    ranks[j],
+                    sid in step.grammar_done,
+                    sid in step.grammar_refused,
                 )
                 for j, sid in enumerate(step.seq_ids)
             ]
@@ -311,7 +327,11 @@ class ModelRunner:
         for i in which:
             row = None if prev is None else prev.rows_of.get(seqs[i].seq_id)
             if row is None:
-                before = "no step was launched before it" if prev is None else f"step {prev.step_id}, launched before it, did not sample it"
+                before = (
+                    "no step was launched before it"
+                    if prev is None
+                    else f"step {prev.step_id}, launched before it, did not sample it"
+                )
                 raise ConfigError(
                     f"sequence {seqs[i].seq_id} runs the token the previous step samples (PENDING_TOKEN), but {before}"
                 )
@@ -377,8 +397,13 @@ class ModelRunner:
         if not which:
             return None, []
         rows = [
-            SampleRow(states[i].spec, states[i].prompt_token_ids, states[i].output_token_ids, states[i].num_output,
-                      constrained=states[i].matcher is not None)
+            SampleRow(
+                states[i].spec,
+                states[i].prompt_token_ids,
+                states[i].output_token_ids,
+                states[i].num_output,
+                constrained=states[i].matcher is not None,
+            )
             for i in which
         ]
         for i in which:
@@ -392,7 +417,7 @@ class ModelRunner:
 
     def _prompt_logprobs(
         self, seqs: list[SeqWork], states: list[SeqState], layout: BatchLayout, logits: torch.Tensor
-    ) -> "_PromptLogprobJob | None":
+    ) -> _PromptLogprobJob | None:
         which = [i for i, s in enumerate(seqs) if s.prompt_logprobs]
         if not which:
             return None
@@ -403,7 +428,9 @@ class ModelRunner:
             start = int(layout.start_pos[i])
             count = max(0, min(int(layout.q_lens[i]), len(prompt) - start - 1))
             first_row = int(layout.logits_start[i])
-            spans.append((seqs[i].seq_id, int(layout.start_pos[i]) + 1, len(targets), count, states[i].spec.prompt_logprobs))
+            spans.append(
+                (seqs[i].seq_id, int(layout.start_pos[i]) + 1, len(targets), count, states[i].spec.prompt_logprobs)
+            )
             row_ids.extend(range(first_row, first_row + count))
             targets.extend(prompt[start + 1 : start + 1 + count])
         dev = logits.device
@@ -420,7 +447,9 @@ class ModelRunner:
 class _PromptLogprobJob:
     """A step's prompt logprobs, still on the device; result() reads them back (after the step's sampled ids)."""
 
-    def __init__(self, spans: list[tuple[int, int, int, int, int]], chosen: torch.Tensor, top, ranks: torch.Tensor) -> None:
+    def __init__(
+        self, spans: list[tuple[int, int, int, int, int]], chosen: torch.Tensor, top, ranks: torch.Tensor
+    ) -> None:
         self._spans = spans  # (seq_id, first position, first row, rows, k)
         self._chosen = chosen
         self._top = top
@@ -439,7 +468,11 @@ class _PromptLogprobJob:
                 top = [list(zip(top_ids[r][:k], top_vals[r][:k])) if k > 0 else [] for r in range(at, at + count)]
             out.append(
                 PromptLogprobs(
-                    seq_id=seq_id, first_pos=first_pos, logprobs=chosen[at : at + count], top_logprobs=top, ranks=ranks[at : at + count]
+                    seq_id=seq_id,
+                    first_pos=first_pos,
+                    logprobs=chosen[at : at + count],
+                    top_logprobs=top,
+                    ranks=ranks[at : at + count],
                 )
             )
         return out

@@ -184,8 +184,15 @@ class CudaOps(Ops):
             vec = 16 // x.element_size()
             threads = min(1024, max(32, _cdiv(_cdiv(hidden, vec), 32) * 32))
             args = (
-                _ptr(out), _ptr(r_out), _ptr(x), _i64(x.stride(0)), _ptr(residual),
-                _i64(0 if residual is None else residual.stride(0)), _ptr(weight), _i32(tokens), _i32(hidden),
+                _ptr(out),
+                _ptr(r_out),
+                _ptr(x),
+                _i64(x.stride(0)),
+                _ptr(residual),
+                _i64(0 if residual is None else residual.stride(0)),
+                _ptr(weight),
+                _i32(tokens),
+                _i32(hidden),
                 np.float32(eps),
             )
             grid = (min(tokens, _GRID_STRIDE_BLOCKS),)
@@ -203,8 +210,17 @@ class CudaOps(Ops):
             return
         threads = min(512, _cdiv((hq + hk) * (d // 2), 32) * 32)
         args = (
-            _ptr(q), _i64(q.stride(0)), _ptr(k), _i64(k.stride(0)), _ptr(positions), _ptr(cos_sin_cache),
-            _i32(tokens), _i32(hq), _i32(hk), _i32(d), _i64(cos_sin_cache.shape[0]),
+            _ptr(q),
+            _i64(q.stride(0)),
+            _ptr(k),
+            _i64(k.stride(0)),
+            _ptr(positions),
+            _ptr(cos_sin_cache),
+            _i32(tokens),
+            _i32(hq),
+            _i32(hk),
+            _i32(d),
+            _i64(cos_sin_cache.shape[0]),
         )
         targs = (ks.ELEMENT_TYPES[q.dtype], ks.INDEX_TYPES[positions.dtype])
         self._launcher.launch(ks.ROTARY_EMBEDDING, targs, (min(tokens, _GRID_STRIDE_BLOCKS),), threads, args)
@@ -240,8 +256,15 @@ class CudaOps(Ops):
         vec = 16 // key.element_size()
         threads = min(256, max(32, _cdiv(_cdiv(row, vec), 32) * 32))
         args = (
-            _ptr(k_cache), _ptr(v_cache), _ptr(key), _i64(key.stride(0)), _ptr(value), _i64(value.stride(0)),
-            _ptr(slot_mapping), _i32(tokens), _i32(row),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(key),
+            _i64(key.stride(0)),
+            _ptr(value),
+            _i64(value.stride(0)),
+            _ptr(slot_mapping),
+            _i32(tokens),
+            _i32(row),
         )
         targs = (ks.ELEMENT_TYPES[key.dtype], ks.INDEX_TYPES[slot_mapping.dtype])
         self._launcher.launch(ks.WRITE_KV, targs, (min(tokens, _GRID_STRIDE_BLOCKS),), threads, args)
@@ -296,18 +319,40 @@ class CudaOps(Ops):
         threads = ks.ATTENTION_THREADS
         smem = (threads // 32) * hp * (2 + group * epl) * 4
         args = (
-            _ptr(out), _ptr(part_acc), _ptr(part_ml), _ptr(q), _i64(q.stride(0)), _ptr(k_cache), _ptr(v_cache),
-            _ptr(block_tables), _i64(block_tables.stride(0)), _ptr(seq_lens), _i32(hq), _i32(hk), _i32(d),
-            _i32(block_size.bit_length() - 1), _i32(group.bit_length() - 1), _i32(window), _i32(num_splits),
-            _i32(split_len), np.float32(scale * _LOG2E),
+            _ptr(out),
+            _ptr(part_acc),
+            _ptr(part_ml),
+            _ptr(q),
+            _i64(q.stride(0)),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            _ptr(block_tables),
+            _i64(block_tables.stride(0)),
+            _ptr(seq_lens),
+            _i32(hq),
+            _i32(hk),
+            _i32(d),
+            _i32(block_size.bit_length() - 1),
+            _i32(group.bit_length() - 1),
+            _i32(window),
+            _i32(num_splits),
+            _i32(split_len),
+            np.float32(scale * _LOG2E),
         )
         grid = (hk * passes, batch, num_splits)
         targs = (ctype, hp, epl, ks.attention_tokens_per_lane(ctype, hp, epl))
         self._launcher.launch(ks.PAGED_ATTENTION_DECODE, targs, grid, threads, args, shared_mem=smem)
         if num_splits > 1:
             args = (
-                _ptr(out), _ptr(part_acc), _ptr(part_ml), _ptr(seq_lens), _i32(hq), _i32(d), _i32(window),
-                _i32(num_splits), _i32(split_len),
+                _ptr(out),
+                _ptr(part_acc),
+                _ptr(part_ml),
+                _ptr(seq_lens),
+                _i32(hq),
+                _i32(d),
+                _i32(window),
+                _i32(num_splits),
+                _i32(split_len),
             )
             self._launcher.launch(
                 ks.PAGED_ATTENTION_REDUCE, (ctype,), (hq, batch), threads, args, shared_mem=num_splits * 4
@@ -379,7 +424,13 @@ class CudaOps(Ops):
             checks.fail("lora_decode_meta", "token_slots must be a contiguous int32 tensor")
         tokens = token_slots.shape[0]
         return LoraMeta(
-            token_slots, num_slots, seg_indptr=None, seg_slots=None, tile_starts=None, num_tiles=tokens, any_adapter=True
+            token_slots,
+            num_slots,
+            seg_indptr=None,
+            seg_slots=None,
+            tile_starts=None,
+            num_tiles=tokens,
+            any_adapter=True,
         )
 
     def _use_sgmv(self, meta: LoraMeta, sgmv_blocks: int) -> bool:
@@ -397,7 +448,10 @@ class CudaOps(Ops):
             return False
         if self._launcher.compute_capability < _CLUSTERS:
             if self._lora_kernel == "fused":
-                checks.fail("lora_apply", f"the fused LoRA kernel needs compute capability 9.0, this GPU has {self._launcher.compute_capability}")
+                checks.fail(
+                    "lora_apply",
+                    f"the fused LoRA kernel needs compute capability 9.0, this GPU has {self._launcher.compute_capability}",
+                )
             return False
         if self._lora_kernel == "fused":
             return True
@@ -443,12 +497,30 @@ class CudaOps(Ops):
         packed |= 2 * int(rank % vec == 0 and b_stack.data_ptr() % 16 == 0)
         smem = (k_slice + 2 * rows) * 4
         args = (
-            _ptr(y), _i64(y.stride(0)), _ptr(x), _i64(x.stride(0)), _ptr(a_stack), _ptr(b_stack),
-            _ptr(meta.token_slots), _ptr(ranks), _ptr(self._device_offsets(offsets)), _i32(k), _i32(rows),
-            _i32(rank), _i32(n_slices), _i32(out_total), _i32(k_slice), _i32(_cdiv(out_total, cluster)), _i32(packed),
+            _ptr(y),
+            _i64(y.stride(0)),
+            _ptr(x),
+            _i64(x.stride(0)),
+            _ptr(a_stack),
+            _ptr(b_stack),
+            _ptr(meta.token_slots),
+            _ptr(ranks),
+            _ptr(self._device_offsets(offsets)),
+            _i32(k),
+            _i32(rows),
+            _i32(rank),
+            _i32(n_slices),
+            _i32(out_total),
+            _i32(k_slice),
+            _i32(_cdiv(out_total, cluster)),
+            _i32(packed),
         )
         self._launcher.launch(
-            ks.LORA_BGMV_FUSED, (ks.ELEMENT_TYPES[x.dtype],), (tokens * cluster,), ks.LORA_FUSED_THREADS, args,
+            ks.LORA_BGMV_FUSED,
+            (ks.ELEMENT_TYPES[x.dtype],),
+            (tokens * cluster,),
+            ks.LORA_FUSED_THREADS,
+            args,
             shared_mem=smem,
         )
 
@@ -483,8 +555,17 @@ class CudaOps(Ops):
             targs, grid = (ctype, 1, ks.BGMV_SHRINK_ROWS), (tokens, _cdiv(rows, ks.BGMV_SHRINK_ROWS))
             tile_starts = None
         args = (
-            _ptr(h), _ptr(x), _i64(x.stride(0)), _ptr(a_stack), _ptr(meta.token_slots), _ptr(tile_starts),
-            _ptr(ranks), _i32(tokens), _i32(k), _i32(rows), _i32(rank),
+            _ptr(h),
+            _ptr(x),
+            _i64(x.stride(0)),
+            _ptr(a_stack),
+            _ptr(meta.token_slots),
+            _ptr(tile_starts),
+            _ptr(ranks),
+            _i32(tokens),
+            _i32(k),
+            _i32(rows),
+            _i32(rank),
         )
         self._launcher.launch(ks.LORA_SHRINK, targs, grid, ks.LORA_SHRINK_THREADS, args)
         return h
@@ -527,12 +608,18 @@ class CudaOps(Ops):
         else:
             toks, grid, tile_starts = 1, (tokens, col_blocks, n_slices), None
         args = (
-            _ptr(y), _i64(y.stride(0)), _ptr(h), _ptr(b_stack), _ptr(meta.token_slots), _ptr(tile_starts),
-            _ptr(ranks), _ptr(self._device_offsets(offsets)), _i32(tokens), _i32(n_slices), _i32(rank),
+            _ptr(y),
+            _i64(y.stride(0)),
+            _ptr(h),
+            _ptr(b_stack),
+            _ptr(meta.token_slots),
+            _ptr(tile_starts),
+            _ptr(ranks),
+            _ptr(self._device_offsets(offsets)),
+            _i32(tokens),
+            _i32(n_slices),
+            _i32(rank),
             _i32(offsets[-1]),
         )
         targs = (ks.ELEMENT_TYPES[y.dtype], toks)
-        self._launcher.launch(
-            ks.LORA_EXPAND, targs, grid, ks.LORA_EXPAND_THREADS, args, shared_mem=toks * rank * 4
-        )
-
+        self._launcher.launch(ks.LORA_EXPAND, targs, grid, ks.LORA_EXPAND_THREADS, args, shared_mem=toks * rank * 4)

@@ -392,7 +392,11 @@ def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
     (the q and k column blocks of one fused qkv output), so both rotate in one pass; else None."""
     if q.dtype != k.dtype or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] or q.stride() != k.stride():
         return None
-    if q.stride(2) != 1 or q.stride(1) != q.shape[2] or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr():
+    if (
+        q.stride(2) != 1
+        or q.stride(1) != q.shape[2]
+        or k.untyped_storage().data_ptr() != q.untyped_storage().data_ptr()
+    ):
         return None
     if k.storage_offset() != q.storage_offset() + q.shape[1] * q.shape[2]:
         return None
@@ -416,9 +420,7 @@ def _add_segment_delta(
             y_rows[:, lo:hi].addmm_(hs, bs.t())
 
 
-def _expand_slices(
-    hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int
-) -> list[torch.Tensor]:
+def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int) -> list[torch.Tensor]:
     """[G, M, n*R] grouped h times each slice's B ([G, out_total, R]): one [G, M, width_m] tensor per slice."""
     return [
         torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))

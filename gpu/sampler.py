@@ -157,7 +157,9 @@ class Sampler:
             top = (values - lse[:, None], ids)
         return SampleJob(tokens, chosen, top, top_ks, ranks)
 
-    def _control_tokens(self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]) -> torch.Tensor:
+    def _control_tokens(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]
+    ) -> torch.Tensor:
         """allowed_token_ids, bad_words and logit_bias of the whole batch, as one mask, one bar and one add (vLLM's order).
 
         A bad word's last token is barred when the sequence's outputs end with the rest of the word (vLLM
@@ -222,7 +224,9 @@ class Sampler:
         processed[idx] = sub
         return processed
 
-    def _hold_stop_tokens(self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]) -> torch.Tensor:
+    def _hold_stop_tokens(
+        self, logits: torch.Tensor, rows: Sequence[SampleRow], specs: list[SamplingSpec]
+    ) -> torch.Tensor:
         """min_tokens: until a sequence has that many outputs, EOS and its stop token ids cannot be chosen (as in vLLM)."""
         pairs = [
             (i, t)
@@ -286,7 +290,11 @@ def _token_counts(token_lists: Sequence[Sequence[int]], vocab: int, device: torc
     total = int(lengths.sum())
     if total:
         flat = to_device(list(itertools.chain.from_iterable(token_lists)), torch.int64, device)
-        row = to_device(torch.repeat_interleave(torch.arange(len(token_lists)), lengths, output_size=total).numpy(), torch.int64, device)
+        row = to_device(
+            torch.repeat_interleave(torch.arange(len(token_lists)), lengths, output_size=total).numpy(),
+            torch.int64,
+            device,
+        )
         counts.index_put_((row, flat), torch.ones(total, dtype=torch.float32, device=device), accumulate=True)
     return counts
 

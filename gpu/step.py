@@ -120,4 +120,6 @@ class StepOutput(msgspec.Struct, frozen=True):
     forward_seconds: float = 0.0  # model forward + sampling, measured in the worker thread
     prepare_seconds: float = 0.0  # building the input tensors from the plan
     gpu_seconds: float | None = None  # CUDA: the step's device time, from events around its work
-    gpu_idle_seconds: float | None = None  # CUDA: how long the device waited between the last step's work and this one's
+    gpu_idle_seconds: float | None = (
+        None  # CUDA: how long the device waited between the last step's work and this one's
+    )

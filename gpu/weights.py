@@ -84,6 +84,7 @@ def load_weights(
     """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`."""
     reader = _TensorReader(weight_files(model_dir), dtype)
     try:
+
         def get(name: str) -> torch.Tensor:
             return reader.get(name).to(device)
 

@@ -15,8 +15,8 @@ from loraledger.actors.engine_core import EngineCore
 from loraledger.actors.messages import (
     Abort,
     Accepted,
-    AddLora,
     AdapterResolved,
+    AddLora,
     AuditAppend,
     Delivery,
     GetStats,
@@ -69,12 +69,12 @@ class AsyncEngine:
         self._resumes: list[anyio.Event] = []  # one per recovery that found requests: set once their outcomes are in
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "AsyncEngine":
+    def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
         return cls(args)
 
     # --- life cycle ---------------------------------------------------------------------------
 
-    async def __aenter__(self) -> "AsyncEngine":
+    async def __aenter__(self) -> AsyncEngine:
         from loraledger.engine_setup import prepare
 
         setup = await anyio.to_thread.run_sync(prepare, self.args)
@@ -194,7 +194,9 @@ class AsyncEngine:
 
     def _live(self) -> EngineCore:
         if self._core is None:
-            raise EngineDeadError("the engine is not running; use it inside `async with AsyncEngine.from_engine_args(args) as engine:`")
+            raise EngineDeadError(
+                "the engine is not running; use it inside `async with AsyncEngine.from_engine_args(args) as engine:`"
+            )
         return self._core
 
     def _dead_error(self, message: str, cause: BaseException | None = None) -> EngineDeadError:
@@ -204,7 +206,9 @@ class AsyncEngine:
             error = EngineDeadError(message)
             error.__cause__ = cause
             return error
-        error = EngineDeadError(f"{message}: the engine stopped after a fatal error ({type(fatal).__name__}: {fatal}); start a new engine")
+        error = EngineDeadError(
+            f"{message}: the engine stopped after a fatal error ({type(fatal).__name__}: {fatal}); start a new engine"
+        )
         error.__cause__ = fatal
         return error
 
@@ -255,11 +259,23 @@ class AsyncEngine:
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
-        submit = self._checked_submit(request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core)
+        submit = self._checked_submit(
+            request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core
+        )
         if audit_id is not None:
-            submit = msgspec.structs.replace(submit, request_id=storable_text(audit_id, "the audit id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False))
+            submit = msgspec.structs.replace(
+                submit,
+                request_id=storable_text(
+                    audit_id, "the audit id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False
+                ),
+            )
         if chat_template_sha256 is not None:
-            submit = msgspec.structs.replace(submit, chat_template_sha256=storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64))
+            submit = msgspec.structs.replace(
+                submit,
+                chat_template_sha256=storable_text(
+                    chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64
+                ),
+            )
         caller = {
             name: storable_text(value, f"the {name}", TenantError, max_chars=MAX_ID_CHARS)
             for name, value in (("key_id", key_id), ("user", user))
@@ -279,14 +295,16 @@ class AsyncEngine:
             first = await receive.receive()
         except anyio.EndOfStream:
             receive.close()
-            raise self._dead_error(f"the engine stopped while admitting request {submit.caller_request_id!r}")
+            raise self._dead_error(f"the engine stopped while admitting request {submit.caller_request_id!r}") from None
         if isinstance(first.item, BaseException):
             receive.close()
             raise first.item
         assert isinstance(first.item, Accepted)
         return receive
 
-    def _checked_submit(self, request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core) -> Submit:
+    def _checked_submit(
+        self, request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core
+    ) -> Submit:
         """The Submit message for these arguments, every one checked and copied (see submit)."""
         rid = storable_text(request_id, "the request id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False)
         if not rid:
@@ -299,11 +317,24 @@ class AsyncEngine:
             )
         setup = core.setup
         frozen = params.frozen(
-            max_n=setup.max_n, max_logprobs=self.args.max_logprobs, vocab_size=setup.model_config.vocab_size, max_model_len=setup.max_model_len
+            max_n=setup.max_n,
+            max_logprobs=self.args.max_logprobs,
+            vocab_size=setup.model_config.vocab_size,
+            max_model_len=setup.max_model_len,
         )
-        text, ids = parse_prompt(prompt, max_model_len=setup.max_model_len, truncating=frozen.truncate_prompt_tokens is not None)
+        text, ids = parse_prompt(
+            prompt, max_model_len=setup.max_model_len, truncating=frozen.truncate_prompt_tokens is not None
+        )
         if setup.tokenizer is None:
-            needs = "a text prompt" if ids is None else "stop strings" if frozen.stop else "bad_words" if frozen.bad_words else None
+            needs = (
+                "a text prompt"
+                if ids is None
+                else "stop strings"
+                if frozen.stop
+                else "bad_words"
+                if frozen.bad_words
+                else None
+            )
             if needs is not None:
                 raise NoTokenizerError(
                     f"{needs} needs a tokenizer, and this engine was built with skip_tokenizer_init=True; send token ids "
@@ -322,8 +353,14 @@ class AsyncEngine:
                 )
         if arrival_time is None:
             arrival_time = time.time()
-        elif isinstance(arrival_time, bool) or not isinstance(arrival_time, (int, float)) or not math.isfinite(arrival_time):
-            raise ConfigError(f"arrival_time must be a finite number of seconds (time.time()), got {type(arrival_time).__name__}")
+        elif (
+            isinstance(arrival_time, bool)
+            or not isinstance(arrival_time, (int, float))
+            or not math.isfinite(arrival_time)
+        ):
+            raise ConfigError(
+                f"arrival_time must be a finite number of seconds (time.time()), got {type(arrival_time).__name__}"
+            )
         return Submit(
             request_id=new_audit_id(),
             caller_request_id=rid,
@@ -373,7 +410,9 @@ class AsyncEngine:
             try:
                 if not finished and self._core is not None:
                     with anyio.CancelScope(shield=True):
-                        await self.abort_audit_ids([audit_id])  # by its key: its caller id may be another request's by now
+                        await self.abort_audit_ids(
+                            [audit_id]
+                        )  # by its key: its caller id may be another request's by now
                         await self._until_ended(channel)
             finally:
                 channel.close()
@@ -406,7 +445,9 @@ class AsyncEngine:
             rid, prompt, params, lora, tenant = requests[i]
             sha = chat_template_sha256[i] if chat_template_sha256 is not None else None
             try:
-                channels[i] = await self.submit(rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha, audit_id=audit_ids[i])
+                channels[i] = await self.submit(
+                    rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha, audit_id=audit_ids[i]
+                )
             except Exception as exc:  # reported below, in prompt order
                 errors[i] = exc
 
@@ -489,7 +530,9 @@ class AsyncEngine:
     @staticmethod
     def _check_lora(lora_request: object) -> LoRARequest:
         if not isinstance(lora_request, LoRARequest):
-            raise LoRARequestError(f"expected a LoRARequest, got {type(lora_request).__name__}; use LoRARequest(lora_name, lora_int_id, lora_path)")
+            raise LoRARequestError(
+                f"expected a LoRARequest, got {type(lora_request).__name__}; use LoRARequest(lora_name, lora_int_id, lora_path)"
+            )
         return lora_request
 
     @staticmethod
@@ -502,7 +545,9 @@ class AsyncEngine:
         """Register and load an adapter now (validated and fingerprinted); raises its typed error if it is bad."""
         self._need_lora()
         lora_request = self._check_lora(lora_request)
-        answer: AdapterResolved = await self._ask("loader", lambda reply: AddLora(lora_request=lora_request, reply=reply))
+        answer: AdapterResolved = await self._ask(
+            "loader", lambda reply: AddLora(lora_request=lora_request, reply=reply)
+        )
         if answer.error is not None:
             raise answer.error
         core = self._live()
@@ -523,11 +568,17 @@ class AsyncEngine:
         self._need_lora()
         lora_int_id = self._check_int_id(lora_int_id)
         lora: LoRARequest = await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply))
-        answer: AdapterResolved = await self._ask("loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply))
+        answer: AdapterResolved = await self._ask(
+            "loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply)
+        )
         if answer.error is not None:
             raise answer.error
         ckpt = answer.checkpoint
-        return bool(await self._ask("scheduler", lambda reply: PinSlot(fingerprint=ckpt.fingerprint, checkpoint=ckpt, reply=reply)))
+        return bool(
+            await self._ask(
+                "scheduler", lambda reply: PinSlot(fingerprint=ckpt.fingerprint, checkpoint=ckpt, reply=reply)
+            )
+        )
 
     async def list_loras(self) -> set[int]:
         if not self.args.enable_lora:
@@ -560,7 +611,9 @@ class AsyncEngine:
 
     # --- the audit log ------------------------------------------------------------------------
 
-    async def record_access_denied(self, *, tenant: str | None, key_id: str | None, adapter: str, route: str, caller_request_id: str | None = None) -> bool:
+    async def record_access_denied(
+        self, *, tenant: str | None, key_id: str | None, adapter: str, route: str, caller_request_id: str | None = None
+    ) -> bool:
         """Put an access_denied event on record (the HTTP server refused a key a model it may not use): tenant, key id,
         the model (adapter) asked for and the route; no request id, no binding. Waits for the commit, at most
         audit_timeout seconds; False when it is not on record by then (the store is down: the writer keeps it and
@@ -574,7 +627,9 @@ class AsyncEngine:
         payload = {k: recordable(v) if isinstance(v, str) else v for k, v in payload.items()}
         event = EventRecord(kind=EventKind.ACCESS_DENIED, at=time.time(), payload=payload)
         try:
-            await self._append_and_wait(AuditAppend(events=[event]), "access was denied", timeout=self.args.audit_timeout)
+            await self._append_and_wait(
+                AuditAppend(events=[event]), "access was denied", timeout=self.args.audit_timeout
+            )
         except AuditUnavailableError:
             return False
         return True
@@ -592,7 +647,9 @@ class AsyncEngine:
                 if outcome is not None:
                     raise outcome
                 return
-        raise AuditUnavailableError(f"{what}, but the audit store did not commit its record within {limit:g} s; it is held and retried")
+        raise AuditUnavailableError(
+            f"{what}, but the audit store did not commit its record within {limit:g} s; it is held and retried"
+        )
 
 
 def _close_store(store) -> None:

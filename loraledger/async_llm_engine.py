@@ -36,7 +36,7 @@ class AsyncLLMEngine:
         self.args = args
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> "AsyncLLMEngine":
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> AsyncLLMEngine:
         """Build and start the engine (loads the model: blocks until it can serve). vLLM's start_engine_loop,
         usage_context and stat_loggers are accepted with their default meaning."""
         check_argument_names(kwargs, _VLLM_KEYWORDS, "AsyncLLMEngine.from_engine_args")
@@ -45,7 +45,9 @@ class AsyncLLMEngine:
         if kwargs.get("stat_loggers") is not None:
             raise ConfigError("stat_loggers are not supported; the engine's statistics come from get_stats()")
         if not isinstance(engine_args, EngineArgs):
-            raise ConfigError(f"engine_args must be an EngineArgs (or AsyncEngineArgs), got {type(engine_args).__name__}")
+            raise ConfigError(
+                f"engine_args must be an EngineArgs (or AsyncEngineArgs), got {type(engine_args).__name__}"
+            )
         return cls(engine_args)
 
     # --- life cycle ---------------------------------------------------------------------------
@@ -70,7 +72,7 @@ class AsyncLLMEngine:
         if not self.is_running:
             raise self.dead_error
 
-    async def __aenter__(self) -> "AsyncLLMEngine":
+    async def __aenter__(self) -> AsyncLLMEngine:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -155,7 +157,9 @@ class AsyncLLMEngine:
         try:
             return self._thread._portal.start_task_soon(functools.partial(fn, *args, **kwargs))
         except RuntimeError as exc:  # the portal's loop has stopped
-            raise EngineDeadError("the engine has stopped; build a new one with AsyncLLMEngine.from_engine_args(...)") from exc
+            raise EngineDeadError(
+                "the engine has stopped; build a new one with AsyncLLMEngine.from_engine_args(...)"
+            ) from exc
 
     async def _call(self, fn, *args, **kwargs):
         _asyncio_loop()

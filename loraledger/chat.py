@@ -24,7 +24,9 @@ from loraledger.errors import ChatTemplateError, NoTokenizerError
 
 CONTENT_FORMATS = ("auto", "string", "openai")
 # apply_chat_template arguments that chat_template_kwargs may not set: they decide what comes back, not the text
-_RESERVED = frozenset({"conversation", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+_RESERVED = frozenset(
+    {"conversation", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)
 
 
 class RenderedChat(msgspec.Struct, frozen=True):
@@ -36,7 +38,9 @@ class RenderedChat(msgspec.Struct, frozen=True):
 def conversations(messages: object) -> list[list[Mapping]]:
     """One conversation (a list of messages) or several (a list of such lists), as vLLM's LLM.chat takes them."""
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise ChatTemplateError(f"messages must be a list of message dicts, or a list of such lists, got {type(messages).__name__}")
+        raise ChatTemplateError(
+            f"messages must be a list of message dicts, or a list of such lists, got {type(messages).__name__}"
+        )
     items = list(messages)
     if items and all(isinstance(m, Sequence) and not isinstance(m, (str, bytes, Mapping)) for m in items):
         return [list(c) for c in items]
@@ -47,9 +51,13 @@ def resolve_chat_template(tokenizer, chat_template: str | None = None, tools=Non
     """The template text to render with: `chat_template` (a template, or the name of one of the tokenizer's),
     else the tokenizer's own (its "tool_use" one when tools are given and it has one)."""
     if tokenizer is None:
-        raise NoTokenizerError("chat needs a tokenizer and its chat template, and this engine was built with skip_tokenizer_init=True")
+        raise NoTokenizerError(
+            "chat needs a tokenizer and its chat template, and this engine was built with skip_tokenizer_init=True"
+        )
     if chat_template is not None and not isinstance(chat_template, str):
-        raise ChatTemplateError(f"chat_template must be a str (the template itself), got {type(chat_template).__name__}")
+        raise ChatTemplateError(
+            f"chat_template must be a str (the template itself), got {type(chat_template).__name__}"
+        )
     try:
         return tokenizer.get_chat_template(chat_template, tools)
     except ValueError as exc:
@@ -75,7 +83,9 @@ def render_chat(
     chat_template_kwargs go to the template as extra variables and, as in vLLM, may also set
     chat_template, add_generation_prompt, continue_final_message and tools."""
     if chat_template_content_format not in CONTENT_FORMATS:
-        raise ChatTemplateError(f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}, got {chat_template_content_format!r}")
+        raise ChatTemplateError(
+            f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}, got {chat_template_content_format!r}"
+        )
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
         raise ChatTemplateError(f"chat_template_kwargs must be a dict, got {type(chat_template_kwargs).__name__}")
     extra = dict(chat_template_kwargs or {})
@@ -83,7 +93,9 @@ def render_chat(
         raise ChatTemplateError("chat_template_kwargs keys must be str")
     reserved = sorted(_RESERVED & set(extra))
     if reserved:
-        raise ChatTemplateError(f"chat_template_kwargs may not set {reserved}: they decide what rendering returns, not the text")
+        raise ChatTemplateError(
+            f"chat_template_kwargs may not set {reserved}: they decide what rendering returns, not the text"
+        )
     chat_template = extra.pop("chat_template", chat_template)
     add_generation_prompt = extra.pop("add_generation_prompt", add_generation_prompt)
     continue_final_message = extra.pop("continue_final_message", continue_final_message)
@@ -110,17 +122,23 @@ def render_chat(
             **extra,
         )
     except Exception as exc:  # Jinja's errors, and the template's own raise_exception(...)
-        raise ChatTemplateError(f"the chat template could not render the conversation: {type(exc).__name__}: {exc}") from exc
+        raise ChatTemplateError(
+            f"the chat template could not render the conversation: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(text, str):
         raise ChatTemplateError(f"the chat template rendered {type(text).__name__}, not text")
     token_ids = list(tokenizer.encode(text, add_special_tokens=False))
-    return RenderedChat(text=text, token_ids=token_ids, template_sha256=hashlib.sha256(template_text.encode("utf-8")).hexdigest())
+    return RenderedChat(
+        text=text, token_ids=token_ids, template_sha256=hashlib.sha256(template_text.encode("utf-8")).hexdigest()
+    )
 
 
 def _message(message: object, index: int, content_format: str) -> dict:
     """A copy of one message with its content as the template takes it."""
     if not isinstance(message, Mapping):
-        raise ChatTemplateError(f"message {index} must be a dict with 'role' and 'content', got {type(message).__name__}")
+        raise ChatTemplateError(
+            f"message {index} must be a dict with 'role' and 'content', got {type(message).__name__}"
+        )
     out = dict(message)
     role = out.get("role")
     if not isinstance(role, str) or not role:
@@ -140,4 +158,6 @@ def _message(message: object, index: int, content_format: str) -> dict:
             parts.append({"type": "text", "text": part["text"]})
         out["content"] = parts if content_format == "openai" else "\n".join(p["text"] for p in parts)
         return out
-    raise ChatTemplateError(f"message {index}: content must be a str or a list of text parts, got {type(content).__name__}")
+    raise ChatTemplateError(
+        f"message {index}: content must be a str or a list of text parts, got {type(content).__name__}"
+    )

@@ -30,26 +30,50 @@ DEVICE_HELP = "where the model runs: auto picks CUDA when a GPU and CuPy are the
 def register(sub) -> None:
     text = "build a small random model and three adapters locally (once), run one mixed batch, show who wrote what"
     demo = sub.add_parser("demo", help=text, description=text)
-    demo.add_argument("--cache-dir", default=None, help="where the demo model and adapters are built (default: loraledger's cache folder)")
+    demo.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where the demo model and adapters are built (default: loraledger's cache folder)",
+    )
     demo.add_argument("--audit-url", default=None, help=AUDIT_URL_HELP)
     demo.add_argument("--max-tokens", type=int, default=24, help="tokens to generate per prompt")
     demo.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
-    demo.add_argument("--rebuild", action="store_true", help="rebuild the demo model and adapters (default: build once, then reuse)")
+    demo.add_argument(
+        "--rebuild", action="store_true", help="rebuild the demo model and adapters (default: build once, then reuse)"
+    )
     demo.set_defaults(func=run_demo)
 
     text = "generate with your own checkpoint: each prompt on the base model and on every adapter given"
     gen = sub.add_parser("generate", help=text, description=text)
     gen.add_argument("--model", required=True, help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
-    gen.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="a PEFT adapter folder; repeatable (default: none, the base model only)")
+    gen.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a PEFT adapter folder; repeatable (default: none, the base model only)",
+    )
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeatable")
-    gen.add_argument("--only", default=None, metavar="NAME", help="run only this adapter ('base' for the base model) (default: the base model and every adapter)")
+    gen.add_argument(
+        "--only",
+        default=None,
+        metavar="NAME",
+        help="run only this adapter ('base' for the base model) (default: the base model and every adapter)",
+    )
     gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate per prompt")
     gen.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     gen.add_argument("--seed", type=int, default=None, help="sampling seed (default: none, unseeded)")
     gen.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank the engine accepts")
-    gen.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="weight and compute dtype; auto: float32 on the CPU, the checkpoint's half precision on CUDA")
+    gen.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weight and compute dtype; auto: float32 on the CPU, the checkpoint's half precision on CUDA",
+    )
     gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
-    gen.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus output, in tokens (default: the model's)")
+    gen.add_argument(
+        "--max-model-len", type=int, default=None, help="longest prompt plus output, in tokens (default: the model's)"
+    )
     gen.add_argument("--audit-url", default=None, help=AUDIT_URL_HELP)
     gen.add_argument("--tenant", default=None, help="the tenant recorded with each request (default: none)")
     gen.set_defaults(func=run_generate)
@@ -88,7 +112,9 @@ def demo_assets(cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict[str,
             seed=7,
         )
         for name, (rank, alpha, targets, seed) in DEMO_ADAPTERS.items():
-            assets.build_random_adapter(adapter_dirs[name], model_dir, rank=rank, alpha=alpha, target_modules=list(targets), seed=seed)
+            assets.build_random_adapter(
+                adapter_dirs[name], model_dir, rank=rank, alpha=alpha, target_modules=list(targets), seed=seed
+            )
         done.write_text("ok\n")
     return model_dir, adapter_dirs
 
@@ -100,7 +126,15 @@ def run_demo(args: argparse.Namespace) -> int:
     model_dir, adapter_dirs = demo_assets(cache, args.rebuild)
     url = _audit_url(args.audit_url)
     loras = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapter_dirs.items())}
-    with LLM(model=str(model_dir), enable_lora=True, max_loras=4, max_lora_rank=16, max_cpu_loras=8, audit_url=url, device=args.device) as llm:
+    with LLM(
+        model=str(model_dir),
+        enable_lora=True,
+        max_loras=4,
+        max_lora_rank=16,
+        max_cpu_loras=8,
+        audit_url=url,
+        device=args.device,
+    ) as llm:
         outputs = llm.generate(
             [p for p, _ in DEMO_PROMPTS],
             SamplingParams(temperature=0, max_tokens=args.max_tokens),
@@ -148,7 +182,9 @@ def run_generate(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         audit_url=_audit_url(args.audit_url),
     ) as llm:
-        outputs = llm.generate(prompts, params, lora_request=per_prompt if loras else None, tenant=args.tenant, use_tqdm=False)
+        outputs = llm.generate(
+            prompts, params, lora_request=per_prompt if loras else None, tenant=args.tenant, use_tqdm=False
+        )
     _print_table(outputs)
     return 0
 

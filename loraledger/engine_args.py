@@ -13,7 +13,14 @@ from loraledger.errors import ConfigError
 DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(): a SQLite file in the data dir ($LORALEDGER_HOME or the user's)
 
 # vLLM's dtype names -> ours ("half" and "float" are vLLM's aliases of float16 and float32)
-DTYPE_ALIASES = {"auto": "auto", "half": "float16", "float16": "float16", "float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
+DTYPE_ALIASES = {
+    "auto": "auto",
+    "half": "float16",
+    "float16": "float16",
+    "float": "float32",
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+}
 SCALE_OUT = (
     "one engine runs on one device; to serve on several GPUs or machines, run several replicas (each with "
     "tensor_parallel_size=1 and pipeline_parallel_size=1) behind Ray Serve, loraledger's scale-out path, "
@@ -100,7 +107,9 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     max_n: int | None = None  # most completions per request (SamplingParams.n); None: see the class docstring
     max_logprobs: int = 20  # most top alternatives SamplingParams.logprobs / prompt_logprobs may ask for (vLLM's default); -1: the vocabulary
     # --- vLLM's arguments (see the class docstring) ---
-    trust_remote_code: bool = False  # accepted; code shipped with a checkpoint never runs: a checkpoint that needs it is refused
+    trust_remote_code: bool = (
+        False  # accepted; code shipped with a checkpoint never runs: a checkpoint that needs it is refused
+    )
     tensor_parallel_size: int = 1  # only 1: more devices is the scale-out path (several replicas behind Ray Serve)
     pipeline_parallel_size: int = 1  # only 1, as tensor_parallel_size
     disable_log_stats: bool = False  # accepted; the engine logs no periodic statistics (get_stats() asks for them)
@@ -110,7 +119,9 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     # "auto": the model folder's generation_config.json gives default sampling parameters and extra EOS ids;
     # "vllm": ignore it; or a folder holding a generation_config.json
     generation_config: str = "auto"
-    enable_chunked_prefill: bool | None = None  # None/True: long prompts run in chunks of the token budget; False: a prompt runs whole
+    enable_chunked_prefill: bool | None = (
+        None  # None/True: long prompts run in chunks of the token budget; False: a prompt runs whole
+    )
     # CUDA: the share of the device's memory the engine may use; the KV cache gets what weights and the activation
     # peak leave of it (gpu/kv_budget.py), unless num_kv_blocks or kv_cache_bytes is given. No effect on the CPU.
     gpu_memory_utilization: float = 0.9
@@ -121,13 +132,17 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     def __post_init__(self) -> None:
         dtype = self.dtype
         if not isinstance(dtype, str) and type(dtype).__name__ == "dtype" and type(dtype).__module__ == "torch":
-            msgspec.structs.force_setattr(self, "dtype", str(dtype).removeprefix("torch."))  # vLLM also takes torch dtypes
+            msgspec.structs.force_setattr(
+                self, "dtype", str(dtype).removeprefix("torch.")
+            )  # vLLM also takes torch dtypes
         elif isinstance(dtype, str):
             msgspec.structs.force_setattr(self, "dtype", dtype.lower())
         try:
             self._check()
         except TypeError as exc:  # a comparison with a value of the wrong type
-            raise ConfigError(f"an EngineArgs value has the wrong type ({exc}); see loraledger.EngineArgs for each field's type") from exc
+            raise ConfigError(
+                f"an EngineArgs value has the wrong type ({exc}); see loraledger.EngineArgs for each field's type"
+            ) from exc
 
     def _check(self) -> None:
         def need(cond: bool, message: str) -> None:
@@ -135,40 +150,91 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
                 raise ConfigError(message)
 
         for name in (
-            "max_num_seqs", "max_num_batched_tokens", "block_size", "max_loras", "max_lora_rank", "max_logprobs",
-            "tensor_parallel_size", "pipeline_parallel_size", "max_seq_len_to_capture",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+            "max_loras",
+            "max_lora_rank",
+            "max_logprobs",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "max_seq_len_to_capture",
         ):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {value!r}")
-        need(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), f"seed must be an integer or None, got {self.seed!r}")
-        for name in ("trust_remote_code", "disable_log_stats", "skip_tokenizer_init", "enable_prefix_caching", "enable_lora", "audit_durable", "resume_interrupted", "enforce_eager"):
+        need(
+            self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)),
+            f"seed must be an integer or None, got {self.seed!r}",
+        )
+        for name in (
+            "trust_remote_code",
+            "disable_log_stats",
+            "skip_tokenizer_init",
+            "enable_prefix_caching",
+            "enable_lora",
+            "audit_durable",
+            "resume_interrupted",
+            "enforce_eager",
+        ):
             need(isinstance(getattr(self, name), bool), f"{name} must be True or False, got {getattr(self, name)!r}")
-        need(self.enable_chunked_prefill is None or isinstance(self.enable_chunked_prefill, bool), "enable_chunked_prefill must be True, False or None")
+        need(
+            self.enable_chunked_prefill is None or isinstance(self.enable_chunked_prefill, bool),
+            "enable_chunked_prefill must be True, False or None",
+        )
 
-        need(isinstance(self.model, (str, os.PathLike)) and str(self.model) != "", "EngineArgs.model must name a model folder")
+        need(
+            isinstance(self.model, (str, os.PathLike)) and str(self.model) != "",
+            "EngineArgs.model must name a model folder",
+        )
         need(self.dtype in DTYPE_ALIASES, f"dtype must be one of {', '.join(DTYPE_ALIASES)}, got {self.dtype!r}")
         need(self.device in ("auto", "cpu", "cuda"), f"device must be auto, cpu or cuda, got {self.device!r}")
         need(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         need(self.max_num_seqs >= 1, "max_num_seqs must be >= 1")
         need(self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1")
-        need(self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), f"block_size must be a power of two in 1..128, got {self.block_size}")
+        need(
+            self.block_size in (1, 2, 4, 8, 16, 32, 64, 128),
+            f"block_size must be a power of two in 1..128, got {self.block_size}",
+        )
         need(self.num_kv_blocks is None or self.num_kv_blocks >= 1, "num_kv_blocks must be >= 1")
         need(self.kv_cache_bytes is None or self.kv_cache_bytes >= 1, "kv_cache_bytes must be >= 1")
         need(self.max_loras >= 1, "max_loras must be >= 1")
-        need(self.max_lora_rank in (1, 2, 4, 8, 16, 32, 64, 128, 256), f"max_lora_rank must be a power of two in 1..256, got {self.max_lora_rank}")
-        need(self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras, f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")
-        need(self.audit_prompts in ("text", "hash", "none"), f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}")
-        need(self.audit_on_failure in ("reject", "block"), f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}")
+        need(
+            self.max_lora_rank in (1, 2, 4, 8, 16, 32, 64, 128, 256),
+            f"max_lora_rank must be a power of two in 1..256, got {self.max_lora_rank}",
+        )
+        need(
+            self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras,
+            f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})",
+        )
+        need(
+            self.audit_prompts in ("text", "hash", "none"),
+            f"audit_prompts must be 'text', 'hash' or 'none', got {self.audit_prompts!r}",
+        )
+        need(
+            self.audit_on_failure in ("reject", "block"),
+            f"audit_on_failure must be 'reject' or 'block', got {self.audit_on_failure!r}",
+        )
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
-        need(_positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}")
-        need(_positive(self.shutdown_timeout), f"shutdown_timeout must be a number of seconds > 0, got {self.shutdown_timeout!r}")
+        need(
+            _positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}"
+        )
+        need(
+            _positive(self.shutdown_timeout),
+            f"shutdown_timeout must be a number of seconds > 0, got {self.shutdown_timeout!r}",
+        )
         need(
             _positive(self.audit_lease_seconds) and self.audit_lease_seconds > self.audit_timeout,
             f"audit_lease_seconds must be a number of seconds greater than audit_timeout ({self.audit_timeout!r}), got "
             f"{self.audit_lease_seconds!r}: a renewal may take audit_timeout, and the lease must outlast it",
         )
-        need(self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1), f"max_n must be an integer >= 1 or None, got {self.max_n!r}")
-        need(self.max_logprobs >= -1, f"max_logprobs must be >= 0, or -1 for the whole vocabulary, got {self.max_logprobs}")
+        need(
+            self.max_n is None or (isinstance(self.max_n, int) and self.max_n >= 1),
+            f"max_n must be an integer >= 1 or None, got {self.max_n!r}",
+        )
+        need(
+            self.max_logprobs >= -1,
+            f"max_logprobs must be >= 0, or -1 for the whole vocabulary, got {self.max_logprobs}",
+        )
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
             value = getattr(self, name)
             need(value >= 1, f"{name} must be >= 1, got {value}")
@@ -180,14 +246,27 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
                 f"{name}={value!r}: loraledger loads local folders only, so there is no revision to choose; check out the "
                 f"revision you want into a folder and pass its path (with {name}=None)",
             )
-        need(self.tokenizer_mode in ("auto", "slow"), f"tokenizer_mode must be 'auto' or 'slow', got {self.tokenizer_mode!r}")
-        need(isinstance(self.generation_config, (str, os.PathLike)) and str(self.generation_config) != "",
-             f"generation_config must be 'auto', 'vllm' or a folder holding generation_config.json, got {self.generation_config!r}")
+        need(
+            self.tokenizer_mode in ("auto", "slow"),
+            f"tokenizer_mode must be 'auto' or 'slow', got {self.tokenizer_mode!r}",
+        )
+        need(
+            isinstance(self.generation_config, (str, os.PathLike)) and str(self.generation_config) != "",
+            f"generation_config must be 'auto', 'vllm' or a folder holding generation_config.json, got {self.generation_config!r}",
+        )
         gmu = self.gpu_memory_utilization
-        need(isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1, f"gpu_memory_utilization must be in (0, 1], got {gmu!r}")
-        need(self.max_seq_len_to_capture >= 1, f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}")
+        need(
+            isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and 0 < gmu <= 1,
+            f"gpu_memory_utilization must be in (0, 1], got {gmu!r}",
+        )
+        need(
+            self.max_seq_len_to_capture >= 1, f"max_seq_len_to_capture must be >= 1, got {self.max_seq_len_to_capture}"
+        )
         swap = self.swap_space
-        need(isinstance(swap, (int, float)) and not isinstance(swap, bool) and swap >= 0, f"swap_space must be a number of GiB >= 0, got {swap!r}")
+        need(
+            isinstance(swap, (int, float)) and not isinstance(swap, bool) and swap >= 0,
+            f"swap_space must be a number of GiB >= 0, got {swap!r}",
+        )
 
     def resolved_max_n(self, num_kv_blocks: int) -> int:
         """max_n, or its default for a KV cache of `num_kv_blocks` blocks (see the class docstring)."""
@@ -207,7 +286,6 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     @property
     def chunked_prefill(self) -> bool:
         return self.enable_chunked_prefill is not False
-
 
     @property
     def cpu_lora_capacity(self) -> int:

@@ -41,7 +41,9 @@ def prepare(args: EngineArgs) -> EngineSetup:
 
     model_dir = Path(args.model)
     if not model_dir.is_dir():
-        raise ModelLoadError(f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder")
+        raise ModelLoadError(
+            f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder"
+        )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     ops, device = select_backend(args.device)
@@ -109,7 +111,9 @@ def prepare(args: EngineArgs) -> EngineSetup:
         args=args,
         model_config=config,
         tokenizer=tokenizer,
-        tokenizers=TokenizerGroup(tokenizer, vocab_size=config.vocab_size, mode=args.tokenizer_mode, capacity=max(8, args.cpu_lora_capacity)),
+        tokenizers=TokenizerGroup(
+            tokenizer, vocab_size=config.vocab_size, mode=args.tokenizer_mode, capacity=max(8, args.cpu_lora_capacity)
+        ),
         generation=generation,
         max_model_len=max_model_len,
         num_kv_blocks=num_blocks,
@@ -121,7 +125,9 @@ def prepare(args: EngineArgs) -> EngineSetup:
     )
 
 
-def _cuda_kv_budget(args: EngineArgs, config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, graph_batch: int) -> int:
+def _cuda_kv_budget(
+    args: EngineArgs, config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, graph_batch: int
+) -> int:
     """KV-cache bytes from gpu_memory_utilization, as vLLM sizes it (gpu/kv_budget.py)."""
     from loraledger.gpu import kv_budget
     from loraledger.gpu.cuda_graphs import capture_sizes
@@ -130,7 +136,13 @@ def _cuda_kv_budget(args: EngineArgs, config: ModelConfig, model_dir: Path, dtyp
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     size = torch.empty((), dtype=dtype).element_size()
-    other = kv_budget.lora_slots_bytes(config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, element_size=size) if args.enable_lora else 0
+    other = (
+        kv_budget.lora_slots_bytes(
+            config, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank, element_size=size
+        )
+        if args.enable_lora
+        else 0
+    )
     if graph_batch:
         other += kv_budget.cuda_graph_bytes(config, capture_sizes(graph_batch), with_lora=args.enable_lora)
     budget = kv_budget.kv_cache_budget(
@@ -139,11 +151,19 @@ def _cuda_kv_budget(args: EngineArgs, config: ModelConfig, model_dir: Path, dtyp
         utilization=args.gpu_memory_utilization,
         weights_bytes=kv_budget.weights_bytes(model_dir, size),
         activation_peak_bytes=kv_budget.activation_peak_bytes(
-            config, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs, element_size=size
+            config,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            element_size=size,
         ),
         other_bytes=other,
     )
-    log.info("KV cache sized from gpu_memory_utilization", utilization=args.gpu_memory_utilization, kv_bytes=budget, total_bytes=total)
+    log.info(
+        "KV cache sized from gpu_memory_utilization",
+        utilization=args.gpu_memory_utilization,
+        kv_bytes=budget,
+        total_bytes=total,
+    )
     return budget
 
 
@@ -151,8 +171,8 @@ def open_store(args: EngineArgs):
     if args.audit_url is None:
         log.warning("auditing is OFF (audit_url=None): outputs are not recorded")
         return None
-    from loraledger.store.audit_store import AuditStore
     from loraledger.paths import default_audit_url
+    from loraledger.store.audit_store import AuditStore
 
     url = default_audit_url() if args.audit_url == DEFAULT_AUDIT_URL else args.audit_url
     from loraledger.store.instances import this_instance

@@ -36,7 +36,9 @@ def read_generation_config(model_dir: str | Path, setting: str) -> GenerationDef
         return GenerationDefaults()
     folder = Path(model_dir) if setting == "auto" else Path(setting)
     if setting != "auto" and not folder.is_dir():
-        raise ModelLoadError(f"generation_config={setting!r} is neither 'auto', 'vllm' nor a folder; pass a folder holding {FILE}")
+        raise ModelLoadError(
+            f"generation_config={setting!r} is neither 'auto', 'vllm' nor a folder; pass a folder holding {FILE}"
+        )
     path = folder / FILE
     if not path.is_file():
         return GenerationDefaults()
@@ -45,7 +47,9 @@ def read_generation_config(model_dir: str | Path, setting: str) -> GenerationDef
     try:
         diff = GenerationConfig.from_pretrained(str(folder)).to_diff_dict()
     except Exception as exc:  # transformers raises ValueError / OSError / json errors for a bad file
-        raise ModelLoadError(f"{path} cannot be read as a generation config ({type(exc).__name__}: {exc}); fix it or pass generation_config='vllm'") from exc
+        raise ModelLoadError(
+            f"{path} cannot be read as a generation config ({type(exc).__name__}: {exc}); fix it or pass generation_config='vllm'"
+        ) from exc
     sampling = {key: diff[key] for key in SAMPLING_KEYS if diff.get(key) is not None}
     if "max_new_tokens" in sampling:
         sampling["max_tokens"] = sampling.pop("max_new_tokens")
@@ -57,7 +61,9 @@ def read_generation_config(model_dir: str | Path, setting: str) -> GenerationDef
     try:
         defaults_params(defaults)
     except Exception as exc:
-        raise ModelLoadError(f"{path} sets sampling values SamplingParams refuses ({exc}); fix it or pass generation_config='vllm'") from exc
+        raise ModelLoadError(
+            f"{path} sets sampling values SamplingParams refuses ({exc}); fix it or pass generation_config='vllm'"
+        ) from exc
     return defaults
 
 

@@ -91,7 +91,9 @@ class LLM:
             shas.append(rendered.template_sha256)
         return self._run(prompts, sampling_params, loras, tenant, use_tqdm, shas)
 
-    def _run(self, prompt_list: list, sampling_params, lora_request, tenant, use_tqdm, chat_shas=None) -> list[RequestOutput]:
+    def _run(
+        self, prompt_list: list, sampling_params, lora_request, tenant, use_tqdm, chat_shas=None
+    ) -> list[RequestOutput]:
         n = len(prompt_list)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -105,7 +107,9 @@ class LLM:
         bar = _progress_bar(use_tqdm, n)
         try:
             return self.llm_engine._portal.call(
-                lambda: engine.generate_many(requests, on_finished=None if bar is None else _advance(bar), chat_template_sha256=chat_shas)
+                lambda: engine.generate_many(
+                    requests, on_finished=None if bar is None else _advance(bar), chat_template_sha256=chat_shas
+                )
             )
         finally:
             if bar is not None:
@@ -134,7 +138,7 @@ class LLM:
     def close(self) -> None:
         self.llm_engine.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -164,7 +168,9 @@ def _per_prompt(value, n: int, name: str, kind: type, error: type[Exception]) ->
     if value is None or isinstance(value, kind):
         return [value] * n
     if not isinstance(value, (list, tuple)):
-        raise error(f"{name} must be a {kind.__name__}, None, or a list of them (one per prompt), got {type(value).__name__}")
+        raise error(
+            f"{name} must be a {kind.__name__}, None, or a list of them (one per prompt), got {type(value).__name__}"
+        )
     values = list(value)
     if len(values) != n:
         raise error(f"{name} has {len(values)} entries for {n} prompts; give one, or one per prompt")

@@ -27,7 +27,9 @@ class LLMEngine:
         self._stack = ExitStack()
         self._portal = self._stack.enter_context(start_blocking_portal())
         try:
-            self.engine: AsyncEngine = self._stack.enter_context(self._portal.wrap_async_context_manager(AsyncEngine(args)))
+            self.engine: AsyncEngine = self._stack.enter_context(
+                self._portal.wrap_async_context_manager(AsyncEngine(args))
+            )
         except BaseException:
             self._stack.close()
             raise
@@ -46,7 +48,7 @@ class LLMEngine:
         threading._register_atexit(_close_at_exit, weakref.ref(self))
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
 
     # --- requests -----------------------------------------------------------------------------
@@ -75,7 +77,9 @@ class LLMEngine:
                 )
         audit_id = new_audit_id()
         channel = self._portal.call(
-            lambda: self.engine.submit(request_id, prompt, params, lora_request, tenant=tenant, arrival_time=arrival_time, audit_id=audit_id)
+            lambda: self.engine.submit(
+                request_id, prompt, params, lora_request, tenant=tenant, arrival_time=arrival_time, audit_id=audit_id
+            )
         )
         with self._lock:
             self._unfinished[request_id] = audit_id
@@ -176,7 +180,7 @@ class LLMEngine:
         self._closed = True
         self._stack.close()
 
-    def __enter__(self) -> "LLMEngine":
+    def __enter__(self) -> LLMEngine:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -196,15 +200,25 @@ def _error_output(request_id: str, audit_id: str, error: BaseException, lora: Lo
         prompt=None,
         prompt_token_ids=None,
         prompt_logprobs=None,
-        outputs=[CompletionOutput(index=0, text="", token_ids=[], cumulative_logprob=None, logprobs=None, finish_reason="error", stop_reason=str(error), lora_request=lora)],
+        outputs=[
+            CompletionOutput(
+                index=0,
+                text="",
+                token_ids=[],
+                cumulative_logprob=None,
+                logprobs=None,
+                finish_reason="error",
+                stop_reason=str(error),
+                lora_request=lora,
+            )
+        ],
         finished=True,
         lora_request=lora,
         audit_id=audit_id,
     )
 
 
-
-def _close_at_exit(ref: "weakref.ref[LLMEngine]") -> None:
+def _close_at_exit(ref: weakref.ref[LLMEngine]) -> None:
     engine = ref()
     if engine is not None:
         engine.close()

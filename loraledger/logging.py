@@ -22,7 +22,9 @@ def configure(level: str | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.KeyValueRenderer(key_order=["timestamp", "level", "event", "actor", "request_id", "adapter"]),
+            structlog.processors.KeyValueRenderer(
+                key_order=["timestamp", "level", "event", "actor", "request_id", "adapter"]
+            ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, name, logging.WARNING)),
         cache_logger_on_first_use=True,

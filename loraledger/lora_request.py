@@ -39,14 +39,26 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
         # the fields are recorded in the audit log as given: they must be text it can store exactly
         if not isinstance(self.lora_name, str) or not self.lora_name:
             raise LoRARequestError("LoRARequest.lora_name must be a non-empty string")
-        storable_text(self.lora_name, "LoRARequest.lora_name", LoRARequestError, max_chars=MAX_NAME_CHARS, allow_nul=False)
-        if isinstance(self.lora_int_id, bool) or not isinstance(self.lora_int_id, int) or not 1 <= self.lora_int_id < 1 << 63:
-            raise LoRARequestError(f"LoRARequest.lora_int_id must be an integer in [1, 2**63), got {_shown(self.lora_int_id)}")
+        storable_text(
+            self.lora_name, "LoRARequest.lora_name", LoRARequestError, max_chars=MAX_NAME_CHARS, allow_nul=False
+        )
+        if (
+            isinstance(self.lora_int_id, bool)
+            or not isinstance(self.lora_int_id, int)
+            or not 1 <= self.lora_int_id < 1 << 63
+        ):
+            raise LoRARequestError(
+                f"LoRARequest.lora_int_id must be an integer in [1, 2**63), got {_shown(self.lora_int_id)}"
+            )
         if not isinstance(self.lora_path, str) or not self.lora_path:
             raise LoRARequestError("LoRARequest.lora_path must name the adapter folder (a non-empty string)")
-        storable_text(self.lora_path, "LoRARequest.lora_path", LoRARequestError, max_chars=MAX_PATH_CHARS, allow_nul=False)
+        storable_text(
+            self.lora_path, "LoRARequest.lora_path", LoRARequestError, max_chars=MAX_PATH_CHARS, allow_nul=False
+        )
         if self.base_model_name is not None:
-            storable_text(self.base_model_name, "LoRARequest.base_model_name", LoRARequestError, max_chars=MAX_PATH_CHARS)
+            storable_text(
+                self.base_model_name, "LoRARequest.base_model_name", LoRARequestError, max_chars=MAX_PATH_CHARS
+            )
         if self.tensorizer_config_dict is not None:
             raise LoRARequestError(
                 "LoRARequest.tensorizer_config_dict: tensorizer loading is not supported; save the adapter with PEFT "
@@ -76,5 +88,7 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
 
 
 def _shown(value: object) -> str:
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 256 else f"<int of {value.bit_length()} bits>"
+    text = (
+        repr(value) if not isinstance(value, int) or value.bit_length() < 256 else f"<int of {value.bit_length()} bits>"
+    )
     return text if len(text) <= 200 else text[:200] + "..."

@@ -99,7 +99,7 @@ class RequestOutput(_RequestOutputFields, kw_only=True):
     kv_transfer_params: dict | None = None
     audit_id: str | None = None  # None only for outputs made outside the engine
 
-    def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
 
         With aggregate=True (DELTA chunks being summed up) text, token ids and logprobs are

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypedDict, Union
+from typing import TypedDict
 
 try:
     from typing import NotRequired
@@ -27,14 +27,16 @@ class TokensPrompt(TypedDict):
     prompt: NotRequired[str]
 
 
-PromptType = Union[str, TextPrompt, TokensPrompt]
+PromptType = str | TextPrompt | TokensPrompt
 
 # a text prompt longer than this many characters per token of max_model_len cannot fit (tokens of
 # real text average 3-5 characters); refusing it at once keeps a huge string off the tokenizer
 MAX_CHARS_PER_TOKEN = 32
 
 
-def parse_prompt(prompt: object, *, max_model_len: int | None = None, truncating: bool = False) -> tuple[str | None, list[int] | None]:
+def parse_prompt(
+    prompt: object, *, max_model_len: int | None = None, truncating: bool = False
+) -> tuple[str | None, list[int] | None]:
     """Return (text, token ids) as fresh copies; exactly one is what the engine runs (token ids win when given).
 
     Checks types (a str, or a dict with a list of int token ids and optionally a str "prompt"),
@@ -52,7 +54,9 @@ def parse_prompt(prompt: object, *, max_model_len: int | None = None, truncating
             raise PromptError(f"the prompt dict cannot be read: {type(exc).__name__}: {exc}") from exc
         unknown = set(items) - {"prompt", "prompt_token_ids"}
         if unknown:
-            raise PromptError(f"unknown prompt keys {sorted(map(repr, unknown))}; use 'prompt_token_ids' (and optionally 'prompt')")
+            raise PromptError(
+                f"unknown prompt keys {sorted(map(repr, unknown))}; use 'prompt_token_ids' (and optionally 'prompt')"
+            )
         text = items.get("prompt")
         if "prompt_token_ids" in items:
             ids = _token_ids(items["prompt_token_ids"], max_model_len, truncating)

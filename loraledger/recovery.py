@@ -51,22 +51,32 @@ async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> 
         try:
             await run(record)
         except Exception as exc:  # one request that cannot be resumed is that request's outcome, not the engine's
-            results[rid] = exc if isinstance(exc, LoraLedgerError) else LoraLedgerError(f"request {rid!r} cannot be resumed: {type(exc).__name__}: {exc}")
+            results[rid] = (
+                exc
+                if isinstance(exc, LoraLedgerError)
+                else LoraLedgerError(f"request {rid!r} cannot be resumed: {type(exc).__name__}: {exc}")
+            )
 
     async def run(record) -> None:
         rid = record.request_id
         payload = payloads.get(rid) or {}
         prompt_ids = payload.get("prompt_token_ids")
         if prompt_ids is None:
-            results[rid] = LoraLedgerError(f"request {rid!r} cannot be resumed: its prompt was not kept (audit_prompts != 'text')")
+            results[rid] = LoraLedgerError(
+                f"request {rid!r} cannot be resumed: its prompt was not kept (audit_prompts != 'text')"
+            )
             return
         lora = None
         if record.lora_int_id is not None:
             lora = LoRARequest(record.lora_name, record.lora_int_id, record.lora_path)
-        params = msgspec.convert(record.sampling_params, SamplingParams, str_keys=True)  # logit_bias keys come back as JSON str
+        params = msgspec.convert(
+            record.sampling_params, SamplingParams, str_keys=True
+        )  # logit_bias keys come back as JSON str
         if record.constraint_kind is not None:
             if record.constraint_text is None:
-                results[rid] = LoraLedgerError(f"request {rid!r} cannot be resumed: its constraint's text was not kept (audit_prompts != 'text')")
+                results[rid] = LoraLedgerError(
+                    f"request {rid!r} cannot be resumed: its constraint's text was not kept (audit_prompts != 'text')"
+                )
                 return
             params = msgspec.structs.replace(params, structured_outputs=from_canonical(record.constraint_text))
         channel = await engine.submit(

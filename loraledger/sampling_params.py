@@ -65,7 +65,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     allowed_token_ids: list[int] | None = None  # sample only these ids
     bad_words: list[str] = []  # words never generated (their last token is barred after the rest of them)
     extra_args: dict[str, Any] | None = None  # kept and recorded, read by nothing here (vLLM: for plugins)
-    structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a schema, pattern, choice or grammar
+    structured_outputs: StructuredOutputsParams | None = (
+        None  # constrain the output to a schema, pattern, choice or grammar
+    )
 
     def __post_init__(self) -> None:
         for name, value in _checked(self, list).items():
@@ -75,8 +77,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         _checked(self, list)
 
     def frozen(
-        self, *, max_n: int | None = None, max_logprobs: int | None = None, vocab_size: int | None = None, max_model_len: int | None = None
-    ) -> "SamplingParams":
+        self,
+        *,
+        max_n: int | None = None,
+        max_logprobs: int | None = None,
+        vocab_size: int | None = None,
+        max_model_len: int | None = None,
+    ) -> SamplingParams:
         """A checked, immutable copy: what the engine keeps of a request's parameters.
 
         Every value is checked again here, so a SamplingParams changed after it was built (its
@@ -115,7 +122,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         return _FrozenSamplingParams(**values)
 
     @classmethod
-    def from_optional(cls, **kwargs) -> "SamplingParams":
+    def from_optional(cls, **kwargs) -> SamplingParams:
         """vLLM's constructor that skips None values (each field then takes its default)."""
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
 
@@ -134,7 +141,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             return max(len(s) for s in self.stop) - 1
         return 0
 
-    def clone(self) -> "SamplingParams":
+    def clone(self) -> SamplingParams:
         return msgspec.structs.replace(self)
 
 
@@ -146,7 +153,13 @@ class _FrozenSamplingParams(SamplingParams, frozen=True):
 
 
 _INT64 = 1 << 63  # every integer must fit a signed 64-bit field (the audit log stores them as JSON numbers)
-_FLAGS = ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens", "detokenize")
+_FLAGS = (
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "detokenize",
+)
 _GREEDY_BELOW = 1e-5
 # bounds on the work one request's lists can cause before the vocabulary is known (then: at most one entry per token)
 MAX_TOKEN_LIST = 1 << 20
@@ -213,11 +226,20 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
     ids = values["stop_token_ids"]
     if ids is None:
         ids = []
-    if not isinstance(ids, (list, tuple)) or len(ids) > MAX_TOKEN_LIST or not all(_is_int(t) and 0 <= t < _INT64 for t in ids):
+    if (
+        not isinstance(ids, (list, tuple))
+        or len(ids) > MAX_TOKEN_LIST
+        or not all(_is_int(t) and 0 <= t < _INT64 for t in ids)
+    ):
         raise bad("stop_token_ids", "must be a list of token ids >= 0")
     values["stop_token_ids"] = seq(int(t) for t in ids)
     for name in ("logprobs", "prompt_logprobs"):
-        integer(name, "must be an integer >= 0 (the number of top alternatives), -1 (the whole vocabulary) or None", -1, optional=True)
+        integer(
+            name,
+            "must be an integer >= 0 (the number of top alternatives), -1 (the whole vocabulary) or None",
+            -1,
+            optional=True,
+        )
     for name in ("presence_penalty", "frequency_penalty"):
         real(name, "must be in [-2, 2]", lambda v: -2.0 <= v <= 2.0)
     real("repetition_penalty", "must be in (0, 100]", lambda v: 0 < v <= 100)
@@ -235,7 +257,9 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
     allowed = values["allowed_token_ids"]
     if allowed is not None:
         if (
-            not isinstance(allowed, (list, tuple)) or not allowed or len(allowed) > MAX_TOKEN_LIST
+            not isinstance(allowed, (list, tuple))
+            or not allowed
+            or len(allowed) > MAX_TOKEN_LIST
             or not all(_is_int(t) and 0 <= t < _INT64 for t in allowed)
         ):
             raise bad("allowed_token_ids", "must be a non-empty list of token ids >= 0, or None")
@@ -244,23 +268,31 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
     if words is None:
         words = []
     if (
-        not isinstance(words, (list, tuple)) or len(words) > MAX_BAD_WORDS
+        not isinstance(words, (list, tuple))
+        or len(words) > MAX_BAD_WORDS
         or not all(isinstance(w, str) and w.strip() and len(w) <= MAX_BAD_WORD_CHARS for w in words)
     ):
-        raise bad("bad_words", f"must be a list of at most {MAX_BAD_WORDS} words, each non-blank and at most {MAX_BAD_WORD_CHARS} characters")
+        raise bad(
+            "bad_words",
+            f"must be a list of at most {MAX_BAD_WORDS} words, each non-blank and at most {MAX_BAD_WORD_CHARS} characters",
+        )
     values["bad_words"] = seq(storable_text(w, "SamplingParams.bad_words: a word", SamplingParamsError) for w in words)
     values["extra_args"] = _extra_args(values["extra_args"], bad)
     constraint = values["structured_outputs"]
     if constraint is not None:
         if not isinstance(constraint, StructuredOutputsParams):
-            raise bad("structured_outputs", "must be a StructuredOutputsParams (from loraledger.sampling_params) or None")
+            raise bad(
+                "structured_outputs", "must be a StructuredOutputsParams (from loraledger.sampling_params) or None"
+            )
         values["structured_outputs"] = frozen_params(constraint)
     if values["stop"] and not values["detokenize"]:
         raise bad("stop", "needs detokenize=True (stop strings are matched in the text; vLLM's rule)")
     if float(values["temperature"]) < _GREEDY_BELOW:
         # vLLM's rules for greedy sampling: one completion, and top_p / top_k / min_p back to neutral
         if values["n"] > 1:
-            raise SamplingParamsError(f"SamplingParams.n must be 1 when using greedy sampling (temperature=0), got {values['n']}")
+            raise SamplingParamsError(
+                f"SamplingParams.n must be 1 when using greedy sampling (temperature=0), got {values['n']}"
+            )
         values["top_p"], values["top_k"], values["min_p"] = 1.0, 0, 0.0
     return values
 
@@ -310,7 +342,9 @@ def _extra_args(extra: object, bad) -> dict[str, Any] | None:
         if isinstance(value, dict):
             if not all(isinstance(k, str) for k in value):
                 raise ValueError("a key is not a str")
-            return {storable_text(k, "a key", ValueError, allow_nul=False): plain(v, depth + 1) for k, v in value.items()}
+            return {
+                storable_text(k, "a key", ValueError, allow_nul=False): plain(v, depth + 1) for k, v in value.items()
+            }
         raise ValueError(f"a {type(value).__name__} is not JSON")
 
     try:

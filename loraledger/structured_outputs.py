@@ -77,7 +77,9 @@ def canonical_constraint(params: StructuredOutputsParams) -> Constraint:
     kind = given[0]
     for flag in ("disable_any_whitespace", "disable_additional_properties"):
         if not isinstance(getattr(params, flag), bool):
-            raise StructuredOutputError(f"StructuredOutputsParams.{flag} must be True or False, got {getattr(params, flag)!r}")
+            raise StructuredOutputError(
+                f"StructuredOutputsParams.{flag} must be True or False, got {getattr(params, flag)!r}"
+            )
     if params.whitespace_pattern is not None:
         raise StructuredOutputError(
             "StructuredOutputsParams.whitespace_pattern is not supported by this engine's grammar engine (xgrammar); "
@@ -143,7 +145,9 @@ def _spec(kind: str, value: object, no_additional: bool) -> Any:
             try:
                 schema = json.loads(value)
             except ValueError as exc:
-                raise StructuredOutputError(f"{where} is not valid JSON ({exc}); give a JSON schema as a dict or its JSON text") from None
+                raise StructuredOutputError(
+                    f"{where} is not valid JSON ({exc}); give a JSON schema as a dict or its JSON text"
+                ) from None
         if not isinstance(schema, dict):
             raise StructuredOutputError(f"{where} must be a JSON schema object (a dict), got {type(schema).__name__}")
         try:

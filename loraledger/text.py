@@ -7,7 +7,9 @@ from typing import TypeVar
 E = TypeVar("E", bound=Exception)
 
 
-def storable_text(value: object, what: str, error: type[E], *, max_chars: int | None = None, allow_nul: bool = True) -> str:
+def storable_text(
+    value: object, what: str, error: type[E], *, max_chars: int | None = None, allow_nul: bool = True
+) -> str:
     """`value` as a plain str, or `error` naming `what` and the problem.
 
     Refused: anything not a str; lone surrogates ("\\ud800": not Unicode text, so not UTF-8, so the

@@ -28,7 +28,9 @@ def load_tokenizer(path: str, *, mode: str = "auto"):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, use_fast=mode != "slow", trust_remote_code=False, local_files_only=True)
+        return AutoTokenizer.from_pretrained(
+            path, use_fast=mode != "slow", trust_remote_code=False, local_files_only=True
+        )
     except Exception as exc:  # OSError / ValueError / a tokenizer class that needs remote code
         raise ModelLoadError(
             f"cannot load the tokenizer from {path!r}: {exc}; the folder needs tokenizer files (tokenizer.json or the like), "
@@ -115,6 +117,8 @@ def _chat_template_file(folder: Path) -> str | None:
         try:
             value = json.loads(as_json.read_text(encoding="utf-8")).get("chat_template")
         except (ValueError, AttributeError) as exc:
-            raise AdapterFormatError(f"{as_json} is not a JSON object with a 'chat_template': {exc}", lora_path=str(folder)) from exc
+            raise AdapterFormatError(
+                f"{as_json} is not a JSON object with a 'chat_template': {exc}", lora_path=str(folder)
+            ) from exc
         return value if isinstance(value, str) else None
     return None

@@ -9,10 +9,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Engine, Table, exc as sa_exc, false, insert, select, true
+from sqlalchemy import Connection, Engine, Table, false, insert, select, true
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
+from loraledger.store import instances, process_identity
 from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import (
     display_url,
@@ -24,12 +26,9 @@ from loraledger.store.db import (
 )
 from loraledger.store.deadline import Operation, Watchdog
 from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
-from loraledger.store import instances, process_identity
 from loraledger.store.instances import InstanceRecord, LeaseState
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
-from loraledger.store.registration import registration_event, unregistered
-from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
 from loraledger.store.records import (
     AdapterRecord,
     AuditBatch,
@@ -39,6 +38,8 @@ from loraledger.store.records import (
     EventRecord,
     RequestRecord,
 )
+from loraledger.store.registration import registration_event, unregistered
+from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
 
 ADAPTERS: Table = Adapter.__table__  # type: ignore[assignment]
 REQUESTS: Table = Request.__table__  # type: ignore[assignment]
@@ -226,7 +227,9 @@ def recover_expired(conn: Connection, claimer: str | None, *, at: float, resume:
             kind=EventKind.REQUEST_INTERRUPTED,
             at=at,
             request_id=r.request_id,
-            payload={"reason": "the engine stopped before the request finished (killed, crashed, or stopped while its audit store did not answer)"},
+            payload={
+                "reason": "the engine stopped before the request finished (killed, crashed, or stopped while its audit store did not answer)"
+            },
             dedup_key=INTERRUPTED_KEY.format(r.request_id),
         )
         for r in unfinished
@@ -293,7 +296,9 @@ class AuditStore:
         return self
 
     def close(self) -> None:
-        if self.instance is not None:  # its engine no longer runs in this process: a restart here may recover it at once
+        if (
+            self.instance is not None
+        ):  # its engine no longer runs in this process: a restart here may recover it at once
             process_identity.mark_running(self.instance.instance_id, False)
         if self._watchdog is not None:
             self._watchdog.close()
@@ -390,7 +395,9 @@ class AuditStore:
         """Register this engine as an instance (its row, its instance_registered event, its first lease);
         from then on every write carries its id. Returns the record as registered."""
         if self.instance is not None:
-            raise AuditIntegrityError(f"this store already registered instance {self.instance.instance_id}; one engine, one instance")
+            raise AuditIntegrityError(
+                f"this store already registered instance {self.instance.instance_id}; one engine, one instance"
+            )
         with self._operation(self.timeout), write_transaction(self.engine) as conn:
             registered, event = instances.register(conn, record)
             append_events(conn, [event], record.instance_id)

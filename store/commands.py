@@ -41,9 +41,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     sub = db.add_subparsers(dest="db_command", title="commands", metavar="COMMAND")
     db.set_defaults(func=show_help(db))
 
-    up = _command(sub, "upgrade", "migrate the audit database to the newest schema and reinstall missing guards", _cmd_upgrade)
+    up = _command(
+        sub, "upgrade", "migrate the audit database to the newest schema and reinstall missing guards", _cmd_upgrade
+    )
     up.add_argument("--revision", default="head", help="target revision")
-    _command(sub, "current", "print where the audit database is (URL, password masked) and its schema revision", _cmd_current)
+    _command(
+        sub, "current", "print where the audit database is (URL, password masked) and its schema revision", _cmd_current
+    )
     _command(sub, "check", "exit 1 unless the database is at head with every append-only guard", _cmd_check)
 
 
@@ -60,7 +64,9 @@ def _cmd_current(args: argparse.Namespace) -> int:
     missing = _missing_sqlite_file(url)
     if missing is not None:
         # a question must not create the file: the engine makes it, and its schema, on first use
-        print(f"revision  none: {missing} does not exist yet (the engine creates it on first use; head {head_revision()})")
+        print(
+            f"revision  none: {missing} does not exist yet (the engine creates it on first use; head {head_revision()})"
+        )
         return 0
     with unavailable_as_error(url):
         engine = make_engine(url)

@@ -78,9 +78,7 @@ def event_hash(prev_hash: str, fields: EventFields | tuple[Any, ...]) -> str:
     return h.hexdigest()
 
 
-def first_break(
-    rows: Iterable[ChainedRow], *, after_seq: int = 0, after_hash: str = GENESIS_HASH
-) -> ChainBreak | None:
+def first_break(rows: Iterable[ChainedRow], *, after_seq: int = 0, after_hash: str = GENESIS_HASH) -> ChainBreak | None:
     """The first place the chain breaks, reading rows in seq order one at a time, or None.
 
     Starts after (after_seq, after_hash): the genesis by default, or a trusted checkpoint.
@@ -92,7 +90,9 @@ def first_break(
             return ChainBreak(expected_seq, f"expected seq {expected_seq}, found seq {row.seq}: rows are missing")
         if row.prev_hash != prev:
             return ChainBreak(row.seq, "prev_hash does not match the previous event's hash")
-        fields = EventFields(row.seq, row.at, row.kind, row.request_id, row.payload, row.dedup_key, getattr(row, "instance_id", None))
+        fields = EventFields(
+            row.seq, row.at, row.kind, row.request_id, row.payload, row.dedup_key, getattr(row, "instance_id", None)
+        )
         if event_hash(prev, fields) != row.hash:
             return ChainBreak(row.seq, "hash does not match the event's contents")
         expected_seq, prev = expected_seq + 1, row.hash

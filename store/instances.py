@@ -27,8 +27,8 @@ import msgspec
 from sqlalchemy import Connection, Select, Table, Text, insert, literal, select, text, update
 
 from loraledger.errors import InstanceLeaseLostError
-from loraledger.store.canonical import digest
 from loraledger.store import process_identity
+from loraledger.store.canonical import digest
 from loraledger.store.models import Instance, InstanceLease, utc_from_unix
 from loraledger.store.records import EventKind, EventRecord
 from loraledger.store.registration import registered_form
@@ -175,7 +175,9 @@ def release(conn: Connection, instance_id: str, unfinished: bool) -> None:
     values: dict[str, Any] = {"expires_at": now}
     if not unfinished:
         values.update(recovered_by=instance_id, recovered_at=now)
-    conn.execute(update(LEASES).where(LEASES.c.instance_id == instance_id, LEASES.c.recovered_by.is_(None)).values(values))
+    conn.execute(
+        update(LEASES).where(LEASES.c.instance_id == instance_id, LEASES.c.recovered_by.is_(None)).values(values)
+    )
 
 
 def ensure_writable(conn: Connection, instance_id: str) -> None:
@@ -258,7 +260,9 @@ def lease_states(conn: Connection) -> list[LeaseState]:
 def is_registered(instances: Table | Any, events: Table | Any) -> Any:
     """SQL: the instances row has its instance_registered event (found through the event's unique dedup_key)."""
     key = literal(KEY_PREFIX, Text) + instances.c.instance_id
-    return select(events.c.seq).where(events.c.dedup_key == key, events.c.kind == EventKind.INSTANCE_REGISTERED).exists()
+    return (
+        select(events.c.seq).where(events.c.dedup_key == key, events.c.kind == EventKind.INSTANCE_REGISTERED).exists()
+    )
 
 
 def unregistered(instances: Table, events: Table) -> Select[Any]:

@@ -49,9 +49,7 @@ AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances")
 # what they decide (which instance recovered which) is put on the chain as events
 COORDINATION_TABLES = ("instance_leases",)
 
-_SQLITE_UTC_FORMAT = (
-    "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d+00:00"
-)
+_SQLITE_UTC_FORMAT = "%(year)04d-%(month)02d-%(day)02d %(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d+00:00"
 _SQLITE_UTC_REGEXP = r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\+00:00"
 
 

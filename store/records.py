@@ -80,7 +80,9 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str | None = None  # the API key that authenticated the caller at the HTTP server (and gave the tenant)
     # revision 0006; bindings admitted before it carry neither key (read as None, so they verify as before)
     caller_request_id: str | None = None  # the caller's request id (RequestOutput.request_id)
-    chat_template_sha256: str | None = None  # LLM.chat / the chat route: sha256 hex of the template that rendered the prompt
+    chat_template_sha256: str | None = (
+        None  # LLM.chat / the chat route: sha256 hex of the template that rendered the prompt
+    )
     # structured outputs: the constraint's kind (json, regex, choice, grammar, json_object), the sha256 of its canonical
     # JSON text, and that text itself where audit_prompts is "text"; None for unconstrained requests
     constraint_kind: str | None = None

@@ -39,20 +39,21 @@ def registration_event(row: Mapping[str, Any], *, at: float, backfilled_by: str 
     if backfilled_by is not None:
         payload["backfilled_by"] = backfilled_by  # the revision that put a row written before it on the chain
     return EventRecord(
-        kind=EventKind.ADAPTER_REGISTERED, at=at, payload=payload, dedup_key=registration_key(str(adapter["fingerprint"]))
+        kind=EventKind.ADAPTER_REGISTERED,
+        at=at,
+        payload=payload,
+        dedup_key=registration_key(str(adapter["fingerprint"])),
     )
 
 
 def is_registered(adapters: Table | Any, events: Table | Any) -> Any:
     """SQL: the adapters row has its adapter_registered event (found through the event's unique dedup_key)."""
     key = literal(KEY_PREFIX, Text) + adapters.c.fingerprint
-    return (
-        select(events.c.seq)
-        .where(events.c.dedup_key == key, events.c.kind == EventKind.ADAPTER_REGISTERED)
-        .exists()
-    )
+    return select(events.c.seq).where(events.c.dedup_key == key, events.c.kind == EventKind.ADAPTER_REGISTERED).exists()
 
 
 def unregistered(adapters: Table, events: Table) -> Select[Any]:
     """The `adapters` rows no adapter_registered event vouches for, oldest first."""
-    return select(adapters).where(~is_registered(adapters, events)).order_by(adapters.c.first_seen, adapters.c.fingerprint)
+    return (
+        select(adapters).where(~is_registered(adapters, events)).order_by(adapters.c.first_seen, adapters.c.fingerprint)
+    )

@@ -33,6 +33,8 @@ import pytest
 from sqlalchemy.engine import URL, make_url
 
 from loraledger.store.audit_store import AuditStore
+from loraledger.store.db import normalize_url
+from loraledger.store.migrate import upgrade
 from loraledger.store.records import (
     AdapterRecord,
     AuditBatch,
@@ -41,8 +43,6 @@ from loraledger.store.records import (
     EventRecord,
     RequestRecord,
 )
-from loraledger.store.db import normalize_url
-from loraledger.store.migrate import upgrade
 
 PG_CANDIDATES = (
     "postgresql+psycopg://postgres@127.0.0.1:5432/test",

@@ -31,8 +31,19 @@ def test_tokenizer_loads_with_autotokenizer_and_prepends_bos(tmp_path):
 def test_random_checkpoint_loads_in_transformers_and_generates_varied_tokens(tmp_path, arch):
     from transformers import AutoModelForCausalLM
 
-    build_random_checkpoint(tmp_path, arch=arch, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                            num_kv_heads=2, vocab_size=300, max_position_embeddings=128, seed=3, dtype="float32")
+    build_random_checkpoint(
+        tmp_path,
+        arch=arch,
+        hidden_size=64,
+        intermediate_size=96,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        vocab_size=300,
+        max_position_embeddings=128,
+        seed=3,
+        dtype="float32",
+    )
     model, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     cfg = ModelConfig.from_pretrained(tmp_path)
@@ -51,8 +62,15 @@ def test_random_adapter_loads_in_peft_with_its_exact_weights_and_scale(tmp_path)
 
     model_dir, adapter_dir = tmp_path / "m", tmp_path / "a"
     build_random_checkpoint(model_dir, arch="llama", vocab_size=300, seed=1)
-    build_random_adapter(adapter_dir, model_dir, rank=4, alpha=8, target_modules=["v_proj", "q_proj", "down_proj"],
-                         seed=5, use_rslora=True)
+    build_random_adapter(
+        adapter_dir,
+        model_dir,
+        rank=4,
+        alpha=8,
+        target_modules=["v_proj", "q_proj", "down_proj"],
+        seed=5,
+        use_rslora=True,
+    )
     cfg = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert cfg["target_modules"] == ["q_proj", "v_proj", "down_proj"] and cfg["peft_type"] == "LORA"
     base = AutoModelForCausalLM.from_pretrained(model_dir)

@@ -48,7 +48,12 @@ def test_every_command_and_option_has_a_help_with_its_default():
 
 def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_takes(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    assert main(["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "4", "--device", "cpu"]) == 0
+    assert (
+        main(
+            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "4", "--device", "cpu"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "random weights" in lines[0] and "noise by design" in lines[0]
@@ -68,13 +73,30 @@ def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_tak
     assert main([*suggested[1:], "--url", url]) == 0
     assert main(["audit", "verify", "--url", url]) == 0
     # built once: a second run reuses the cache
-    assert main(["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]) == 0
+    assert (
+        main(
+            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]
+        )
+        == 0
+    )
     assert "building the demo model" not in capsys.readouterr().err
 
 
 def test_generate_runs_base_and_each_adapter(tiny_llama, tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    argv = ["generate", "--model", str(tiny_llama.model_dir), "--prompt", "hello world", "--max-tokens", "3", "--audit-url", url, "--max-lora-rank", "16"]
+    argv = [
+        "generate",
+        "--model",
+        str(tiny_llama.model_dir),
+        "--prompt",
+        "hello world",
+        "--max-tokens",
+        "3",
+        "--audit-url",
+        url,
+        "--max-lora-rank",
+        "16",
+    ]
     for name, path in sorted(tiny_llama.adapters.items()):
         argv += ["--lora", f"{name}={path}"]
     assert main(argv) == 0
@@ -86,7 +108,22 @@ def test_generate_runs_base_and_each_adapter(tiny_llama, tmp_path, capsys):
 
 
 def test_bad_cli_input_is_a_clear_error(tiny_llama, capsys):
-    assert main(["generate", "--model", str(tiny_llama.model_dir), "--prompt", "x", "--lora", "no-equals-sign", "--audit-url", "sqlite://"]) == 2
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(tiny_llama.model_dir),
+                "--prompt",
+                "x",
+                "--lora",
+                "no-equals-sign",
+                "--audit-url",
+                "sqlite://",
+            ]
+        )
+        == 2
+    )
     assert "NAME=PATH" in capsys.readouterr().err
     base = ["generate", "--model", str(tiny_llama.model_dir), "--prompt", "x", "--audit-url", "sqlite://"]
     assert main([*base, "--only", "nonexist"]) == 2
@@ -99,7 +136,9 @@ def test_an_adapter_error_is_printed_once(tiny_llama, tmp_path):
     argv = ["generate", "--model", str(tiny_llama.model_dir), "--prompt", "x", "--max-tokens", "2",
             "--lora", f"bad={tmp_path / 'nowhere'}", "--audit-url", f"sqlite:///{tmp_path / 'a.db'}"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "LORALEDGER_LOG_LEVEL"}
-    result = subprocess.run([sys.executable, "-m", "loraledger.cli", *argv], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "loraledger.cli", *argv], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 2
     said = result.stdout + result.stderr
     assert said.count("does not exist") == 1, said

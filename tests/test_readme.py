@@ -26,7 +26,9 @@ def test_the_readme_has_its_examples():
     engines = [b for b in python if MODEL_PATH in b]
     assert len(engines) >= 3 and any("llm.chat(" in b for b in engines) and any("AuditLog" in b for b in python)
     assert len(blocks("sql")) >= 3
-    assert any(SERVER_URL in b and SERVER_KEY in b for b in python), "the Serve over HTTP example, run against a live server"
+    assert any(SERVER_URL in b and SERVER_KEY in b for b in python), (
+        "the Serve over HTTP example, run against a live server"
+    )
 
 
 SERVER_URL = "http://localhost:8000/v1"
@@ -43,8 +45,17 @@ def readme_server(tiny_llama_chat, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("readme-server")
     _, key = add_key(tmp / "keys.toml", tenant="acme", adapters=["sql"])
-    args = EngineArgs(model=str(tiny_llama_chat.model_dir), enable_lora=True, max_lora_rank=16, audit_url=f"sqlite:///{tmp / 'server.db'}")
-    config = ServerConfig(engine_args=args, lora_modules=(LoRAModule("sql", str(tiny_llama_chat.adapters["all_r8"])),), api_keys_file=str(tmp / "keys.toml"))
+    args = EngineArgs(
+        model=str(tiny_llama_chat.model_dir),
+        enable_lora=True,
+        max_lora_rank=16,
+        audit_url=f"sqlite:///{tmp / 'server.db'}",
+    )
+    config = ServerConfig(
+        engine_args=args,
+        lora_modules=(LoRAModule("sql", str(tiny_llama_chat.adapters["all_r8"])),),
+        api_keys_file=str(tmp / "keys.toml"),
+    )
     with LiveServer(config) as server:
         yield {SERVER_URL: f"{server.base_url}/v1", SERVER_KEY: repr(key)}
 
@@ -55,7 +66,12 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
     The model is the tiny fixture with a chat template (the chat example renders with it)."""
     tiny_llama = tiny_llama_chat
     monkeypatch.chdir(tmp_path)
-    substitutes = {MODEL_PATH: str(tiny_llama.model_dir), ADAPTER_PATH: str(tiny_llama.adapters["all_r8"]), POLICY_PATH: str(tiny_llama.adapters["qv_r4"]), **readme_server}
+    substitutes = {
+        MODEL_PATH: str(tiny_llama.model_dir),
+        ADAPTER_PATH: str(tiny_llama.adapters["all_r8"]),
+        POLICY_PATH: str(tiny_llama.adapters["qv_r4"]),
+        **readme_server,
+    }
     for run in (1, 2):
         for i, source in enumerate(blocks("python")):
             for placeholder, path in substitutes.items():
@@ -68,7 +84,7 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
     engine = make_engine(f"sqlite:///{tmp_path / 'audit.db'}")
     try:
         with engine.connect() as conn:
-            for i, source in enumerate(blocks("sql")):
+            for source in blocks("sql"):
                 for statement in (s for s in source.split(";") if s.strip() and not _only_comments(s)):
                     conn.execute(text(statement)).fetchall()
             requests = conn.execute(text("SELECT count(*) FROM requests")).scalar_one()

@@ -29,7 +29,9 @@ def _state(request: Request):
 
 
 def _context(request: Request) -> RequestContext:
-    return RequestContext(route=request.url.path, caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id"))
+    return RequestContext(
+        route=request.url.path, caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id")
+    )
 
 
 def _json(body: object, status: int = 200) -> Response:
@@ -43,12 +45,16 @@ async def _generate(request: Request, work) -> Response:
 
 
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+async def create_completion(
+    body: CompletionRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
     return await _generate(request, lambda: _state(request).completion.create(body, caller, _context(request)))
 
 
 @router.post("/v1/chat/completions")
-async def create_chat_completion(body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+async def create_chat_completion(
+    body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
     return await _generate(request, lambda: _state(request).chat.create(body, caller, _context(request)))
 
 
@@ -58,19 +64,25 @@ async def list_models(request: Request, caller: Caller = Depends(authenticate)) 
 
 
 @router.post("/v1/load_lora_adapter")
-async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)) -> Response:
+async def load_lora_adapter(
+    body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)
+) -> Response:
     await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
 @router.post("/v1/unload_lora_adapter")
-async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)) -> Response:
+async def unload_lora_adapter(
+    body: UnloadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)
+) -> Response:
     await _state(request).models.unload(body.lora_name, body.lora_int_id)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeChatRequest | TokenizeCompletionRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+async def tokenize(
+    body: TokenizeChatRequest | TokenizeCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
+) -> Response:
     return _json(await _state(request).tokenization.tokenize(body, caller, request.url.path))
 
 

@@ -54,7 +54,10 @@ class ServerState:
     def begin_drain(self) -> None:
         """Shutdown has begun (SIGTERM): new requests get 503, running ones go on."""
         if not self.draining:
-            self._log.info("shutting down: no new requests; running requests get the grace period", grace_seconds=self.config.shutdown_grace_seconds)
+            self._log.info(
+                "shutting down: no new requests; running requests get the grace period",
+                grace_seconds=self.config.shutdown_grace_seconds,
+            )
         self.draining = True
 
     def reload_keys(self) -> None:
@@ -108,10 +111,18 @@ class ServerMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         caller_id = headers.get("x-request-id")
         structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(request_id=None, tenant=None, adapter=None, caller_request_id=None, route=scope.get("path"))
+        structlog.contextvars.bind_contextvars(
+            request_id=None, tenant=None, adapter=None, caller_request_id=None, route=scope.get("path")
+        )
         try:
-            if caller_id is not None and not (0 < len(caller_id) <= MAX_CALLER_ID_CHARS and caller_id.isprintable() and caller_id.isascii()):
-                raise APIError(400, f"X-Request-Id must be 1-{MAX_CALLER_ID_CHARS} printable ASCII characters", param="X-Request-Id")
+            if caller_id is not None and not (
+                0 < len(caller_id) <= MAX_CALLER_ID_CHARS and caller_id.isprintable() and caller_id.isascii()
+            ):
+                raise APIError(
+                    400,
+                    f"X-Request-Id must be 1-{MAX_CALLER_ID_CHARS} printable ASCII characters",
+                    param="X-Request-Id",
+                )
             structlog.contextvars.bind_contextvars(caller_request_id=caller_id)
             limit = state.config.max_body_bytes
             length = headers.get("content-length")
@@ -122,7 +133,10 @@ class ServerMiddleware:
                 if state.draining:
                     raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
                 if state.in_flight >= state.config.pending_limit:
-                    raise unavailable(f"the server is over capacity ({state.in_flight} requests in flight); retry shortly", "over_capacity")
+                    raise unavailable(
+                        f"the server is over capacity ({state.in_flight} requests in flight); retry shortly",
+                        "over_capacity",
+                    )
         except APIError as exc:
             response = exc.response()
             if caller_id is not None and exc.param != "X-Request-Id":
@@ -143,7 +157,10 @@ class ServerMiddleware:
 
         async def echoing_send(message) -> None:
             if message["type"] == "http.response.start" and caller_id is not None:
-                message = {**message, "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))]}
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
+                }
             await send(message)
 
         if generation:
@@ -171,7 +188,12 @@ def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
 
                 state.engine = await stack.enter_async_context(AsyncEngine.from_engine_args(config.engine_args))
             await state.startup()
-            state._log.info("serving", model=config.model_name, adapters=sorted(state.models.adapters), keys=len(state.keys) if state.keys else 0)
+            state._log.info(
+                "serving",
+                model=config.model_name,
+                adapters=sorted(state.models.adapters),
+                keys=len(state.keys) if state.keys else 0,
+            )
             try:
                 yield
             finally:
@@ -181,7 +203,14 @@ def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
                 await state.wait_idle(config.engine_args.audit_timeout + 5)
         state._log.info("stopped")
 
-    app = FastAPI(title="loraledger", lifespan=lifespan, root_path=config.root_path, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="loraledger",
+        lifespan=lifespan,
+        root_path=config.root_path,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.server = state
     install_handlers(app)
     app.include_router(router)

@@ -81,7 +81,11 @@ async def run_asgi(app: ASGIApp, request: HttpRequest) -> AsyncIterator[HttpResp
         nonlocal started
         if message["type"] == "http.response.start":
             started = True
-            await sent.send(HttpResponseStart(status=message["status"], headers=tuple((k, v) for k, v in message.get("headers", ()))))
+            await sent.send(
+                HttpResponseStart(
+                    status=message["status"], headers=tuple((k, v) for k, v in message.get("headers", ()))
+                )
+            )
         elif message["type"] == "http.response.body":
             await sent.send(HttpBody(data=bytes(message.get("body", b"")), more=bool(message.get("more_body", False))))
 
@@ -90,9 +94,13 @@ async def run_asgi(app: ASGIApp, request: HttpRequest) -> AsyncIterator[HttpResp
             try:
                 await app(scope, receive, send)
             except Exception as exc:  # what uvicorn does: log it; a response not yet begun becomes a 500
-                structlog.get_logger().bind(actor="server").error("the app failed on a relayed request", error=f"{type(exc).__name__}: {exc}", route=request.path)
+                structlog.get_logger().bind(actor="server").error(
+                    "the app failed on a relayed request", error=f"{type(exc).__name__}: {exc}", route=request.path
+                )
                 if not started:
-                    await error_response(500, "the server failed on this request", type="server_error")(scope, receive, send)
+                    await error_response(500, "the server failed on this request", type="server_error")(
+                        scope, receive, send
+                    )
 
     # an asyncio task, not a task group: a task group's cancel scope cannot span the yields of an async generator
     # that its consumer may close, or leave to the garbage collector, from another task

@@ -25,11 +25,11 @@ import re
 import secrets
 import threading
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+import tomllib
 from fastapi import Request
 
 from loraledger.errors import ConfigError
@@ -48,7 +48,7 @@ class RateLimit:
     period: float  # seconds
 
     @classmethod
-    def parse(cls, text: str) -> "RateLimit":
+    def parse(cls, text: str) -> RateLimit:
         m = re.fullmatch(r"\s*(\d+)\s*/\s*(second|minute|hour)\s*", str(text))
         if m is None or int(m.group(1)) < 1:
             raise ConfigError(f"rate limit {text!r}: write N/second, N/minute or N/hour with N >= 1")
@@ -105,7 +105,9 @@ def read_keys_file(path: str | os.PathLike) -> tuple[ApiKey, ...]:
     unknown = set(data) - {"keys"}
     entries = data.get("keys", [])
     if unknown or not isinstance(entries, list):
-        raise ConfigError(f"the keys file {str(path)!r} must hold [[keys]] tables only (found {sorted(unknown) or type(entries).__name__})")
+        raise ConfigError(
+            f"the keys file {str(path)!r} must hold [[keys]] tables only (found {sorted(unknown) or type(entries).__name__})"
+        )
     keys: list[ApiKey] = []
     for i, entry in enumerate(entries):
         keys.append(_entry(entry, f"{path}: [[keys]] #{i + 1}"))
@@ -131,7 +133,9 @@ def _entry(entry: object, where: str) -> ApiKey:
     if not isinstance(tenant, str) or not tenant or len(tenant) > 256:
         raise ConfigError(f"{where} ({key_id}): tenant must be a non-empty string of at most 256 characters")
     if not isinstance(adapters, list) or not adapters or not all(isinstance(a, str) and a for a in adapters):
-        raise ConfigError(f"{where} ({key_id}): adapters must be a non-empty list of model names or globs (\"*\": every model)")
+        raise ConfigError(
+            f'{where} ({key_id}): adapters must be a non-empty list of model names or globs ("*": every model)'
+        )
     if role not in ROLES:
         raise ConfigError(f"{where} ({key_id}): role must be one of {', '.join(ROLES)}, got {role!r}")
     limit = entry.get("rate_limit")
@@ -241,8 +245,15 @@ async def authenticate(request: Request) -> Caller:
 async def require_admin(request: Request) -> Caller:
     caller = await authenticate(request)
     if not caller.is_admin:
-        reason = "this server has no API keys" if caller.key_id is None else f"key {caller.key_id} has role {caller.role!r}"
-        raise APIError(403, f"loading and unloading adapters needs an admin key; {reason}", type="permission_error", code="admin_only")
+        reason = (
+            "this server has no API keys" if caller.key_id is None else f"key {caller.key_id} has role {caller.role!r}"
+        )
+        raise APIError(
+            403,
+            f"loading and unloading adapters needs an admin key; {reason}",
+            type="permission_error",
+            code="admin_only",
+        )
     return caller
 
 
@@ -260,14 +271,22 @@ def _toml_str(value: str) -> str:
     return json.dumps(value, ensure_ascii=True)  # a JSON string with ASCII escapes is a TOML basic string
 
 
-def add_key(path: str | os.PathLike, *, tenant: str, adapters: list[str], admin: bool = False, rate_limit: str | None = None) -> tuple[str, str]:
+def add_key(
+    path: str | os.PathLike, *, tenant: str, adapters: list[str], admin: bool = False, rate_limit: str | None = None
+) -> tuple[str, str]:
     """Append a new key to the keys file (made, mode 0600, if missing); returns (key id, key)."""
     path = Path(path)
     existing = read_keys_file(path) if path.exists() else ()
     key_id, key = new_key()
     while any(k.key_id == key_id for k in existing):
         key_id, key = new_key()
-    entry = {"id": key_id, "sha256": key_sha256(key), "tenant": tenant, "adapters": adapters, "role": "admin" if admin else "user"}
+    entry = {
+        "id": key_id,
+        "sha256": key_sha256(key),
+        "tenant": tenant,
+        "adapters": adapters,
+        "role": "admin" if admin else "user",
+    }
     if rate_limit is not None:
         entry["rate_limit"] = str(RateLimit.parse(rate_limit))
     _entry(entry, "the new key")  # the same checks as reading the file

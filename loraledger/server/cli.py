@@ -6,65 +6,159 @@ import argparse
 import signal
 import sys
 
-SERVE_HELP = "serve a model and its adapters over HTTP with OpenAI's and vLLM's routes, every caller authenticated and on record"
+SERVE_HELP = (
+    "serve a model and its adapters over HTTP with OpenAI's and vLLM's routes, every caller authenticated and on record"
+)
 
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
     p.add_argument("model", help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
-    p.add_argument("--served-model-name", nargs="+", default=None, help="the base model's name(s) in requests (default: the model path)")
-    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH", help="adapters served from start (vLLM's flag; also JSON {\"name\", \"path\"}) (default: none)")
-    p.add_argument("--enable-lora", action="store_true", help="serve adapters (default: on when --lora-modules is given; adapters loaded later need it)")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the base model's name(s) in requests (default: the model path)",
+    )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help='adapters served from start (vLLM\'s flag; also JSON {"name", "path"}) (default: none)',
+    )
+    p.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="serve adapters (default: on when --lora-modules is given; adapters loaded later need it)",
+    )
     p.add_argument("--max-loras", type=int, default=1, help="adapters on the device at once")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
-    p.add_argument("--max-cpu-loras", type=int, default=None, help="adapters cached in host memory (default: --max-loras)")
-    p.add_argument("--api-keys", default=None, metavar="KEYS.toml", help="the keys file (`loraledger keys add` makes it) (default: none: no keys, loopback only)")
-    p.add_argument("--insecure-no-auth", action="store_true", help="serve without keys on a non-loopback address: anyone who reaches it may use every model (default: off)")
-    p.add_argument("--audit-url", default=None, help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)")
+    p.add_argument(
+        "--max-cpu-loras", type=int, default=None, help="adapters cached in host memory (default: --max-loras)"
+    )
+    p.add_argument(
+        "--api-keys",
+        default=None,
+        metavar="KEYS.toml",
+        help="the keys file (`loraledger keys add` makes it) (default: none: no keys, loopback only)",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve without keys on a non-loopback address: anyone who reaches it may use every model (default: off)",
+    )
+    p.add_argument(
+        "--audit-url",
+        default=None,
+        help="audit database URL (default: $LORALEDGER_AUDIT_URL, else the engine's SQLite file)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8000, help="port to bind")
     p.add_argument("--uds", default=None, help="a Unix domain socket to bind instead of host:port (default: none)")
-    p.add_argument("--dtype", default="auto", choices=("auto", "half", "float16", "bfloat16", "float", "float32"), help="weight and compute dtype")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
+        help="weight and compute dtype",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
-    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt plus output in tokens (default: the model's)")
+    p.add_argument(
+        "--max-model-len", type=int, default=None, help="longest prompt plus output in tokens (default: the model's)"
+    )
     p.add_argument("--max-num-seqs", type=int, default=256, help="sequences in the running batch at most")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="tokens per step at most")
     p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of device memory the engine may use")
-    p.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU: KV-cache size in bytes (default: the engine's sizing)")
+    p.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of device memory the engine may use"
+    )
+    p.add_argument(
+        "--kv-cache-bytes", type=int, default=None, help="CPU: KV-cache size in bytes (default: the engine's sizing)"
+    )
     p.add_argument("--seed", type=int, default=0, help="the engine's seed for unseeded requests")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: never replay CUDA graphs (default: off)")
-    p.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false", help="turn prefix caching off (default: on)")
+    p.add_argument(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="turn prefix caching off (default: on)",
+    )
     p.add_argument("--max-logprobs", type=int, default=20, help="most logprobs a request may ask for")
     p.add_argument("--generation-config", default="auto", help="'auto' (the model folder's), 'vllm' (none) or a folder")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     p.add_argument("--tokenizer-mode", default="auto", choices=("auto", "slow"), help="fast or slow tokenizer")
-    p.add_argument("--trust-remote-code", action="store_true", help="accepted; code shipped with a checkpoint never runs (default: off)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="accepted; code shipped with a checkpoint never runs (default: off)",
+    )
     p.add_argument("--num-threads", type=int, default=None, help="CPU: torch threads (default: torch's choice)")
-    p.add_argument("--audit-prompts", default="text", choices=("text", "hash", "none"), help="what the audit log keeps of prompts")
-    p.add_argument("--audit-timeout", type=float, default=5.0, help="seconds: the deadline of each audit-store operation")
+    p.add_argument(
+        "--audit-prompts", default="text", choices=("text", "hash", "none"), help="what the audit log keeps of prompts"
+    )
+    p.add_argument(
+        "--audit-timeout", type=float, default=5.0, help="seconds: the deadline of each audit-store operation"
+    )
     p.add_argument(
         "--audit-lease-seconds", type=float, default=30.0,
         help="seconds this engine's lease in a shared audit database lasts without renewal; peers recover it after (default 30)",
     )  # fmt: skip
-    p.add_argument("--max-request-body-bytes", type=int, default=None, help="request bodies above this are refused with 413 (default: 8 MiB)")
-    p.add_argument("--max-pending-requests", type=int, default=None, help="requests in flight above which new ones get 503 (default: 4 x --max-num-seqs)")
-    p.add_argument("--shutdown-grace", type=float, default=30.0, help="seconds running requests get to finish after SIGTERM; then they are aborted")
-    p.add_argument("--trust-request-chat-template", action="store_true", help="let requests bring their own chat template, Jinja (default: off)")
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="request bodies above this are refused with 413 (default: 8 MiB)",
+    )
+    p.add_argument(
+        "--max-pending-requests",
+        type=int,
+        default=None,
+        help="requests in flight above which new ones get 503 (default: 4 x --max-num-seqs)",
+    )
+    p.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=30.0,
+        help="seconds running requests get to finish after SIGTERM; then they are aborted",
+    )
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let requests bring their own chat template, Jinja (default: off)",
+    )
     p.add_argument("--root-path", default="", help="ASGI root path behind a proxy")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None, help="JSON log lines on stdout at this level and above (default: info)")
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default=None,
+        help="JSON log lines on stdout at this level and above (default: info)",
+    )
     p.set_defaults(func=run_serve, json_logs=True)
 
-    keys = sub.add_parser("keys", help="API keys of `loraledger serve`: add, list", description="API keys of `loraledger serve`")
+    keys = sub.add_parser(
+        "keys", help="API keys of `loraledger serve`: add, list", description="API keys of `loraledger serve`"
+    )
     ksub = keys.add_subparsers(dest="keys_command", title="commands", metavar="COMMAND")
-    add = ksub.add_parser("add", help="make a key: prints it once; the file keeps its sha256", description="make a key: prints it once; the file keeps its sha256")
+    add = ksub.add_parser(
+        "add",
+        help="make a key: prints it once; the file keeps its sha256",
+        description="make a key: prints it once; the file keeps its sha256",
+    )
     add.add_argument("--file", required=True, help="the keys file (made, mode 0600, if missing)")
     add.add_argument("--tenant", required=True, help="the tenant this key's requests are recorded under")
-    add.add_argument("--adapters", required=True, help="comma-separated model names or globs this key may use ('*': all; the base model by its served name)")
+    add.add_argument(
+        "--adapters",
+        required=True,
+        help="comma-separated model names or globs this key may use ('*': all; the base model by its served name)",
+    )
     add.add_argument("--admin", action="store_true", help="may also load and unload adapters (default: a user key)")
     add.add_argument("--rate-limit", default=None, help="N/second, N/minute or N/hour (default: none)")
     add.set_defaults(func=run_keys_add)
-    lst = ksub.add_parser("list", help="the keys in a file: id, tenant, role, adapters, rate limit (never the keys)", description="list keys")
+    lst = ksub.add_parser(
+        "list",
+        help="the keys in a file: id, tenant, role, adapters, rate limit (never the keys)",
+        description="list keys",
+    )
     lst.add_argument("--file", required=True, help="the keys file")
     lst.set_defaults(func=run_keys_list)
     from loraledger.cli import show_help
@@ -76,9 +170,14 @@ def run_keys_add(args: argparse.Namespace) -> int:
     from loraledger.server.auth import add_key
 
     adapters = [a.strip() for a in args.adapters.split(",") if a.strip()]
-    key_id, key = add_key(args.file, tenant=args.tenant, adapters=adapters, admin=args.admin, rate_limit=args.rate_limit)
+    key_id, key = add_key(
+        args.file, tenant=args.tenant, adapters=adapters, admin=args.admin, rate_limit=args.rate_limit
+    )
     print(key)
-    print(f"key {key_id} for tenant {args.tenant!r} added to {args.file}; the key is shown only now (the file keeps its sha256)", file=sys.stderr)
+    print(
+        f"key {key_id} for tenant {args.tenant!r} added to {args.file}; the key is shown only now (the file keeps its sha256)",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -142,7 +241,10 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
     state = app.state.server
     if config.api_keys_file is None:
         if config.insecure_no_auth:
-            log.warning("serving WITHOUT authentication (--insecure-no-auth): anyone who can reach this address may use every model", host=config.host)
+            log.warning(
+                "serving WITHOUT authentication (--insecure-no-auth): anyone who can reach this address may use every model",
+                host=config.host,
+            )
         else:
             log.warning("no --api-keys: serving on loopback only, without authentication", host=config.host)
     uv_config = uvicorn.Config(

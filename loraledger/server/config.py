@@ -20,7 +20,7 @@ class LoRAModule:
     path: str
 
     @classmethod
-    def parse(cls, text: str) -> "LoRAModule":
+    def parse(cls, text: str) -> LoRAModule:
         """vLLM's forms: `name=path`, or JSON `{"name": ..., "path": ...}`."""
         import json
 
@@ -39,14 +39,18 @@ class LoRAModule:
 @dataclass(frozen=True)
 class ServerConfig:
     engine_args: EngineArgs
-    served_model_name: tuple[str, ...] = ()  # the base model's names in requests (the first in responses); default: the model path
+    served_model_name: tuple[
+        str, ...
+    ] = ()  # the base model's names in requests (the first in responses); default: the model path
     lora_modules: tuple[LoRAModule, ...] = ()
     api_keys_file: str | None = None  # TOML (loraledger.server.auth); None: no keys, loopback only
     insecure_no_auth: bool = False  # serve without keys on an address other than loopback
     host: str = "127.0.0.1"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_grace_seconds: float = DEFAULT_GRACE_SECONDS  # SIGTERM: running requests get this long to finish
-    max_pending_requests: int | None = None  # requests in flight above which new ones get 503 (default: 4 x max_num_seqs)
+    max_pending_requests: int | None = (
+        None  # requests in flight above which new ones get 503 (default: 4 x max_num_seqs)
+    )
     max_prompts_per_request: int = 64  # /v1/completions: prompts in one body
     trust_request_chat_template: bool = False  # let a request's `chat_template` (Jinja) render its conversation
     root_path: str = ""
@@ -58,9 +62,13 @@ class ServerConfig:
         names = self.served_model_name or (str(self.engine_args.model),)
         object.__setattr__(self, "served_model_name", tuple(names))
         modules = [m.name for m in self.lora_modules]
-        clash = sorted(set(modules) & set(self.served_model_name)) or sorted({m for m in modules if modules.count(m) > 1})
+        clash = sorted(set(modules) & set(self.served_model_name)) or sorted(
+            {m for m in modules if modules.count(m) > 1}
+        )
         if clash:
-            raise ConfigError(f"model name(s) {clash} are given twice (an adapter and the base model, or two adapters); each name must be unique")
+            raise ConfigError(
+                f"model name(s) {clash} are given twice (an adapter and the base model, or two adapters); each name must be unique"
+            )
         if self.lora_modules and not self.engine_args.enable_lora:
             raise ConfigError("--lora-modules needs an engine with enable_lora=True (--enable-lora)")
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:

@@ -23,7 +23,9 @@ class APIError(Exception):
         self.headers = dict(headers or {})
 
     def response(self) -> Response:
-        return error_response(self.status, self.message, type=self.type, code=self.code, param=self.param, headers=self.headers)
+        return error_response(
+            self.status, self.message, type=self.type, code=self.code, param=self.param, headers=self.headers
+        )
 
 
 def error_response(status: int, message: str, *, type: str, code: str | None = None, param: str | None = None,
@@ -33,7 +35,9 @@ def error_response(status: int, message: str, *, type: str, code: str | None = N
 
 
 def unavailable(message: str, code: str, retry_after: float = RETRY_AFTER_S) -> APIError:
-    return APIError(503, message, type="service_unavailable", code=code, headers={"Retry-After": str(max(1, round(retry_after)))})
+    return APIError(
+        503, message, type="service_unavailable", code=code, headers={"Retry-After": str(max(1, round(retry_after)))}
+    )
 
 
 # (error class, status, type, code): the first class an error is an instance of decides
@@ -80,7 +84,13 @@ def install_handlers(app) -> None:
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             problems.append(f"{where or 'body'}: {err.get('msg')}")
         param = ".".join(str(p) for p in exc.errors()[0].get("loc", ()) if p != "body") if exc.errors() else None
-        return error_response(400, "invalid request: " + "; ".join(problems), type="invalid_request_error", code="invalid_parameter", param=param or None)
+        return error_response(
+            400,
+            "invalid request: " + "; ".join(problems),
+            type="invalid_request_error",
+            code="invalid_parameter",
+            param=param or None,
+        )
 
     async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"

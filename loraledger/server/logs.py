@@ -49,8 +49,16 @@ def configure_json(level: str = "info") -> dict:
         "formatters": {
             "json": {
                 "()": structlog.stdlib.ProcessorFormatter,
-                "processors": [structlog.stdlib.ProcessorFormatter.remove_processors_meta, structlog.processors.JSONRenderer()],
-                "foreign_pre_chain": [*_processors(), structlog.stdlib.add_logger_name, structlog.stdlib.ExtraAdder(), _drop_color],
+                "processors": [
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.JSONRenderer(),
+                ],
+                "foreign_pre_chain": [
+                    *_processors(),
+                    structlog.stdlib.add_logger_name,
+                    structlog.stdlib.ExtraAdder(),
+                    _drop_color,
+                ],
             }
         },
         "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stdout"}},

@@ -39,8 +39,12 @@ class ServerMetrics:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("loraledger_requests", "Requests by adapter and outcome", ["adapter", "outcome"], registry=r)
-        self.prompt_tokens = Counter("loraledger_prompt_tokens", "Prompt tokens of finished requests", ["adapter"], registry=r)
+        self.requests = Counter(
+            "loraledger_requests", "Requests by adapter and outcome", ["adapter", "outcome"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "loraledger_prompt_tokens", "Prompt tokens of finished requests", ["adapter"], registry=r
+        )
         self.generation_tokens = Counter("loraledger_generation_tokens", "Generated tokens", ["adapter"], registry=r)
         self.ttft = Histogram(
             "loraledger_time_to_first_token_seconds", "Time from request received to first token sent", ["adapter"],
@@ -50,9 +54,15 @@ class ServerMetrics:
             "loraledger_e2e_request_latency_seconds", "Time from request received to its last byte", ["adapter"],
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
-        self.auth_failures = Counter("loraledger_auth_failures", "Requests refused for a missing or invalid API key", ["reason"], registry=r)
-        self.access_denied = Counter("loraledger_access_denied", "Requests for a model the key may not use", ["adapter"], registry=r)
-        self.rate_limited = Counter("loraledger_rate_limited", "Requests refused by a key's rate limit", ["tenant"], registry=r)
+        self.auth_failures = Counter(
+            "loraledger_auth_failures", "Requests refused for a missing or invalid API key", ["reason"], registry=r
+        )
+        self.access_denied = Counter(
+            "loraledger_access_denied", "Requests for a model the key may not use", ["adapter"], registry=r
+        )
+        self.rate_limited = Counter(
+            "loraledger_rate_limited", "Requests refused by a key's rate limit", ["tenant"], registry=r
+        )
         self.engine = EngineCollector(model_name)
         r.register(self.engine)
 
@@ -86,32 +96,55 @@ class EngineCollector:
             g.add_metric([self.model_name], value)
             yield g
         info = GaugeMetricFamily(
-            "vllm:lora_requests_info", "Running stats on lora requests", labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"]
+            "vllm:lora_requests_info",
+            "Running stats on lora requests",
+            labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
         )
-        info.add_metric([",".join(s.running_lora_adapters), ",".join(s.waiting_lora_adapters), str(s.max_loras)], time.time())
+        info.add_metric(
+            [",".join(s.running_lora_adapters), ",".join(s.waiting_lora_adapters), str(s.max_loras)], time.time()
+        )
         yield info
-        loads = CounterMetricFamily("loraledger_adapter_loads", "Adapter loads: host = read into the host cache, device = into a slot", labels=["adapter", "where"])
-        evictions = CounterMetricFamily("loraledger_adapter_evictions", "Adapter evictions from the host cache or a device slot", labels=["adapter", "where"])
-        for where, load_counts, eviction_counts in (("host", m.host_loads, m.host_evictions), ("device", s.slot_loads, s.slot_evictions)):
+        loads = CounterMetricFamily(
+            "loraledger_adapter_loads",
+            "Adapter loads: host = read into the host cache, device = into a slot",
+            labels=["adapter", "where"],
+        )
+        evictions = CounterMetricFamily(
+            "loraledger_adapter_evictions",
+            "Adapter evictions from the host cache or a device slot",
+            labels=["adapter", "where"],
+        )
+        for where, load_counts, eviction_counts in (
+            ("host", m.host_loads, m.host_evictions),
+            ("device", s.slot_loads, s.slot_evictions),
+        ):
             for name, n in sorted(load_counts.items()):
                 loads.add_metric([name, where], n)
             for name, n in sorted(eviction_counts.items()):
                 evictions.add_metric([name, where], n)
         yield loads
         yield evictions
-        failures = CounterMetricFamily("loraledger_adapter_load_failures", "Adapter loads that failed", labels=["adapter"])
+        failures = CounterMetricFamily(
+            "loraledger_adapter_load_failures", "Adapter loads that failed", labels=["adapter"]
+        )
         for name, n in sorted(m.host_load_failures.items()):
             failures.add_metric([name], n)
         yield failures
         depth = GaugeMetricFamily("loraledger_audit_queue_depth", "Audit records (messages) not yet committed")
         depth.add_metric([], m.audit_queue_depth)
         yield depth
-        up = GaugeMetricFamily("loraledger_audit_store_up", "1 when the last audit write reached the store (0 with auditing off)")
+        up = GaugeMetricFamily(
+            "loraledger_audit_store_up", "1 when the last audit write reached the store (0 with auditing off)"
+        )
         up.add_metric([], 1.0 if m.audit_enabled and not m.audit_store_down else 0.0)
         yield up
         for name, doc, value in (
             ("loraledger_audit_commits", "Audit group commits", m.audit_commits),
-            ("loraledger_audit_write_failures", "Audit writes that failed to reach the store (retries count)", m.audit_failures),
+            (
+                "loraledger_audit_write_failures",
+                "Audit writes that failed to reach the store (retries count)",
+                m.audit_failures,
+            ),
             ("loraledger_audit_refused", "Audit records the database refused for good", m.audit_refused),
         ):
             c = CounterMetricFamily(name, doc)

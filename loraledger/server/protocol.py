@@ -142,5 +142,3 @@ class TokenizeChatRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str = Field(min_length=1, max_length=256)
     tokens: list[int]
-
-

@@ -24,8 +24,12 @@ class RayServeArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     adapters_dir: str | None = None  # adapters by name: <adapters_dir>/<name>/ (PEFT files), read by every replica
     api_keys_file: str | None = None  # the keys file (`loraledger keys add`), at the same path on every node
     insecure_no_auth: bool = False  # serve without keys: anyone who reaches Ray's proxy may use every model
-    served_model_name: list[str] = msgspec.field(default_factory=list)  # the base model's names (default: the model path)
-    engine: dict[str, object] = msgspec.field(default_factory=dict)  # further EngineArgs fields (max_loras, max_cpu_loras, dtype...)
+    served_model_name: list[str] = msgspec.field(
+        default_factory=list
+    )  # the base model's names (default: the model path)
+    engine: dict[str, object] = msgspec.field(
+        default_factory=dict
+    )  # further EngineArgs fields (max_loras, max_cpu_loras, dtype...)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     shutdown_grace_seconds: float = DEFAULT_GRACE_SECONDS
     max_pending_requests: int | None = None
@@ -35,7 +39,7 @@ class RayServeArgs(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     adapter_affinity: bool = True
 
     @classmethod
-    def parse(cls, args: object) -> "RayServeArgs":
+    def parse(cls, args: object) -> RayServeArgs:
         """The application's `args` (a mapping), checked: a wrong or missing field is a ConfigError naming it."""
         try:
             parsed = msgspec.convert(args, cls)
@@ -99,7 +103,15 @@ class AdapterFolder:
     def path(self, name: str) -> Path | None:
         """The folder of adapter `name`, or None when there is no such adapter (or the name is not a plain folder
         name: a request never reaches outside the adapters folder)."""
-        if self.root is None or not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+        if (
+            self.root is None
+            or not name
+            or name in (".", "..")
+            or name.startswith(".")
+            or "/" in name
+            or "\\" in name
+            or "\0" in name
+        ):
             return None
         path = self.root / name
         return path if (path / "adapter_config.json").is_file() else None

@@ -29,7 +29,9 @@ class ReplicaAdapter(msgspec.Struct, frozen=True):
     lora_int_id: int
 
 
-@serve.deployment(name="EngineReplica", max_ongoing_requests=256, graceful_shutdown_timeout_s=60, health_check_period_s=5)
+@serve.deployment(
+    name="EngineReplica", max_ongoing_requests=256, graceful_shutdown_timeout_s=60, health_check_period_s=5
+)
 class EngineReplica:
     async def __init__(self, args: RayServeArgs) -> None:
         self._folder = AdapterFolder(args.adapters_dir)
@@ -64,7 +66,12 @@ class EngineReplica:
         if lora is None:
             path = self._folder.path(name)
             if path is None:
-                raise APIError(404, f"The model `{name}` does not exist (no adapter folder of that name).", code="model_not_found", param="model")
+                raise APIError(
+                    404,
+                    f"The model `{name}` does not exist (no adapter folder of that name).",
+                    code="model_not_found",
+                    param="model",
+                )
             try:
                 lora = await models.load(name, str(path))  # registered, loaded, on record
             except APIError as exc:
@@ -75,7 +82,9 @@ class EngineReplica:
             await self.state.engine.add_lora(lora)  # Ray routes it here again: back into the host cache
         return ReplicaAdapter(name=name, lora_int_id=lora.lora_int_id)
 
-    async def relay(self, request: HttpRequest, adapter: str | None = None) -> AsyncIterator[HttpResponseStart | HttpBody]:
+    async def relay(
+        self, request: HttpRequest, adapter: str | None = None
+    ) -> AsyncIterator[HttpResponseStart | HttpBody]:
         """Serve one relayed request. `adapter`: the adapter it names, which its caller may use (the Router checked
         the key); routed by affinity, it is also this call's multiplexed model id."""
         app = self.app
@@ -83,7 +92,9 @@ class EngineReplica:
             if serve.get_multiplexed_model_id():
                 await self._adapter(serve.get_multiplexed_model_id())
             elif adapter and adapter not in self.state.models.adapters:
-                await self._load_adapter(adapter)  # without affinity: registered here on first use, cached by the engine
+                await self._load_adapter(
+                    adapter
+                )  # without affinity: registered here on first use, cached by the engine
         except APIError as exc:
             app = exc.response()
         except LoraLedgerError as exc:

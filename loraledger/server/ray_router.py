@@ -85,7 +85,9 @@ class Router:
             start = await stream.__anext__()
         except (RayError, StopAsyncIteration) as exc:
             self._log.error("no replica answered", error=f"{type(exc).__name__}: {exc}", route=request.url.path)
-            return unavailable("the replica serving this request stopped before it answered; retry", "replica_stopped").response()
+            return unavailable(
+                "the replica serving this request stopped before it answered; retry", "replica_stopped"
+            ).response()
         response = StreamingResponse(_bodies(stream), status_code=start.status)
         response.raw_headers = list(start.headers)
         return response
@@ -115,7 +117,13 @@ class Router:
             return None
         if self._keys is not None:
             presented = bearer_key(request)
-            key = self._keys.authenticate(presented) if presented is not None and len(presented) <= MAX_KEY_CHARS else None
-            if key is None or not Caller(tenant=key.tenant, key_id=key.key_id, role=key.role, adapters=key.adapters).may_use(model):
+            key = (
+                self._keys.authenticate(presented)
+                if presented is not None and len(presented) <= MAX_KEY_CHARS
+                else None
+            )
+            if key is None or not Caller(
+                tenant=key.tenant, key_id=key.key_id, role=key.role, adapters=key.adapters
+            ).may_use(model):
                 return None
         return model

@@ -50,7 +50,11 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
         if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):
-            raise APIError(400, "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')", param="tool_choice")
+            raise APIError(
+                400,
+                "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')",
+                param="tool_choice",
+            )
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs
@@ -61,7 +65,9 @@ class OpenAIServingChat(OpenAIServing):
         lora = await self.models.resolve(req.model, caller, ctx.route)
         stream = bool(req.stream)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream)
+        params = self.sampling_params(
+            req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream
+        )
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
@@ -86,7 +92,11 @@ class OpenAIServingChat(OpenAIServing):
         choices, generated = [], 0
         for c in final.outputs:
             generated += len(c.token_ids)
-            logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)} if req.logprobs and c.logprobs is not None else None
+            logprobs = (
+                {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
+                if req.logprobs and c.logprobs is not None
+                else None
+            )
             choices.append({
                 "index": c.index,
                 "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
@@ -128,7 +138,19 @@ class OpenAIServingChat(OpenAIServing):
         try:
             try:
                 # vLLM's first chunk: the assistant's role, once per choice
-                await emit(chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for i in range(n)]))
+                await emit(
+                    chunk(
+                        [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                            for i in range(n)
+                        ]
+                    )
+                )
                 out = first
                 while out is not None:
                     choices = []
@@ -137,7 +159,11 @@ class OpenAIServingChat(OpenAIServing):
                             continue
                         generated += len(c.token_ids)
                         tracker.tokens(len(c.token_ids))
-                        logprobs = {"content": chat_logprobs(c.token_ids, c.logprobs, top, None)} if req.logprobs and c.logprobs is not None else None
+                        logprobs = (
+                            {"content": chat_logprobs(c.token_ids, c.logprobs, top, None)}
+                            if req.logprobs and c.logprobs is not None
+                            else None
+                        )
                         if c.finish_reason is not None:
                             reported.add(c.index)
                         delta = {"content": c.text} if c.text or c.finish_reason is None else {}
@@ -156,7 +182,9 @@ class OpenAIServingChat(OpenAIServing):
             except LoraLedgerError as exc:
                 error = from_engine_error(exc)
                 outcome = "rejected" if error.status < 500 else "failed"
-                await emit(sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}))
+                await emit(
+                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                )
         finally:
             with anyio.CancelScope(shield=True):
                 await gen.aclose()

@@ -73,7 +73,11 @@ class OpenAIServingCompletion(OpenAIServing):
         elif p and all(isinstance(x, list) for x in p):
             texts, ids = None, [list(x) for x in p]
         else:
-            raise APIError(400, "prompt must be a string, a list of strings, a list of token ids or a list of such lists, and not empty", param="prompt")
+            raise APIError(
+                400,
+                "prompt must be a string, a list of strings, a list of token ids or a list of such lists, and not empty",
+                param="prompt",
+            )
         count = len(texts if texts is not None else ids)
         limit = self.state.config.max_prompts_per_request
         if count > limit:
@@ -83,7 +87,9 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.add_special_tokens is False:
             tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
             if tokenizer is None:
-                raise APIError(400, "add_special_tokens=false needs a tokenizer; send token ids", param="add_special_tokens")
+                raise APIError(
+                    400, "add_special_tokens=false needs a tokenizer; send token ids", param="add_special_tokens"
+                )
             return [{"prompt_token_ids": tokenizer.encode(t, add_special_tokens=False), "prompt": t} for t in texts]
         return texts
 
@@ -187,7 +193,16 @@ class OpenAIServingCompletion(OpenAIServing):
 
         async def each(p: int) -> None:
             if echo:
-                await emit(sse(chunk([{"index": p * n + i, "text": echo[p], "logprobs": None, "finish_reason": None} for i in range(n)])))
+                await emit(
+                    sse(
+                        chunk(
+                            [
+                                {"index": p * n + i, "text": echo[p], "logprobs": None, "finish_reason": None}
+                                for i in range(n)
+                            ]
+                        )
+                    )
+                )
             out = firsts[p]
             while True:
                 choices = []
@@ -199,7 +214,9 @@ class OpenAIServingCompletion(OpenAIServing):
                     tracker.tokens(len(c.token_ids))
                     logprobs = None
                     if req.logprobs is not None and c.logprobs is not None:
-                        logprobs, offsets[index] = completion_logprobs(c.token_ids, c.logprobs, offsets.get(index, 0), None)
+                        logprobs, offsets[index] = completion_logprobs(
+                            c.token_ids, c.logprobs, offsets.get(index, 0), None
+                        )
                     if c.finish_reason is not None:
                         reported.add(index)
                     choices.append({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
@@ -220,7 +237,9 @@ class OpenAIServingCompletion(OpenAIServing):
             if errors:
                 error = from_engine_error(errors[0])
                 outcome = "rejected" if error.status < 500 else "failed"
-                await emit(sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}}))
+                await emit(
+                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                )
             else:
                 if include_usage:
                     body = chunk([])

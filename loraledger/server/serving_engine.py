@@ -23,7 +23,7 @@ from loraledger.server.structured_outputs import structured_outputs_for
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
 
 
-def caller_request_id(prefix: str, ctx: "RequestContext") -> str:
+def caller_request_id(prefix: str, ctx: RequestContext) -> str:
     """The request id the engine gets as the caller's (vLLM's): the client's X-Request-Id, else `prefix-` and a new
     UUIDv7. It is on record beside the request's audit key (requests.caller_request_id); two unfinished requests
     cannot share one (a repeated X-Request-Id while the first runs is refused), a finished one's may be reused."""
@@ -43,7 +43,9 @@ class RequestContext:
     """What the server knows about one HTTP request beyond its body."""
 
     route: str
-    caller_request_id: str | None = None  # the client's X-Request-Id: echoed back, and the request's caller id on record
+    caller_request_id: str | None = (
+        None  # the client's X-Request-Id: echoed back, and the request's caller id on record
+    )
     received: float = field(default_factory=time.perf_counter)
 
 
@@ -79,8 +81,8 @@ def outcome_of(exc: BaseException | None, outputs_aborted: bool = False) -> str:
         return "aborted" if outputs_aborted else "ok"
     status = getattr(exc, "status", None)
     if status is None:
-        from loraledger.server.errors import from_engine_error
         from loraledger.errors import LoraLedgerError
+        from loraledger.server.errors import from_engine_error
 
         status = from_engine_error(exc).status if isinstance(exc, LoraLedgerError) else 500
     return "rejected" if status < 500 else "failed"
@@ -125,7 +127,9 @@ class OpenAIServing:
         if req.use_beam_search:
             raise APIError(400, "use_beam_search is not supported by this server", param="use_beam_search")
         if req.priority not in (None, 0):
-            raise APIError(400, "priority scheduling is not supported by this server; leave priority at 0", param="priority")
+            raise APIError(
+                400, "priority scheduling is not supported by this server; leave priority at 0", param="priority"
+            )
         fields = dict(self.defaults())
         for name in _SAME:
             value = getattr(req, name)
@@ -243,7 +247,11 @@ def chat_logprobs(token_ids, logprobs, k: int, tokenizer) -> list[dict]:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 _encode = msgspec.json.Encoder().encode

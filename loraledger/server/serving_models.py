@@ -50,12 +50,25 @@ class OpenAIServingModels:
         self._log.warning("access denied", adapter=model, route=route)
         ctx = structlog.contextvars.get_contextvars()
         on_record = await state.engine.record_access_denied(
-            tenant=caller.tenant, key_id=caller.key_id, adapter=model, route=route, caller_request_id=ctx.get("caller_request_id")
+            tenant=caller.tenant,
+            key_id=caller.key_id,
+            adapter=model,
+            route=route,
+            caller_request_id=ctx.get("caller_request_id"),
         )
         if not on_record and state.engine.args.audit_url is not None:
-            self._log.error("access_denied event not yet on record (the audit store did not answer); the writer retries it", adapter=model)
+            self._log.error(
+                "access_denied event not yet on record (the audit store did not answer); the writer retries it",
+                adapter=model,
+            )
         who = f"key {caller.key_id}" if caller.key_id else "this caller"
-        raise APIError(403, f"{who} may not use model `{model}`", type="permission_error", code="model_not_permitted", param="model")
+        raise APIError(
+            403,
+            f"{who} may not use model `{model}`",
+            type="permission_error",
+            code="model_not_permitted",
+            param="model",
+        )
 
     def cards(self, caller: Caller) -> list[dict]:
         """vLLM's model cards: the base model (root: its path) and each adapter (root: its path, parent: the base)."""
@@ -87,7 +100,9 @@ class OpenAIServingModels:
                 self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
                 return self.adapters[name]
             if name in self.base_names or name in self.adapters:
-                raise APIError(400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name")
+                raise APIError(
+                    400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name"
+                )
             try:
                 lora = LoRARequest(name, self._next_id, path)
             except LoRARequestError as exc:
@@ -103,7 +118,9 @@ class OpenAIServingModels:
         async with self._lock:
             lora = self.adapters.get(name)
             if lora is None or (lora_int_id is not None and lora.lora_int_id != lora_int_id):
-                raise APIError(404, f"The lora adapter '{name}' cannot be found.", code="adapter_not_found", param="lora_name")
+                raise APIError(
+                    404, f"The lora adapter '{name}' cannot be found.", code="adapter_not_found", param="lora_name"
+                )
             del self.adapters[name]  # no new request can name it; requests already admitted finish on it
             self._created.pop(name, None)
             await self._state.engine.remove_lora(lora.lora_int_id)

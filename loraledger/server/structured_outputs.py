@@ -28,7 +28,9 @@ def structured_outputs_for(req) -> StructuredOutputsParams | None:
         sources.append(("guided_*", _from_fields(guided, "guided_*")))
     if len(sources) > 1:
         names = ", ".join(name for name, _ in sources)
-        raise APIError(400, f"the request constrains its output in more than one way ({names}); use one", param=sources[1][0])
+        raise APIError(
+            400, f"the request constrains its output in more than one way ({names}); use one", param=sources[1][0]
+        )
     return sources[0][1] if sources else None
 
 
@@ -40,10 +42,16 @@ def _from_response_format(fmt: dict[str, Any]) -> StructuredOutputsParams:
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise APIError(400, "response_format json_schema needs json_schema.schema, a JSON schema object", param="response_format")
+            raise APIError(
+                400,
+                "response_format json_schema needs json_schema.schema, a JSON schema object",
+                param="response_format",
+            )
         return StructuredOutputsParams(json=schema)
     raise APIError(
-        400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}", param="response_format"
+        400,
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format",
     )
 
 

@@ -17,7 +17,9 @@ LEASE_S = 1.5
 
 
 def _args(tiny_llama, url: str) -> EngineArgs:
-    return EngineArgs(model=str(tiny_llama.model_dir), block_size=4, audit_url=url, audit_timeout=0.5, audit_lease_seconds=LEASE_S)
+    return EngineArgs(
+        model=str(tiny_llama.model_dir), block_size=4, audit_url=url, audit_timeout=0.5, audit_lease_seconds=LEASE_S
+    )
 
 
 def _lease(url: str, instance_id: str):
@@ -38,7 +40,9 @@ async def test_a_running_engine_renews_its_lease_and_a_clean_stop_ends_it(db_url
 async def test_an_engine_whose_lease_a_peer_recovered_stops_and_writes_nothing_more(db_url, tiny_llama):
     async with AsyncEngine(_args(tiny_llama, db_url)) as engine:
         me = engine.instance_id
-        out = [o async for o in engine.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=2), "before")]
+        out = [
+            o async for o in engine.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=2), "before")
+        ]
         assert out[-1].finished
 
         def stall_and_recover() -> list[str]:

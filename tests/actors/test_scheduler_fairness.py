@@ -93,10 +93,19 @@ async def _run(arrivals: list[Arrival], max_num_seqs: int, max_steps: int, num_k
         while step[0] < max_steps:
             while pending and pending[0].step <= step[0]:
                 a = pending.pop(0)
-                params = SamplingParams(n=a.n, max_tokens=a.max_tokens, ignore_eos=True, temperature=1.0, seed=0)  # greedy allows n=1 only
+                params = SamplingParams(
+                    n=a.n, max_tokens=a.max_tokens, ignore_eos=True, temperature=1.0, seed=0
+                )  # greedy allows n=1 only
                 await inbox_send.send(
-                    NewRequest(request_id=a.request_id, prompt_token_ids=[7] * a.prompt_len, params=params, lora_request=None,
-                               checkpoint=None, arrival_time=0.0, queued_time=0.0)
+                    NewRequest(
+                        request_id=a.request_id,
+                        prompt_token_ids=[7] * a.prompt_len,
+                        params=params,
+                        lora_request=None,
+                        checkpoint=None,
+                        arrival_time=0.0,
+                        queued_time=0.0,
+                    )
                 )
             await settle()
             try:
@@ -109,7 +118,9 @@ async def _run(arrivals: list[Arrival], max_num_seqs: int, max_steps: int, num_k
             step[0] += 1
             result.max_running = max(result.max_running, len(plan.seqs))
             sampled = [SampledToken(seq_id=w.seq_id, token_id=9, logprob=0.0) for w in plan.seqs if w.sample]
-            await inbox_send.send(StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id))
+            await inbox_send.send(
+                StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id)
+            )
         await inbox_send.send(Shutdown())
     for stream in (inbox_send, executor_inbox, assembler_inbox):
         stream.close()

@@ -52,7 +52,9 @@ def test_one_slot_serves_adapters_one_after_another():
     # three adapters, one slot, all requests at t=0: each adapter gets the slot once, runs all of its
     # requests together, and the run takes exactly the bound (sum of each adapter's longest request)
     prompts = [[5] * 8 for _ in range(6)]
-    workload = Workload(prompts=prompts, adapter_of=[0, 1, 2, 0, 1, 2], max_tokens=[4, 6, 3, 5, 2, 3], arrivals=[0.0] * 6)
+    workload = Workload(
+        prompts=prompts, adapter_of=[0, 1, 2, 0, 1, 2], max_tokens=[4, 6, 3, 5, 2, 3], arrivals=[0.0] * 6
+    )
     run = simulate(workload, 1)
     assert run.completed == 6
     assert run.slot_loads == 3

@@ -27,15 +27,32 @@ def _run(requests: list[tuple[str, list[int], SamplingParams]], steps: int, **kw
         to_executor, executor_inbox = anyio.create_memory_object_stream(math.inf)
         to_assembler, assembler_inbox = anyio.create_memory_object_stream(math.inf)
         options = dict(
-            num_kv_blocks=1024, block_size=4, enable_prefix_caching=False, max_num_seqs=16, max_num_batched_tokens=128,
-            max_model_len=128, max_loras=1, eos_token_ids=(2,), seed=0, vocab_size=VOCAB,
+            num_kv_blocks=1024,
+            block_size=4,
+            enable_prefix_caching=False,
+            max_num_seqs=16,
+            max_num_batched_tokens=128,
+            max_model_len=128,
+            max_loras=1,
+            eos_token_ids=(2,),
+            seed=0,
+            vocab_size=VOCAB,
         )
         options.update(kwargs)
         scheduler = Scheduler(inbox, to_executor, to_assembler, None, **options)
         plans, updates = [], []
         for rid, prompt, params in requests:  # all in the inbox before the first plan is made
-            await inbox_send.send(NewRequest(request_id=rid, prompt_token_ids=prompt, params=params.frozen(), lora_request=None,
-                                             checkpoint=None, arrival_time=0.0, queued_time=0.0))
+            await inbox_send.send(
+                NewRequest(
+                    request_id=rid,
+                    prompt_token_ids=prompt,
+                    params=params.frozen(),
+                    lora_request=None,
+                    checkpoint=None,
+                    arrival_time=0.0,
+                    queued_time=0.0,
+                )
+            )
         async with anyio.create_task_group() as tg:
             await tg.start(scheduler.run)
             await anyio.wait_all_tasks_blocked()
@@ -46,7 +63,9 @@ def _run(requests: list[tuple[str, list[int], SamplingParams]], steps: int, **kw
                     break
                 plans.append(plan)
                 sampled = [SampledToken(seq_id=w.seq_id, token_id=9, logprob=0.0) for w in plan.seqs if w.sample]
-                await inbox_send.send(StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id))
+                await inbox_send.send(
+                    StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id)
+                )
                 await anyio.wait_all_tasks_blocked()
             await inbox_send.send(Shutdown())
             while True:
@@ -85,8 +104,13 @@ def test_generation_config_eos_ids_stop_like_stop_token_ids_unless_ignore_eos():
 def test_completion_i_of_a_seeded_request_draws_as_a_request_with_seed_plus_i():
     """vLLM's parallel sampling: child i of a request with seed s is sampled with seed s + i."""
     plans, _ = _run(
-        [("many", [5, 6, 7], SamplingParams(n=3, temperature=1.0, seed=40, max_tokens=2)),
-         *[(f"one-{i}", [5, 6, 7], SamplingParams(n=1, temperature=1.0, seed=40 + i, max_tokens=2)) for i in range(3)]],
+        [
+            ("many", [5, 6, 7], SamplingParams(n=3, temperature=1.0, seed=40, max_tokens=2)),
+            *[
+                (f"one-{i}", [5, 6, 7], SamplingParams(n=1, temperature=1.0, seed=40 + i, max_tokens=2))
+                for i in range(3)
+            ],
+        ],
         3,  # the siblings of n > 1 start once the first sequence's prompt is in
     )
     seeds = {}
@@ -97,7 +121,9 @@ def test_completion_i_of_a_seeded_request_draws_as_a_request_with_seed_plus_i():
 
 
 def test_logprobs_minus_one_asks_for_the_vocabulary_and_token_controls_reach_the_sampler():
-    params = SamplingParams(temperature=1.0, logprobs=-1, prompt_logprobs=-1, logit_bias={7: 2.5}, allowed_token_ids=[7, 8, 9], max_tokens=2)
+    params = SamplingParams(
+        temperature=1.0, logprobs=-1, prompt_logprobs=-1, logit_bias={7: 2.5}, allowed_token_ids=[7, 8, 9], max_tokens=2
+    )
     plans, _ = _run([("r", [5, 6, 7], params)], 1)
     spec = plans[0].new_seqs[0].sampling
     assert spec.logprobs == VOCAB and spec.prompt_logprobs == VOCAB

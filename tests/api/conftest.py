@@ -21,6 +21,14 @@ def random_prompts(n: int, seed: int, vocab: int = 512, lo: int = 3, hi: int = 2
 
 @pytest.fixture(scope="module")
 def llama_llm(tiny_llama):
-    llm = LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=None, seed=0)
+    llm = LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+        seed=0,
+    )
     yield llm
     llm.close()

@@ -15,7 +15,14 @@ def test_add_pin_list_remove(tiny_llama, tmp_path):
     loras = loras_for(tiny_llama)
     prompt = {"prompt_token_ids": random_prompts(1, seed=40)[0]}
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_cpu_loras=2, max_lora_rank=16, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=2,
+        max_cpu_loras=2,
+        max_lora_rank=16,
+        audit_url=None,
+    ) as llm:
         assert llm.list_loras() == set()
         assert llm.add_lora(loras["qv_r4"]) is True
         with pytest.raises(E.AdapterNotFoundError):
@@ -47,8 +54,14 @@ async def test_lora_calls_need_enable_lora(tiny_llama):
 def test_prompt_logprobs_equal_log_softmax_of_reference(llama_llm, tiny_llama):
     loras = loras_for(tiny_llama)
     ids = random_prompts(1, seed=41, lo=12, hi=12)[0]
-    out = llama_llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2), lora_request=loras["all_r8"])[0]
-    expected = torch.log_softmax(hf_reference_logits(tiny_llama.model_dir, tiny_llama.adapters["all_r8"], ids).float(), dim=-1)
+    out = llama_llm.generate(
+        {"prompt_token_ids": ids},
+        SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2),
+        lora_request=loras["all_r8"],
+    )[0]
+    expected = torch.log_softmax(
+        hf_reference_logits(tiny_llama.model_dir, tiny_llama.adapters["all_r8"], ids).float(), dim=-1
+    )
     assert out.prompt_logprobs[0] is None
     assert len(out.prompt_logprobs) == len(ids)
     for pos in range(1, len(ids)):

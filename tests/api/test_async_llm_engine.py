@@ -22,12 +22,21 @@ def test_from_engine_args_serves_at_once_and_shutdown_stops_it(tiny_llama):
     names = [None, "all_r8", "qv_r4"]
     ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, 5, mixed=False).token_ids
     engine = AsyncLLMEngine.from_engine_args(
-        AsyncEngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, audit_url=None, disable_log_requests=True)
+        AsyncEngineArgs(
+            model=str(tiny_llama.model_dir),
+            enable_lora=True,
+            max_loras=2,
+            max_lora_rank=16,
+            audit_url=None,
+            disable_log_requests=True,
+        )
     )
 
     async def one(i: int) -> list[int]:
         final = None
-        async for out in engine.generate({"prompt_token_ids": prompts[i]}, GREEDY, f"req-{i}", lora_request=loras[names[i]] if names[i] else None):
+        async for out in engine.generate(
+            {"prompt_token_ids": prompts[i]}, GREEDY, f"req-{i}", lora_request=loras[names[i]] if names[i] else None
+        ):
             final = out
         assert final.finished and final.outputs[0].lora_request == (loras[names[i]] if names[i] else None)
         return final.outputs[0].token_ids
@@ -64,7 +73,9 @@ def test_leaving_a_stream_early_aborts_it_and_async_with_still_works(tiny_llama)
     prompt = {"prompt_token_ids": random_prompts(1, seed=121)[0]}
 
     async def main() -> None:
-        async with AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model=str(tiny_llama.model_dir), audit_url=None)) as engine:
+        async with AsyncLLMEngine.from_engine_args(
+            AsyncEngineArgs(model=str(tiny_llama.model_dir), audit_url=None)
+        ) as engine:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             seen = 0
             async for _ in engine.generate(prompt, params, "leaver"):

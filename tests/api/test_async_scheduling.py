@@ -24,7 +24,9 @@ def _requests(tiny):
     params = [
         SamplingParams(temperature=0, max_tokens=12),
         SamplingParams(temperature=0.9, top_k=30, top_p=0.9, seed=5, max_tokens=10, logprobs=2),
-        SamplingParams(temperature=1.0, seed=6, max_tokens=9, repetition_penalty=1.4, presence_penalty=0.3, frequency_penalty=0.2),
+        SamplingParams(
+            temperature=1.0, seed=6, max_tokens=9, repetition_penalty=1.4, presence_penalty=0.3, frequency_penalty=0.2
+        ),
         SamplingParams(temperature=0.8, seed=7, n=3, max_tokens=8, stop_token_ids=list(range(150, 300))),
         SamplingParams(temperature=0, max_tokens=14, min_tokens=6, stop_token_ids=list(range(200, 300))),
         SamplingParams(temperature=0, max_tokens=12, prompt_logprobs=1, logprobs=0, stop=["e", "o"]),
@@ -44,7 +46,10 @@ def _run(tiny, async_scheduling: bool, **engine_kwargs):
         return original(runner, plan)
 
     kwargs = dict(enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=None, seed=0)
-    with mock.patch.object(ModelRunner, "launch", spy), LLM(model=str(tiny.model_dir), async_scheduling=async_scheduling, **(kwargs | engine_kwargs)) as llm:
+    with (
+        mock.patch.object(ModelRunner, "launch", spy),
+        LLM(model=str(tiny.model_dir), async_scheduling=async_scheduling, **(kwargs | engine_kwargs)) as llm,
+    ):
         outs = llm.generate(prompts, params, lora_request=loras)
     return outs, sum(ahead for ahead, _ in launched), sum(n for _, n in launched)
 
@@ -89,7 +94,10 @@ def test_overlapped_steps_give_the_outputs_of_one_step_at_a_time(tiny_llama, kv_
 
 def test_overlapped_engine_reports_its_steps(tiny_llama):
     with LLM(model=str(tiny_llama.model_dir), audit_url=None, seed=0) as llm:
-        llm.generate([{"prompt_token_ids": p} for p in random_prompts(4, seed=32)], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        llm.generate(
+            [{"prompt_token_ids": p} for p in random_prompts(4, seed=32)],
+            SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+        )
         stats = llm.llm_engine.get_stats()
     assert stats.steps >= 10
     assert 0 < stats.forward_seconds and 0 < stats.wall_seconds

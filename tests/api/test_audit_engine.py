@@ -31,7 +31,9 @@ README_JOIN = (
 
 
 def engine_kwargs(tiny, url: str, **extra) -> dict:
-    return dict(model=str(tiny.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=url, **extra)
+    return dict(
+        model=str(tiny.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=url, **extra
+    )
 
 
 def sha256(s: str) -> str:
@@ -44,7 +46,9 @@ def read_log(url: str) -> dict[str, list]:
             return {
                 "adapters": conn.execute(select(ADAPTERS)).all(),
                 "requests": conn.execute(select(REQUESTS)).all(),
-                "completions": conn.execute(select(COMPLETIONS).order_by(COMPLETIONS.c.request_id, COMPLETIONS.c.completion_index)).all(),
+                "completions": conn.execute(
+                    select(COMPLETIONS).order_by(COMPLETIONS.c.request_id, COMPLETIONS.c.completion_index)
+                ).all(),
                 "events": conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all(),
                 "joined": [tuple(row) for row in conn.execute(text(README_JOIN))],
             }
@@ -66,7 +70,9 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
     fps = {name: fingerprint_adapter(str(path)) for name, path in tiny_llama.adapters.items()}
     log = read_log(db_url)
     requests = {r.request_id: r for r in log["requests"]}
-    assert sorted(requests) == sorted(o.audit_id for o in outs)  # exactly one binding per request, keyed by its audit id
+    assert sorted(requests) == sorted(
+        o.audit_id for o in outs
+    )  # exactly one binding per request, keyed by its audit id
     # vLLM's LLM.generate numbers its requests "0", "1", ...; the binding keeps that id beside its own key
     assert [o.request_id for o in outs] == ["0", "1", "2", "3"]
     assert [requests[o.audit_id].caller_request_id for o in outs] == ["0", "1", "2", "3"]
@@ -76,7 +82,9 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
         req = requests[out.audit_id]
         fp = fps[lora.lora_name] if lora else None
         assert req.adapter_fingerprint == fp  # NULL for the base model
-        assert (req.lora_name, req.lora_int_id, req.lora_path) == ((lora.lora_name, lora.lora_int_id, lora.lora_path) if lora else (None, None, None))
+        assert (req.lora_name, req.lora_int_id, req.lora_path) == (
+            (lora.lora_name, lora.lora_int_id, lora.lora_path) if lora else (None, None, None)
+        )
         assert req.tenant == "acme"
         assert (req.prompt_text, req.prompt_sha256) == (prompt, sha256(prompt))
         assert req.sampling_params.get("n", 1) == p.n
@@ -110,7 +118,12 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
 def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
     secret = "a confidential prompt"
     with LLM(**engine_kwargs(tiny_llama, db_url, audit_prompts=mode)) as llm:
-        outs = llm.generate([secret, {"prompt_token_ids": [11, 12, 13, 14]}], GREEDY, lora_request=loras_for(tiny_llama)["qv_r4"], tenant="t1")
+        outs = llm.generate(
+            [secret, {"prompt_token_ids": [11, 12, 13, 14]}],
+            GREEDY,
+            lora_request=loras_for(tiny_llama)["qv_r4"],
+            tenant="t1",
+        )
     log = read_log(db_url)
     requests = {r.request_id: r for r in log["requests"]}
     text_req, ids_req = requests[outs[0].audit_id], requests[outs[1].audit_id]
@@ -126,7 +139,9 @@ def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
         payload = json.dumps(event.payload)
         assert secret not in payload
         # the token ids would give the prompt away as surely as its text
-        assert "prompt_token_ids" not in payload, f"{event.kind} keeps the prompt's token ids with audit_prompts={mode!r}"
+        assert "prompt_token_ids" not in payload, (
+            f"{event.kind} keeps the prompt's token ids with audit_prompts={mode!r}"
+        )
     assert chain_break(db_url) is None
 
 
@@ -158,7 +173,9 @@ def test_a_caller_id_may_repeat_across_engines_on_one_log_each_request_under_its
     for r in before["requests"]:  # the earlier bindings are untouched
         assert next(a for a in after["requests"] if a.request_id == r.request_id) == r
     (original,) = [r for r in before["requests"] if r.caller_request_id == "order-42"]
-    (repeat,) = [r for r in after["requests"] if r.caller_request_id == "order-42" and r.request_id != original.request_id]
+    (repeat,) = [
+        r for r in after["requests"] if r.caller_request_id == "order-42" and r.request_id != original.request_id
+    ]
     assert (original.tenant, repeat.tenant, repeat.lora_name) == ("acme", "mallory", "qv_r4")
     kinds = [e.kind for e in after["events"] if e.request_id == repeat.request_id]
     assert kinds == [EventKind.REQUEST_ADMITTED, EventKind.REQUEST_FINISHED]
@@ -205,7 +222,9 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(consume)
-                    assert await anyio.to_thread.run_sync(reached.wait, WAIT_S), "the completion rows never reached the store"
+                    assert await anyio.to_thread.run_sync(reached.wait, WAIT_S), (
+                        "the completion rows never reached the store"
+                    )
                     if durable:
                         # the commit is stuck in front of the database: the caller must not have the final output
                         with anyio.move_on_after(0.5):
@@ -218,7 +237,7 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
                     release.set()
     finally:
         release.set()  # never leave the engine's writer thread waiting
-    (out, rows_when_released), = finals
+    ((out, rows_when_released),) = finals
     assert out.outputs[0].finish_reason == "length" and len(out.outputs[0].token_ids) == 5
     # the control: without audit_durable the output does come out before its rows are written
     assert rows_when_released == (1 if durable else 0)

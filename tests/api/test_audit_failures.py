@@ -25,7 +25,15 @@ WAIT_S = 120  # upper bounds only: a few tiny-model steps, unless a shared 2-cor
 
 
 def engine_args(tiny, url: str, policy: str) -> EngineArgs:
-    return EngineArgs(model=str(tiny.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=url, audit_on_failure=policy)
+    return EngineArgs(
+        model=str(tiny.model_dir),
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=url,
+        audit_on_failure=policy,
+    )
 
 
 class Outage:
@@ -116,7 +124,13 @@ async def run_through_outage(engine: AsyncEngine, outage: Outage, tiny, policy: 
 
     async def submit_late() -> None:
         try:
-            channel = await engine.submit(late_id, {"prompt_token_ids": [7, 8, 9]}, SamplingParams(temperature=0, max_tokens=3), loras[1], audit_id=late_id)
+            channel = await engine.submit(
+                late_id,
+                {"prompt_token_ids": [7, 8, 9]},
+                SamplingParams(temperature=0, max_tokens=3),
+                loras[1],
+                audit_id=late_id,
+            )
         except AuditUnavailableError as exc:
             late["error"] = exc
             return
@@ -127,7 +141,9 @@ async def run_through_outage(engine: AsyncEngine, outage: Outage, tiny, policy: 
         channels = {}
 
         async def admit(i: int) -> None:
-            channels[ids[i]] = await engine.submit(ids[i], {"prompt_token_ids": prompts[i]}, params[i], loras[i % len(loras)], audit_id=ids[i])
+            channels[ids[i]] = await engine.submit(
+                ids[i], {"prompt_token_ids": prompts[i]}, params[i], loras[i % len(loras)], audit_id=ids[i]
+            )
 
         async with anyio.create_task_group() as admissions:
             for i in range(N_REQUESTS):
@@ -177,7 +193,9 @@ def check_everything_once(url: str, finals: dict, late_id: str, policy: str) -> 
 
 
 @pytest.mark.parametrize("policy", ["reject", "block"])
-async def test_outputs_are_held_through_an_outage_and_new_requests_follow_the_policy(db_url, tiny_llama, monkeypatch, policy):
+async def test_outputs_are_held_through_an_outage_and_new_requests_follow_the_policy(
+    db_url, tiny_llama, monkeypatch, policy
+):
     outage = Outage(monkeypatch)
     async with AsyncEngine(engine_args(tiny_llama, db_url, policy)) as engine:
         finals, late_id = await run_through_outage(engine, outage, tiny_llama, policy)
@@ -229,7 +247,9 @@ class WriteAttempts:
 
 
 @pytest.mark.postgres
-async def test_a_hung_postgres_refuses_new_requests_within_the_deadline_and_close_is_bounded(pg_db_url, tiny_llama, monkeypatch):
+async def test_a_hung_postgres_refuses_new_requests_within_the_deadline_and_close_is_bounded(
+    pg_db_url, tiny_llama, monkeypatch
+):
     """A partition (connections open, no answers): new requests are refused within audit_timeout, close() returns
     within shutdown_timeout without releasing outputs that are not on record, and the next start records those
     requests as interrupted."""
@@ -257,26 +277,40 @@ async def test_a_hung_postgres_refuses_new_requests_within_the_deadline_and_clos
             await engine.__aenter__()
             try:
                 # long generations (hundreds of steps): bound and on record in milliseconds, still running when it hangs
-                params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+                params = SamplingParams(
+                    temperature=0, max_tokens=200, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY
+                )
                 for i, rid in enumerate(ids):
-                    tg.start_soon(collect, rid, await engine.submit(rid, {"prompt_token_ids": [5 + i, 6, 7]}, params, loras[i % len(loras)], audit_id=rid))
+                    tg.start_soon(
+                        collect,
+                        rid,
+                        await engine.submit(
+                            rid, {"prompt_token_ids": [5 + i, 6, 7]}, params, loras[i % len(loras)], audit_id=rid
+                        ),
+                    )
                 proxy.freeze()
                 started = time.monotonic()
                 with pytest.raises(AuditUnavailableError):
-                    await engine.submit("hung-late", {"prompt_token_ids": [9, 9, 9]}, params, loras[1], audit_id="hung-late")
+                    await engine.submit(
+                        "hung-late", {"prompt_token_ids": [9, 9, 9]}, params, loras[1], audit_id="hung-late"
+                    )
                 refused_after = time.monotonic() - started
                 await attempts.wait_for(set(ids))  # every output computed and tried on record
             finally:
                 started = time.monotonic()
                 await engine.__aexit__(None, None, None)
                 closed_after = time.monotonic() - started
-        print(f"hung PostgreSQL: new request refused after {refused_after:.2f} s, close() returned after {closed_after:.2f} s")
+        print(
+            f"hung PostgreSQL: new request refused after {refused_after:.2f} s, close() returned after {closed_after:.2f} s"
+        )
         assert refused_after < max(AUDIT_TIMEOUT, PG_CONNECT_FLOOR) + SLACK
         assert closed_after < SHUTDOWN_TIMEOUT + AUDIT_TIMEOUT + SLACK
         proxy.thaw()
 
     with AuditStore(pg_db_url) as store, store.engine.connect() as conn:
-        on_record = set(conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(ids))).scalars())
+        on_record = set(
+            conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(ids))).scalars()
+        )
     held = set(ids) - on_record
     assert held, "every output reached the record before the database hung: nothing was in flight"
     for rid in held:  # not on record, so not released: the caller got a typed error instead

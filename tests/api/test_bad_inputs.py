@@ -18,7 +18,7 @@ import pytest
 
 from loraledger import LLM, AsyncEngine, EngineArgs, LoRARequest, SamplingParams
 from loraledger import errors as E
-from tests.api.conftest import loras_for, random_prompts
+from tests.api.conftest import random_prompts
 
 PROMPT = {"prompt_token_ids": random_prompts(1, seed=40)[0]}
 GREEDY = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -34,7 +34,15 @@ def _mutated(**changes) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None, seed=0) as llm:
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+        seed=0,
+    ) as llm:
         yield llm
 
 
@@ -45,43 +53,168 @@ def expected(llm):
 
 # (what, call arguments as (prompt, params, lora, request id, tenant), the typed error, words of its message)
 CASES = [
-    ("lone surrogate in the prompt", ("ab\ud800cd", None, None, None, None), E.PromptError, ["lone surrogate", "U+D800"]),
-    ("lone surrogate in a stop string", (PROMPT, _mutated(stop=["x\udfff"]), None, None, None), E.SamplingParamsError, ["stop", "lone surrogate"]),
-    ("lone surrogate in the request id", (PROMPT, None, None, "id-\ud800", None), E.RequestIdError, ["request id", "lone surrogate"]),
+    (
+        "lone surrogate in the prompt",
+        ("ab\ud800cd", None, None, None, None),
+        E.PromptError,
+        ["lone surrogate", "U+D800"],
+    ),
+    (
+        "lone surrogate in a stop string",
+        (PROMPT, _mutated(stop=["x\udfff"]), None, None, None),
+        E.SamplingParamsError,
+        ["stop", "lone surrogate"],
+    ),
+    (
+        "lone surrogate in the request id",
+        (PROMPT, None, None, "id-\ud800", None),
+        E.RequestIdError,
+        ["request id", "lone surrogate"],
+    ),
     ("NUL in the request id", (PROMPT, None, None, "id\x00x", None), E.RequestIdError, ["request id", "NUL"]),
     ("a request id that is not a str", (PROMPT, None, None, 17, None), E.RequestIdError, ["request id", "str"]),
-    ("lone surrogate in the tenant", (PROMPT, None, None, None, "acme\ud800"), E.TenantError, ["tenant", "lone surrogate"]),
+    (
+        "lone surrogate in the tenant",
+        (PROMPT, None, None, None, "acme\ud800"),
+        E.TenantError,
+        ["tenant", "lone surrogate"],
+    ),
     ("tenant=5", (PROMPT, None, None, None, 5), E.TenantError, ["tenant", "str", "int"]),
-    ("'prompt': 123 beside token ids", ({"prompt_token_ids": [5, 6], "prompt": 123}, None, None, None, None), E.PromptError, ["'prompt'", "int"]),
+    (
+        "'prompt': 123 beside token ids",
+        ({"prompt_token_ids": [5, 6], "prompt": 123}, None, None, None, None),
+        E.PromptError,
+        ["'prompt'", "int"],
+    ),
     ("a prompt of a wrong type", (3.5, None, None, None, None), E.PromptError, ["prompt", "float"]),
-    ("token ids that are not ints", ({"prompt_token_ids": [5, "6"]}, None, None, None, None), E.PromptError, ["token ids"]),
+    (
+        "token ids that are not ints",
+        ({"prompt_token_ids": [5, "6"]}, None, None, None, None),
+        E.PromptError,
+        ["token ids"],
+    ),
     ("a bool token id", ({"prompt_token_ids": [5, True]}, None, None, None, None), E.PromptError, ["token ids"]),
-    ("params as a dict", (PROMPT, {"max_tokens": 3}, None, None, None), E.SamplingParamsError, ["SamplingParams", "dict"]),
+    (
+        "params as a dict",
+        (PROMPT, {"max_tokens": 3}, None, None, None),
+        E.SamplingParamsError,
+        ["SamplingParams", "dict"],
+    ),
     ("lora_request as a str", (PROMPT, None, "qv_r4", None, None), E.LoRARequestError, ["LoRARequest", "str"]),
-    ("top_p=nan set after construction", (PROMPT, _mutated(top_p=math.nan), None, None, None), E.SamplingParamsError, ["top_p", "nan"]),
-    ("top_k='x' set after construction", (PROMPT, _mutated(top_k="x"), None, None, None), E.SamplingParamsError, ["top_k"]),
+    (
+        "top_p=nan set after construction",
+        (PROMPT, _mutated(top_p=math.nan), None, None, None),
+        E.SamplingParamsError,
+        ["top_p", "nan"],
+    ),
+    (
+        "top_k='x' set after construction",
+        (PROMPT, _mutated(top_k="x"), None, None, None),
+        E.SamplingParamsError,
+        ["top_k"],
+    ),
     ("n=0 set after construction", (PROMPT, _mutated(n=0), None, None, None), E.SamplingParamsError, ["n must"]),
-    ("temperature=-1 set after construction", (PROMPT, _mutated(temperature=-1), None, None, None), E.SamplingParamsError, ["temperature"]),
-    ("max_tokens=-5 set after construction", (PROMPT, _mutated(max_tokens=-5), None, None, None), E.SamplingParamsError, ["max_tokens"]),
-    ("temperature=inf", (PROMPT, _mutated(temperature=math.inf), None, None, None), E.SamplingParamsError, ["temperature"]),
+    (
+        "temperature=-1 set after construction",
+        (PROMPT, _mutated(temperature=-1), None, None, None),
+        E.SamplingParamsError,
+        ["temperature"],
+    ),
+    (
+        "max_tokens=-5 set after construction",
+        (PROMPT, _mutated(max_tokens=-5), None, None, None),
+        E.SamplingParamsError,
+        ["max_tokens"],
+    ),
+    (
+        "temperature=inf",
+        (PROMPT, _mutated(temperature=math.inf), None, None, None),
+        E.SamplingParamsError,
+        ["temperature"],
+    ),
     ("a seed beyond 64 bits", (PROMPT, _mutated(seed=1 << 80), None, None, None), E.SamplingParamsError, ["seed"]),
     ("ignore_eos='yes'", (PROMPT, _mutated(ignore_eos="yes"), None, None, None), E.SamplingParamsError, ["ignore_eos"]),
     ("output_kind=7", (PROMPT, _mutated(output_kind=7), None, None, None), E.SamplingParamsError, ["output_kind"]),
-    ("n above max_n", (PROMPT, _mutated(n=10_000, temperature=1.0), None, None, None), E.SamplingParamsError, ["max_n"]),
-    ("logprobs above max_logprobs", (PROMPT, _mutated(logprobs=1000), None, None, None), E.SamplingParamsError, ["max_logprobs"]),
+    (
+        "n above max_n",
+        (PROMPT, _mutated(n=10_000, temperature=1.0), None, None, None),
+        E.SamplingParamsError,
+        ["max_n"],
+    ),
+    (
+        "logprobs above max_logprobs",
+        (PROMPT, _mutated(logprobs=1000), None, None, None),
+        E.SamplingParamsError,
+        ["max_logprobs"],
+    ),
     # vLLM's rules for the parameters vLLM code sends
-    ("greedy with n=2 (vLLM: n must be 1 when greedy)", (PROMPT, _mutated(n=2), None, None, None), E.SamplingParamsError, ["greedy", "n must be 1"]),
-    ("logprobs=-1 (the vocabulary) above max_logprobs", (PROMPT, _mutated(logprobs=-1), None, None, None), E.SamplingParamsError, ["max_logprobs"]),
-    ("a stop token id outside the vocabulary", (PROMPT, _mutated(stop_token_ids=[5, 10**6]), None, None, None), E.SamplingParamsError, ["stop_token_ids", "vocabulary"]),
-    ("a logit_bias key outside the vocabulary", (PROMPT, _mutated(logit_bias={10**6: 1.0}), None, None, None), E.SamplingParamsError, ["logit_bias", "vocabulary"]),
-    ("logit_bias with a nan", (PROMPT, _mutated(logit_bias={5: math.nan}), None, None, None), E.SamplingParamsError, ["logit_bias", "finite"]),
-    ("allowed_token_ids empty", (PROMPT, _mutated(allowed_token_ids=[]), None, None, None), E.SamplingParamsError, ["allowed_token_ids"]),
-    ("an allowed token id outside the vocabulary", (PROMPT, _mutated(allowed_token_ids=[4, 512]), None, None, None), E.SamplingParamsError, ["allowed_token_ids", "vocabulary"]),
+    (
+        "greedy with n=2 (vLLM: n must be 1 when greedy)",
+        (PROMPT, _mutated(n=2), None, None, None),
+        E.SamplingParamsError,
+        ["greedy", "n must be 1"],
+    ),
+    (
+        "logprobs=-1 (the vocabulary) above max_logprobs",
+        (PROMPT, _mutated(logprobs=-1), None, None, None),
+        E.SamplingParamsError,
+        ["max_logprobs"],
+    ),
+    (
+        "a stop token id outside the vocabulary",
+        (PROMPT, _mutated(stop_token_ids=[5, 10**6]), None, None, None),
+        E.SamplingParamsError,
+        ["stop_token_ids", "vocabulary"],
+    ),
+    (
+        "a logit_bias key outside the vocabulary",
+        (PROMPT, _mutated(logit_bias={10**6: 1.0}), None, None, None),
+        E.SamplingParamsError,
+        ["logit_bias", "vocabulary"],
+    ),
+    (
+        "logit_bias with a nan",
+        (PROMPT, _mutated(logit_bias={5: math.nan}), None, None, None),
+        E.SamplingParamsError,
+        ["logit_bias", "finite"],
+    ),
+    (
+        "allowed_token_ids empty",
+        (PROMPT, _mutated(allowed_token_ids=[]), None, None, None),
+        E.SamplingParamsError,
+        ["allowed_token_ids"],
+    ),
+    (
+        "an allowed token id outside the vocabulary",
+        (PROMPT, _mutated(allowed_token_ids=[4, 512]), None, None, None),
+        E.SamplingParamsError,
+        ["allowed_token_ids", "vocabulary"],
+    ),
     ("bad_words as a str", (PROMPT, _mutated(bad_words="fox"), None, None, None), E.SamplingParamsError, ["bad_words"]),
-    ("truncate_prompt_tokens above max_model_len", (PROMPT, _mutated(truncate_prompt_tokens=10**6), None, None, None), E.SamplingParamsError, ["truncate_prompt_tokens", "max_model_len"]),
-    ("truncate_prompt_tokens=0", (PROMPT, _mutated(truncate_prompt_tokens=0), None, None, None), E.SamplingParamsError, ["truncate_prompt_tokens"]),
-    ("extra_args holding an object", (PROMPT, _mutated(extra_args={"a": object()}), None, None, None), E.SamplingParamsError, ["extra_args", "JSON"]),
-    ("stop strings with detokenize=False (vLLM: stop needs detokenize)", (PROMPT, _mutated(stop=["x"], detokenize=False), None, None, None), E.SamplingParamsError, ["detokenize"]),
+    (
+        "truncate_prompt_tokens above max_model_len",
+        (PROMPT, _mutated(truncate_prompt_tokens=10**6), None, None, None),
+        E.SamplingParamsError,
+        ["truncate_prompt_tokens", "max_model_len"],
+    ),
+    (
+        "truncate_prompt_tokens=0",
+        (PROMPT, _mutated(truncate_prompt_tokens=0), None, None, None),
+        E.SamplingParamsError,
+        ["truncate_prompt_tokens"],
+    ),
+    (
+        "extra_args holding an object",
+        (PROMPT, _mutated(extra_args={"a": object()}), None, None, None),
+        E.SamplingParamsError,
+        ["extra_args", "JSON"],
+    ),
+    (
+        "stop strings with detokenize=False (vLLM: stop needs detokenize)",
+        (PROMPT, _mutated(stop=["x"], detokenize=False), None, None, None),
+        E.SamplingParamsError,
+        ["detokenize"],
+    ),
 ]
 
 
@@ -135,10 +268,19 @@ def test_a_params_object_changed_after_submission_changes_nothing(llm):
 
 
 def test_construction_checks_the_same_rules():
-    for kwargs, word in [({"stop": ["\ud800"]}, "stop"), ({"seed": 1 << 70}, "seed"), ({"top_k": 2.0}, "top_k"), ({"skip_special_tokens": None}, "skip_special")]:
+    for kwargs, word in [
+        ({"stop": ["\ud800"]}, "stop"),
+        ({"seed": 1 << 70}, "seed"),
+        ({"top_k": 2.0}, "top_k"),
+        ({"skip_special_tokens": None}, "skip_special"),
+    ]:
         with pytest.raises(E.SamplingParamsError, match=word):
             SamplingParams(**kwargs)
-    for args, word in [(("x\ud800", 1, "/a"), "lora_name"), (("x", 1, "/a\x00b"), "lora_path"), (("x", 1 << 63, "/a"), "lora_int_id")]:
+    for args, word in [
+        (("x\ud800", 1, "/a"), "lora_name"),
+        (("x", 1, "/a\x00b"), "lora_path"),
+        (("x", 1 << 63, "/a"), "lora_int_id"),
+    ]:
         with pytest.raises(E.LoRARequestError, match=word):
             LoRARequest(*args)
 

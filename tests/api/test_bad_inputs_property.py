@@ -32,9 +32,9 @@ from sqlalchemy import make_url, select
 
 from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger import errors as E
+from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
-from loraledger.sampling_params import StructuredOutputsParams
 from tests.api.conftest import loras_for, random_prompts
 from tests.db_fixtures import _libpq
 from tests.model_fixtures import hf_reference_generate
@@ -72,16 +72,36 @@ def env(request, tiny_llama, tmp_path_factory):
         with psycopg.connect(_libpq(admin_url), autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{pg_name}"')
         url = make_url(admin_url).set(database=pg_name).render_as_string(hide_password=False)
-    reference = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, GOOD_PROMPTS, GOOD_ADAPTERS, GOOD_TOKENS, mixed=False).token_ids
-    llm = LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, max_model_len=64, max_n=4,
-              audit_url=url, seed=0)
-    environment = Env(llm=llm, url=url, root=root, reference=reference, loras=loras_for(tiny_llama), adapter_source=tiny_llama.adapters["qv_r4"])
+    reference = hf_reference_generate(
+        tiny_llama.model_dir, tiny_llama.adapters, GOOD_PROMPTS, GOOD_ADAPTERS, GOOD_TOKENS, mixed=False
+    ).token_ids
+    llm = LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=16,
+        block_size=4,
+        max_model_len=64,
+        max_n=4,
+        audit_url=url,
+        seed=0,
+    )
+    environment = Env(
+        llm=llm,
+        url=url,
+        root=root,
+        reference=reference,
+        loras=loras_for(tiny_llama),
+        adapter_source=tiny_llama.adapters["qv_r4"],
+    )
     try:
         yield environment
     finally:
         llm.close()
         total = sum(environment.outcomes.values())
-        print(f"\nbad-input property test ({request.param}): {total} calls, {dict(sorted(environment.outcomes.items()))}")
+        print(
+            f"\nbad-input property test ({request.param}): {total} calls, {dict(sorted(environment.outcomes.items()))}"
+        )
         if pg_name is not None:
             with psycopg.connect(_libpq(admin_url), autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
@@ -92,27 +112,59 @@ def env(request, tiny_llama, tmp_path_factory):
 surrogate = st.integers(0xD800, 0xDFFF).map(chr)
 with_surrogate = st.builds(lambda a, s, b: a + s + b, st.text(max_size=6), surrogate, st.text(max_size=6))
 any_value = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-    with_surrogate, st.binary(max_size=4), st.lists(st.one_of(st.integers(-5, 2**70), st.text(max_size=3)), max_size=3),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    with_surrogate,
+    st.binary(max_size=4),
+    st.lists(st.one_of(st.integers(-5, 2**70), st.text(max_size=3)), max_size=3),
     st.sampled_from([-1, 0, 1, 2, 1e-9, 1e308, -0.0, object(), 10**5000]),
 )
-token_id = st.one_of(st.integers(-3, 600), st.integers(2**31, 2**70), st.just(10**5000), st.booleans(), st.text(max_size=2), st.floats(), st.none())
+token_id = st.one_of(
+    st.integers(-3, 600),
+    st.integers(2**31, 2**70),
+    st.just(10**5000),
+    st.booleans(),
+    st.text(max_size=2),
+    st.floats(),
+    st.none(),
+)
 prompts = st.one_of(
     with_surrogate,
     st.text(max_size=30),  # odd but valid text: NUL, emoji, combining marks, ...
     st.just(""),
-    st.integers(), st.floats(), st.none(), st.binary(max_size=8), st.lists(st.integers(), max_size=3),
+    st.integers(),
+    st.floats(),
+    st.none(),
+    st.binary(max_size=8),
+    st.lists(st.integers(), max_size=3),
     st.fixed_dictionaries({"prompt_token_ids": st.lists(token_id, max_size=70)}),
-    st.fixed_dictionaries({"prompt_token_ids": st.lists(st.integers(4, 511), min_size=1, max_size=8), "prompt": any_value}),
+    st.fixed_dictionaries(
+        {"prompt_token_ids": st.lists(st.integers(4, 511), min_size=1, max_size=8), "prompt": any_value}
+    ),
     st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), any_value, max_size=3),
 )
 request_ids = st.one_of(
-    st.integers(), st.floats(), st.binary(max_size=4), st.just(""), with_surrogate,
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=4),
+    st.just(""),
+    with_surrogate,
     st.builds(lambda a, b: a + "\x00" + b, st.text(max_size=4), st.text(max_size=4)),
-    st.integers(1025, 3000).map(lambda n: "x" * n), st.lists(st.text(max_size=2), max_size=2),
+    st.integers(1025, 3000).map(lambda n: "x" * n),
+    st.lists(st.text(max_size=2), max_size=2),
 )
-tenants = st.one_of(st.integers(), st.floats(), st.binary(max_size=3), with_surrogate, st.text(max_size=20),
-                    st.integers(1025, 2000).map(lambda n: "t" * n), st.lists(st.integers(), max_size=2))
+tenants = st.one_of(
+    st.integers(),
+    st.floats(),
+    st.binary(max_size=3),
+    with_surrogate,
+    st.text(max_size=20),
+    st.integers(1025, 2000).map(lambda n: "t" * n),
+    st.lists(st.integers(), max_size=2),
+)
 sampling = st.tuples(st.sampled_from(SAMPLING_FIELDS), any_value, st.sampled_from(["mutate", "construct"]))
 
 
@@ -124,16 +176,27 @@ def _deep(depth: int) -> list:
 
 
 # vLLM's fields, with the values that are bad (or odd but valid) for each in particular
-nested = st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=3)), lambda inner: st.lists(inner, max_size=2), max_leaves=40)
+nested = st.recursive(
+    st.one_of(st.none(), st.integers(), st.text(max_size=3)), lambda inner: st.lists(inner, max_size=2), max_leaves=40
+)
 VLLM_FIELD_VALUES = {
-    "logit_bias": st.dictionaries(st.one_of(token_id, st.sampled_from(["7", "-1", "x", " 12"])),
-                                  st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.text(max_size=2)), max_size=4),
+    "logit_bias": st.dictionaries(
+        st.one_of(token_id, st.sampled_from(["7", "-1", "x", " 12"])),
+        st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.text(max_size=2)),
+        max_size=4,
+    ),
     "allowed_token_ids": st.lists(token_id, max_size=5),
-    "bad_words": st.lists(st.one_of(st.text(max_size=6), with_surrogate, st.integers(), st.just(""), st.just(" "), st.just("x" * 2000)), max_size=3),
+    "bad_words": st.lists(
+        st.one_of(st.text(max_size=6), with_surrogate, st.integers(), st.just(""), st.just(" "), st.just("x" * 2000)),
+        max_size=3,
+    ),
     "truncate_prompt_tokens": st.one_of(st.integers(-5, 200), st.just(10**30)),
-    "extra_args": st.one_of(st.dictionaries(st.one_of(st.text(max_size=3), st.integers()), st.one_of(any_value, nested), max_size=3),
-                            st.just({"deep": _deep(40)}), st.just({"big": "x" * 100_000}),
-                            st.just({"nul": "a\x00b"})),
+    "extra_args": st.one_of(
+        st.dictionaries(st.one_of(st.text(max_size=3), st.integers()), st.one_of(any_value, nested), max_size=3),
+        st.just({"deep": _deep(40)}),
+        st.just({"big": "x" * 100_000}),
+        st.just({"nul": "a\x00b"}),
+    ),
     "detokenize": any_value,
     "logprobs": st.integers(-3, 600),
     "prompt_logprobs": st.integers(-3, 600),
@@ -142,25 +205,77 @@ VLLM_FIELD_VALUES = {
     "stop": st.sampled_from([[], None, ["x"], "x"]),
     "stop_token_ids": st.lists(token_id, max_size=3),
     # constraints that are well-formed but do not compile (refused at admission, for that request only), or odd but valid
-    "structured_outputs": st.sampled_from([
-        ("regex", "(a"), ("regex", "a{5,2}"), ("grammar", "root ::= nowhere"), ("grammar", "root ::= \"a\" |"),
-        ("json", {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}), ("json", {"type": "nonsense"}),
-        ("choice", ["\x00", "\u00e9\U0001F600"]), ("json_object", True),
-    ]).map(lambda kv: StructuredOutputsParams(**{kv[0]: kv[1]})),
+    "structured_outputs": st.sampled_from(
+        [
+            ("regex", "(a"),
+            ("regex", "a{5,2}"),
+            ("grammar", "root ::= nowhere"),
+            ("grammar", 'root ::= "a" |'),
+            ("json", {"type": "object", "properties": {"a": {"$ref": "#/definitions/missing"}}}),
+            ("json", {"type": "nonsense"}),
+            ("choice", ["\x00", "\u00e9\U0001f600"]),
+            ("json_object", True),
+        ]
+    ).map(lambda kv: StructuredOutputsParams(**{kv[0]: kv[1]})),
 }
-vllm_sampling = st.one_of(*[st.tuples(st.just(name), values, st.sampled_from(["mutate", "construct"])) for name, values in VLLM_FIELD_VALUES.items()])
+vllm_sampling = st.one_of(
+    *[
+        st.tuples(st.just(name), values, st.sampled_from(["mutate", "construct"]))
+        for name, values in VLLM_FIELD_VALUES.items()
+    ]
+)
 ADAPTER_DAMAGE = [
-    "missing_dir", "not_a_dir", "no_config", "config_not_json", "config_array", "config_huge", "config_rank", "no_weights",
-    "weights_is_dir", "empty_weights", "truncated", "garbage", "header_len_huge", "header_not_json", "header_entry_bad",
-    "wrong_shape", "rank_too_big", "dtype_int8", "trailing_bytes", "sparse_64g", "nan_weight", "overlapping", "bin_only",
+    "missing_dir",
+    "not_a_dir",
+    "no_config",
+    "config_not_json",
+    "config_array",
+    "config_huge",
+    "config_rank",
+    "no_weights",
+    "weights_is_dir",
+    "empty_weights",
+    "truncated",
+    "garbage",
+    "header_len_huge",
+    "header_not_json",
+    "header_entry_bad",
+    "wrong_shape",
+    "rank_too_big",
+    "dtype_int8",
+    "trailing_bytes",
+    "sparse_64g",
+    "nan_weight",
+    "overlapping",
+    "bin_only",
 ]
 adapters = st.tuples(st.sampled_from(ADAPTER_DAMAGE), st.integers(0, 2**31), st.binary(min_size=1, max_size=64))
-lora_values = st.one_of(st.text(max_size=5), st.integers(), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just(("a", 1, "/x")))
-call_shapes = st.sampled_from([
-    "params_list_short", "params_list_wrong_type", "lora_list_short", "prompts_int", "prompts_bytes", "prompts_set",
-    "duplicate_in_flight", "duplicate_finished", "abort_int", "abort_mixed", "add_lora_str", "remove_lora_str",
-    "pin_lora_float", "arrival_nan", "arrival_str", "generate_empty_list",
-])
+lora_values = st.one_of(
+    st.text(max_size=5),
+    st.integers(),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.just(("a", 1, "/x")),
+)
+call_shapes = st.sampled_from(
+    [
+        "params_list_short",
+        "params_list_wrong_type",
+        "lora_list_short",
+        "prompts_int",
+        "prompts_bytes",
+        "prompts_set",
+        "duplicate_in_flight",
+        "duplicate_finished",
+        "abort_int",
+        "abort_mixed",
+        "add_lora_str",
+        "remove_lora_str",
+        "pin_lora_float",
+        "arrival_nan",
+        "arrival_str",
+        "generate_empty_list",
+    ]
+)
 attacks = st.one_of(
     st.tuples(st.just("prompt"), prompts),
     st.tuples(st.just("request_id"), request_ids),
@@ -176,7 +291,12 @@ attacks = st.one_of(
 # ---- the property -------------------------------------------------------------------------------
 
 
-@settings(max_examples=MAX_EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(attack_list=st.lists(st.tuples(attacks, st.sampled_from(ENTRIES)), min_size=1, max_size=3))
 def test_bad_inputs_never_stop_the_engine_or_change_good_outputs(env, attack_list):
     engine = env.llm.llm_engine
@@ -184,7 +304,12 @@ def test_bad_inputs_never_stop_the_engine_or_change_good_outputs(env, attack_lis
     good = {f"good-{tag}-{i}": i for i in range(len(GOOD_PROMPTS))}
     for rid, i in good.items():  # good requests in flight while the bad ones arrive
         lora = env.loras[GOOD_ADAPTERS[i]] if GOOD_ADAPTERS[i] else None
-        engine.add_request(rid, {"prompt_token_ids": GOOD_PROMPTS[i]}, SamplingParams(temperature=0, max_tokens=GOOD_TOKENS, ignore_eos=True), lora)
+        engine.add_request(
+            rid,
+            {"prompt_token_ids": GOOD_PROMPTS[i]},
+            SamplingParams(temperature=0, max_tokens=GOOD_TOKENS, ignore_eos=True),
+            lora,
+        )
     extra: set[str] = set()  # bad-looking requests that were valid after all, now in flight
     for (kind, payload), entry in attack_list:
         _attack(env, kind, payload, entry, good, extra)
@@ -207,10 +332,28 @@ def _assert_on_record(url: str, request_ids: list[str]) -> None:
     """Each of these caller ids (unique here) has one binding, its completion and its finished event."""
     with AuditStore(url) as store:
         with store.engine.connect() as conn:
-            keys = dict(conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id).where(REQUESTS.c.caller_request_id.in_(request_ids))).all())
+            keys = dict(
+                conn.execute(
+                    select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id).where(
+                        REQUESTS.c.caller_request_id.in_(request_ids)
+                    )
+                ).all()
+            )
             bound = set(keys.values())
-            rows = Counter(keys[k] for k in conn.execute(select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(keys))).scalars())
-            ended = {keys[k] for k in conn.execute(select(EVENTS.c.request_id).where(EVENTS.c.request_id.in_(keys), EVENTS.c.kind == EventKind.REQUEST_FINISHED)).scalars()}
+            rows = Counter(
+                keys[k]
+                for k in conn.execute(
+                    select(COMPLETIONS.c.request_id).where(COMPLETIONS.c.request_id.in_(keys))
+                ).scalars()
+            )
+            ended = {
+                keys[k]
+                for k in conn.execute(
+                    select(EVENTS.c.request_id).where(
+                        EVENTS.c.request_id.in_(keys), EVENTS.c.kind == EventKind.REQUEST_FINISHED
+                    )
+                ).scalars()
+            }
     for rid in request_ids:
         assert rid in bound and rows[rid] == 1 and rid in ended, f"{rid} is not on record"
 
@@ -267,6 +410,7 @@ def _submit(env: Env, entry: str, prompt, params, lora, rid, tenant) -> str | No
         env.llm.generate(prompt, params, lora_request=lora, tenant=tenant)
         return None
     if entry == "AsyncEngine.generate":
+
         async def run():
             async for _ in engine.engine.generate(prompt, params, rid, lora, tenant=tenant):
                 pass
@@ -290,7 +434,9 @@ def _call_shape(env: Env, shape: str, good: dict[str, int]) -> None:
         "prompts_bytes": lambda: llm.generate(b"abc", sp),
         "prompts_set": lambda: llm.generate({"a", "b"}, sp),
         "duplicate_in_flight": lambda: engine.add_request(next(iter(good)), p, sp),
-        "duplicate_finished": lambda: engine.add_request(env.finished_ids[0] if env.finished_ids else next(iter(good)), p, sp),
+        "duplicate_finished": lambda: engine.add_request(
+            env.finished_ids[0] if env.finished_ids else next(iter(good)), p, sp
+        ),
         "abort_int": lambda: engine.abort_request(5),
         "abort_mixed": lambda: engine.abort_request(["x", 5]),
         "add_lora_str": lambda: llm.add_lora("qv_r4"),
@@ -306,7 +452,9 @@ def _call_shape(env: Env, shape: str, good: dict[str, int]) -> None:
         env.outcomes[f"refused: {type(exc).__name__}"] += 1
         return
     # vLLM: an id may be reused once its request has finished (a finished one exists after the first example)
-    assert shape == "generate_empty_list" or (shape == "duplicate_finished" and env.finished_ids), f"{shape} was accepted"
+    assert shape == "generate_empty_list" or (shape == "duplicate_finished" and env.finished_ids), (
+        f"{shape} was accepted"
+    )
     env.outcomes["served"] += 1
 
 
@@ -367,7 +515,9 @@ def _damaged_adapter(env: Env, damage: str, number: int, noise: bytes) -> LoRARe
         _write_raw = struct.pack("<Q", len(noise)) + noise + data
         weights.write_bytes(_write_raw)
     elif damage == "header_entry_bad":
-        header[name] = [{"dtype": 5}, {"shape": "x"}, {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, -1]}, "x"][number % 4]
+        header[name] = [{"dtype": 5}, {"shape": "x"}, {"dtype": "F32", "shape": [4, 64], "data_offsets": [0, -1]}, "x"][
+            number % 4
+        ]
         _write(weights, header, data)
     elif damage == "wrong_shape":
         rows, cols = header[name]["shape"]

@@ -15,7 +15,9 @@ from tests.audit.tampering import tamper
 
 
 def _args(tiny, url: str) -> EngineArgs:
-    return EngineArgs(model=str(tiny.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=url)
+    return EngineArgs(
+        model=str(tiny.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=url
+    )
 
 
 def _rows(url: str, query):
@@ -39,13 +41,21 @@ async def test_key_id_caller_and_access_denied_are_on_record_and_verified(tiny_l
         async for out in engine.generate("hello", params, rid, sql, tenant="acme", key_id="key-1", user="u-9"):
             pass
         assert out.finished
-        assert await engine.record_access_denied(tenant="acme", key_id="key-1", adapter="secret", route="/v1/completions")
+        assert await engine.record_access_denied(
+            tenant="acme", key_id="key-1", adapter="secret", route="/v1/completions"
+        )
         metrics = await engine.get_metrics()
     assert metrics.host_loads == {"sql": 1} and metrics.stats.slot_loads == {"sql": 1}
     assert metrics.audit_enabled and metrics.audit_commits >= 2 and metrics.audit_failures == 0
-    assert metrics.stats.max_loras == 2 and metrics.stats.num_requests_running == 0 and 0 <= metrics.stats.kv_cache_usage <= 1
+    assert (
+        metrics.stats.max_loras == 2
+        and metrics.stats.num_requests_running == 0
+        and 0 <= metrics.stats.kv_cache_usage <= 1
+    )
 
-    [(request_id, caller_id, tenant, key_id)] = _rows(url, select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id, REQUESTS.c.tenant, REQUESTS.c.key_id))
+    [(request_id, caller_id, tenant, key_id)] = _rows(
+        url, select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id, REQUESTS.c.tenant, REQUESTS.c.key_id)
+    )
     assert (request_id, caller_id, tenant, key_id) == (out.audit_id, "client-7", "acme", "key-1")
     events = _rows(url, select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).order_by(EVENTS.c.seq))
     admitted = next(e for e in events if e.kind == EventKind.REQUEST_ADMITTED)

@@ -31,7 +31,14 @@ def _hf_chat_ids(tokenizer, conversation, **kwargs) -> list[int]:
 
 @pytest.fixture(scope="module")
 def chat_llm(tiny_llama_chat):
-    with LLM(model=str(tiny_llama_chat.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny_llama_chat.model_dir),
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+    ) as llm:
         yield llm
 
 
@@ -61,7 +68,9 @@ def test_each_conversation_is_bound_to_its_own_adapter(chat_llm, tiny_llama_chat
     convs = [CONVERSATION, OTHER, CONVERSATION]
     outs = chat_llm.chat(convs, GREEDY, lora_request=[loras[n] if n else None for n in names], use_tqdm=False)
     ids = [_hf_chat_ids(base_tokenizer, c, add_generation_prompt=True) for c in convs]
-    ref = hf_reference_generate(tiny_llama_chat.model_dir, tiny_llama_chat.adapters, ids, names, 6, mixed=False).token_ids
+    ref = hf_reference_generate(
+        tiny_llama_chat.model_dir, tiny_llama_chat.adapters, ids, names, 6, mixed=False
+    ).token_ids
     assert [o.outputs[0].token_ids for o in outs] == ref
     assert [o.lora_request.lora_name if o.lora_request else None for o in outs] == names
     with pytest.raises(E.LoRARequestError, match="2 entries for 3"):
@@ -70,8 +79,14 @@ def test_each_conversation_is_bound_to_its_own_adapter(chat_llm, tiny_llama_chat
 
 def test_the_given_template_its_kwargs_and_continue_final_message(chat_llm, base_tokenizer):
     template = "{{ bos_token }}{{ greeting }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-    out = chat_llm.chat(OTHER, GREEDY, chat_template=template, chat_template_kwargs={"greeting": "Hello there. "},
-                        add_generation_prompt=False, use_tqdm=False)[0]
+    out = chat_llm.chat(
+        OTHER,
+        GREEDY,
+        chat_template=template,
+        chat_template_kwargs={"greeting": "Hello there. "},
+        add_generation_prompt=False,
+        use_tqdm=False,
+    )[0]
     assert out.prompt == "<s>Hello there. user: How many legs does a spider have?\n"
     partial = [*OTHER, {"role": "assistant", "content": "A spider has"}]
     out = chat_llm.chat(partial, GREEDY, add_generation_prompt=False, continue_final_message=True, use_tqdm=False)[0]
@@ -82,9 +97,16 @@ def test_the_given_template_its_kwargs_and_continue_final_message(chat_llm, base
 
 
 def test_text_parts_and_bad_messages(chat_llm, base_tokenizer):
-    parts = [{"role": "user", "content": [{"type": "text", "text": "How many legs"}, {"type": "text", "text": "does a spider have?"}]}]
+    parts = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "How many legs"}, {"type": "text", "text": "does a spider have?"}],
+        }
+    ]
     joined = [{"role": "user", "content": "How many legs\ndoes a spider have?"}]
-    assert chat_llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == _hf_chat_ids(base_tokenizer, joined, add_generation_prompt=True)
+    assert chat_llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == _hf_chat_ids(
+        base_tokenizer, joined, add_generation_prompt=True
+    )
     for bad, words in [
         ([{"content": "no role"}], "role"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "text"),
@@ -153,7 +175,9 @@ def test_an_adapters_own_tokenizer_tokenizes_and_detokenizes_its_requests(chat_l
     assert chat_llm.get_tokenizer(lora)("the")["input_ids"] == own("the")["input_ids"]
 
 
-def test_an_adapters_chat_template_renders_its_conversations_and_the_sha256_reaches_admission(tiny_llama_chat, shipped, base_tokenizer, monkeypatch):
+def test_an_adapters_chat_template_renders_its_conversations_and_the_sha256_reaches_admission(
+    tiny_llama_chat, shipped, base_tokenizer, monkeypatch
+):
     from loraledger.actors import admission
 
     seen: dict[str, str | None] = {}
@@ -165,14 +189,22 @@ def test_an_adapters_chat_template_renders_its_conversations_and_the_sha256_reac
 
     monkeypatch.setattr(admission.Admission, "_admit", spy)
     loras, _ = shipped
-    with LLM(model=str(tiny_llama_chat.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, audit_url=None) as llm:
-        outs = llm.chat([OTHER] * 3, GREEDY, lora_request=[None, loras["own_tokenizer"], loras["template_only"]], use_tqdm=False)
+    with LLM(
+        model=str(tiny_llama_chat.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, audit_url=None
+    ) as llm:
+        outs = llm.chat(
+            [OTHER] * 3, GREEDY, lora_request=[None, loras["own_tokenizer"], loras["template_only"]], use_tqdm=False
+        )
         plain = llm.generate("How many legs does a spider have?", GREEDY, use_tqdm=False)[0]
     assert outs[0].prompt.startswith("<s><|user|>")
     assert outs[1].prompt == outs[2].prompt == "<s>[USER] How many legs does a spider have?\n[ANSWER]"
     assert outs[2].prompt_token_ids == base_tokenizer.encode(outs[2].prompt, add_special_tokens=False)
     digest = {t: hashlib.sha256(t.encode()).hexdigest() for t in (CHAT_TEMPLATE, ADAPTER_TEMPLATE)}
-    assert [seen[o.audit_id] for o in outs] == [digest[CHAT_TEMPLATE], digest[ADAPTER_TEMPLATE], digest[ADAPTER_TEMPLATE]]
+    assert [seen[o.audit_id] for o in outs] == [
+        digest[CHAT_TEMPLATE],
+        digest[ADAPTER_TEMPLATE],
+        digest[ADAPTER_TEMPLATE],
+    ]
     assert seen[plain.audit_id] is None
 
 

@@ -34,7 +34,14 @@ def zygote(tiny_llama, tmp_path_factory):
 def test_kill9_mid_run_loses_nothing_released_and_recovery_marks_the_rest(db_url, tiny_llama, zygote):
     loras = {name: str(path) for name, path in sorted(tiny_llama.adapters.items())}
     summary = run_rounds(
-        zygote, tiny_llama.model_dir, loras, db_url, rounds=3, seed=11, modes=("released", "timer", "admitted"), commit_delays_ms=(20, 20, 0)
+        zygote,
+        tiny_llama.model_dir,
+        loras,
+        db_url,
+        rounds=3,
+        seed=11,
+        modes=("released", "timer", "admitted"),
+        commit_delays_ms=(20, 20, 0),
     )
     assert summary.problems == [], summary.render()
     # the kills did land in the middle of runs: outputs had been released and others were still in flight
@@ -71,13 +78,21 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
     refused = {rid for rid, r in unfinished.items() if r.lora_name == CHANGED}
     rerun = set(unfinished) - refused
     names = {unfinished[rid].lora_name for rid in rerun}
-    assert refused and None in names and len(names) >= 2, f"the kill came too late: only {sorted(unfinished)} were unfinished"
+    assert refused and None in names and len(names) >= 2, (
+        f"the kill came too late: only {sorted(unfinished)} were unfinished"
+    )
 
     change_adapter_weights(loras[CHANGED])
     on_disk = fingerprint_adapter(str(loras[CHANGED]))
     assert on_disk != bound[CHANGED]
     args = EngineArgs(
-        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=db_url, resume_interrupted=True
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=db_url,
+        resume_interrupted=True,
     )
     async with AsyncEngine(args) as engine:
         with anyio.fail_after(180):  # 6 x 32 greedy tokens: a second, unless a shared 2-core machine is oversubscribed
@@ -90,13 +105,32 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
         assert isinstance(resumed[rid], AdapterChangedError), resumed[rid]
     with AuditStore(db_url) as store:
         with store.engine.connect() as conn:
-            rows = {c.request_id: c for c in conn.execute(select(COMPLETIONS).where(COMPLETIONS.c.request_id.in_(sorted(unfinished))))}
-            events = list(conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).where(EVENTS.c.request_id.in_(sorted(unfinished)))))
+            rows = {
+                c.request_id: c
+                for c in conn.execute(select(COMPLETIONS).where(COMPLETIONS.c.request_id.in_(sorted(unfinished))))
+            }
+            events = list(
+                conn.execute(
+                    select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).where(
+                        EVENTS.c.request_id.in_(sorted(unfinished))
+                    )
+                )
+            )
             # another instance's requests: the binding keeps the dead instance that admitted it, the replacement
             # (this engine) records their interruption, resumption and outputs under its own id
-            owners = set(conn.execute(select(REQUESTS.c.instance_id).where(REQUESTS.c.request_id.in_(sorted(unfinished)))).scalars())
+            owners = set(
+                conn.execute(
+                    select(REQUESTS.c.instance_id).where(REQUESTS.c.request_id.in_(sorted(unfinished)))
+                ).scalars()
+            )
             kinds = (EventKind.REQUEST_INTERRUPTED, EventKind.REQUEST_RESUMED, EventKind.REQUEST_FINISHED)
-            writers = set(conn.execute(select(EVENTS.c.instance_id).where(EVENTS.c.request_id.in_(sorted(unfinished)), EVENTS.c.kind.in_(kinds))).scalars())
+            writers = set(
+                conn.execute(
+                    select(EVENTS.c.instance_id).where(
+                        EVENTS.c.request_id.in_(sorted(unfinished)), EVENTS.c.kind.in_(kinds)
+                    )
+                ).scalars()
+            )
         assert len(owners) == 1 and None not in owners and owners != {me} and writers == {me}
         assert store.first_break() is None
         assert store.unfinished_requests() == []
@@ -111,7 +145,9 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
     assert set(of_kind(EventKind.REQUEST_INTERRUPTED)) == set(unfinished)
     assert set(of_kind(EventKind.REQUEST_RESUMED)) == rerun
     assert set(of_kind(EventKind.REQUEST_FINISHED)) == rerun
-    assert of_kind(EventKind.RESUME_REFUSED) == {rid: [{"bound_fingerprint": bound[CHANGED], "fingerprint_on_disk": on_disk}] for rid in refused}
+    assert of_kind(EventKind.RESUME_REFUSED) == {
+        rid: [{"bound_fingerprint": bound[CHANGED], "fingerprint_on_disk": on_disk}] for rid in refused
+    }
     assert set(rows) == rerun  # a refused request gets no output at all
     for rid in rerun:
         out = resumed[rid]

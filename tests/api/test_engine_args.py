@@ -51,12 +51,27 @@ def test_every_listed_vllm_argument_is_accepted_by_llm_and_engine_args(tiny_llam
     assert AsyncEngineArgs(model="m", disable_log_requests=True, **VLLM_ARGUMENTS).trust_remote_code is True
     cpu_args = {**VLLM_ARGUMENTS, "dtype": "float"}  # the CPU runs float32
     with LLM(model=str(tiny_llama.model_dir), audit_url=None, **cpu_args) as llm:
-        out = llm.generate({"prompt_token_ids": random_prompts(1, seed=70)[0]}, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+        out = llm.generate(
+            {"prompt_token_ids": random_prompts(1, seed=70)[0]},
+            SamplingParams(temperature=0, max_tokens=3),
+            use_tqdm=False,
+        )
         assert len(out[0].outputs[0].token_ids) == 3
 
 
-@pytest.mark.parametrize("alias, name", [("half", "float16"), ("float16", "float16"), ("float", "float32"), ("float32", "float32"),
-                                         ("bfloat16", "bfloat16"), ("auto", "auto"), ("HALF", "float16"), (torch.bfloat16, "bfloat16")])
+@pytest.mark.parametrize(
+    "alias, name",
+    [
+        ("half", "float16"),
+        ("float16", "float16"),
+        ("float", "float32"),
+        ("float32", "float32"),
+        ("bfloat16", "bfloat16"),
+        ("auto", "auto"),
+        ("HALF", "float16"),
+        (torch.bfloat16, "bfloat16"),
+    ],
+)
 def test_dtype_takes_vllms_aliases(alias, name, tiny_llama):
     """vLLM's dtype values: "half" is float16, "float" is float32, and a torch dtype works too."""
     args = EngineArgs(model="m", dtype=alias)
@@ -66,9 +81,13 @@ def test_dtype_takes_vllms_aliases(alias, name, tiny_llama):
 
 
 def test_an_unknown_argument_names_the_closest_known_one():
-    with pytest.raises(E.ConfigError, match="unknown LLM argument 'tensor_paralel_size'; did you mean 'tensor_parallel_size'"):
+    with pytest.raises(
+        E.ConfigError, match="unknown LLM argument 'tensor_paralel_size'; did you mean 'tensor_parallel_size'"
+    ):
         LLM(model="m", tensor_paralel_size=1)
-    with pytest.raises(E.ConfigError, match="unknown EngineArgs argument 'gpu_mem_utilization'; did you mean 'gpu_memory_utilization'"):
+    with pytest.raises(
+        E.ConfigError, match="unknown EngineArgs argument 'gpu_mem_utilization'; did you mean 'gpu_memory_utilization'"
+    ):
         EngineArgs(model="m", gpu_mem_utilization=0.5)
     with pytest.raises(E.ConfigError, match="unknown LLM argument 'zzzz'"):
         LLM(model="m", zzzz=1)
@@ -107,7 +126,11 @@ def test_a_checkpoint_that_needs_its_own_code_is_refused_whatever_trust_remote_c
     custom = tmp_path / "custom"
     shutil.copytree(tiny_llama.model_dir, custom)
     config = json.loads((custom / "config.json").read_text())
-    config.update(architectures=["MyLlamaForCausalLM"], model_type="my_llama", auto_map={"AutoModelForCausalLM": "modeling_my.MyLlamaForCausalLM"})
+    config.update(
+        architectures=["MyLlamaForCausalLM"],
+        model_type="my_llama",
+        auto_map={"AutoModelForCausalLM": "modeling_my.MyLlamaForCausalLM"},
+    )
     (custom / "config.json").write_text(json.dumps(config))
     for trust in (False, True):
         with pytest.raises(E.RemoteCodeError, match="never runs code") as info:
@@ -117,19 +140,42 @@ def test_a_checkpoint_that_needs_its_own_code_is_refused_whatever_trust_remote_c
     config.update(architectures=["LlamaForCausalLM"], model_type="llama")
     (custom / "config.json").write_text(json.dumps(config))
     with LLM(model=str(custom), trust_remote_code=True, audit_url=None) as llm:
-        assert len(llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids) == 2
+        assert (
+            len(
+                llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
+                .outputs[0]
+                .token_ids
+            )
+            == 2
+        )
 
 
 def test_chunked_prefill_off_runs_each_prompt_in_one_step_and_needs_the_budget_for_it(tiny_llama):
     """vLLM's rule: without chunked prefill, max_num_batched_tokens must hold max_model_len (else a ConfigError);
     prompts then run whole, and greedy outputs are those of transformers."""
     with pytest.raises(E.ConfigError, match="max_num_batched_tokens"):
-        LLM(model=str(tiny_llama.model_dir), enable_chunked_prefill=False, max_model_len=128, max_num_batched_tokens=64, audit_url=None)
+        LLM(
+            model=str(tiny_llama.model_dir),
+            enable_chunked_prefill=False,
+            max_model_len=128,
+            max_num_batched_tokens=64,
+            audit_url=None,
+        )
     prompts = random_prompts(4, seed=71, lo=30, hi=60)
     ref = hf_reference_generate(tiny_llama.model_dir, {}, prompts, [None] * 4, 5, mixed=False).token_ids
-    with LLM(model=str(tiny_llama.model_dir), enable_chunked_prefill=False, max_model_len=128, max_num_batched_tokens=128,
-             block_size=4, audit_url=None) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_chunked_prefill=False,
+        max_model_len=128,
+        max_num_batched_tokens=128,
+        block_size=4,
+        audit_url=None,
+    ) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+            use_tqdm=False,
+        )
         assert [o.outputs[0].token_ids for o in outs] == ref
         stats = llm.get_stats()
     assert stats is not None
@@ -145,7 +191,14 @@ def test_max_seq_len_to_capture_sends_longer_contexts_to_the_eager_path():
     graphs.width = 4
 
     def decode(context: int) -> SeqWork:
-        return SeqWork(seq_id=0, token_ids=[5], start_pos=context - 1, block_table=list(range(-(-context // 16))), lora_slot=-1, sample=True)
+        return SeqWork(
+            seq_id=0,
+            token_ids=[5],
+            start_pos=context - 1,
+            block_table=list(range(-(-context // 16))),
+            lora_slot=-1,
+            sample=True,
+        )
 
     assert graphs.accepts([decode(64)])
     assert not graphs.accepts([decode(65)])

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from loraledger import LLM, LLMEngine, EngineArgs, LoRARequest, SamplingParams
+from loraledger import LLM, EngineArgs, LLMEngine, LoRARequest, SamplingParams
 from loraledger import errors as E
 from tests.api.conftest import loras_for, random_prompts
 
@@ -49,7 +49,7 @@ def test_lora_request_fields():
 def _corrupt_copy(src, dst):
     shutil.copytree(src, dst)
     path = dst / "adapter_model.safetensors"
-    path.write_bytes(path.read_bytes()[: 200])
+    path.write_bytes(path.read_bytes()[:200])
     return dst
 
 
@@ -71,13 +71,47 @@ def test_bad_adapters_and_prompts_raise_typed_errors_and_others_keep_running(tin
     cases = [
         (LoRARequest("missing", 10, str(tmp_path / "does-not-exist")), E.AdapterNotFoundError),
         (LoRARequest("noconfig", 11, str(no_config)), E.AdapterNotFoundError),
-        (LoRARequest("corrupt", 12, str(_corrupt_copy(tiny_llama.adapters["qv_r4"], tmp_path / "corrupt"))), E.AdapterFormatError),
-        (LoRARequest("dora", 13, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "dora", use_dora=True))), E.AdapterUnsupportedError),
-        (LoRARequest("mts", 14, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "mts", modules_to_save=["lm_head"]))), E.AdapterUnsupportedError),
-        (LoRARequest("bias", 15, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "bias", bias="all"))), E.AdapterUnsupportedError),
-        (LoRARequest("target", 16, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "target", target_modules=["q_proj", "embed_tokens"]))), E.AdapterTargetError),
+        (
+            LoRARequest("corrupt", 12, str(_corrupt_copy(tiny_llama.adapters["qv_r4"], tmp_path / "corrupt"))),
+            E.AdapterFormatError,
+        ),
+        (
+            LoRARequest("dora", 13, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "dora", use_dora=True))),
+            E.AdapterUnsupportedError,
+        ),
+        (
+            LoRARequest(
+                "mts",
+                14,
+                str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "mts", modules_to_save=["lm_head"])),
+            ),
+            E.AdapterUnsupportedError,
+        ),
+        (
+            LoRARequest("bias", 15, str(_edited_copy(tiny_llama.adapters["qv_r4"], tmp_path / "bias", bias="all"))),
+            E.AdapterUnsupportedError,
+        ),
+        (
+            LoRARequest(
+                "target",
+                16,
+                str(
+                    _edited_copy(
+                        tiny_llama.adapters["qv_r4"], tmp_path / "target", target_modules=["q_proj", "embed_tokens"]
+                    )
+                ),
+            ),
+            E.AdapterTargetError,
+        ),
     ]
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=64, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        max_model_len=64,
+        audit_url=None,
+    ) as llm:
         expected = llm.generate(prompt, _greedy(), lora_request=good)[0].outputs[0].token_ids
         for lora, error in cases:
             with pytest.raises(error) as info:
@@ -97,7 +131,11 @@ def test_bad_adapters_and_prompts_raise_typed_errors_and_others_keep_running(tin
         with pytest.raises(E.LoRARequestConflictError):
             llm.generate(prompt, _greedy(), lora_request=LoRARequest("all_r8", 99, str(tiny_llama.adapters["qv_r4"])))
         with pytest.raises(E.LoRARequestConflictError):
-            llm.generate(prompt, _greedy(), lora_request=LoRARequest("other", good.lora_int_id, str(tiny_llama.adapters["qv_r4"])))
+            llm.generate(
+                prompt,
+                _greedy(),
+                lora_request=LoRARequest("other", good.lora_int_id, str(tiny_llama.adapters["qv_r4"])),
+            )
         # a batch with one bad prompt raises, and the engine still serves the same request afterwards
         with pytest.raises(E.PromptError):
             llm.generate([prompt, ""], _greedy(), lora_request=good)
@@ -109,7 +147,18 @@ def test_shape_mismatch_and_lora_disabled(tiny_llama, tmp_path):
 
     other = tmp_path / "other-model"
     build_tokenizer(other, vocab_size=512)
-    build_random_checkpoint(other, arch="llama", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2, vocab_size=512, max_position_embeddings=64, seed=1)
+    build_random_checkpoint(
+        other,
+        arch="llama",
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        vocab_size=512,
+        max_position_embeddings=64,
+        seed=1,
+    )
     wrong = tmp_path / "wrong-shapes"
     build_random_adapter(wrong, other, rank=4, alpha=8, target_modules=["q_proj"], seed=1)
     prompt = {"prompt_token_ids": random_prompts(1, seed=31)[0]}

@@ -76,12 +76,15 @@ def _inject(monkeypatch, where: str) -> None:
 def test_an_unexpected_error_fails_that_request_only(tiny_llama, tmp_path, monkeypatch, where):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
     loras = loras_for(tiny_llama)
-    args = EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=url)
+    args = EngineArgs(
+        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=url
+    )
     _inject(monkeypatch, where)
     victim_lora = LoRARequest("victim", 50, str(tiny_llama.adapters["qv_r4"])) if where == "loader" else None
 
     async def main():
         async with AsyncEngine.from_engine_args(args) as engine:
+
             async def one(rid, prompt, lora):
                 out = None
                 async for out in engine.generate({"prompt_token_ids": prompt}, GREEDY, rid, lora):
@@ -118,8 +121,13 @@ def test_an_unexpected_error_fails_that_request_only(tiny_llama, tmp_path, monke
         with store.engine.connect() as conn:
             # by the callers' ids: events are keyed by the audit keys the requests rows hold beside them
             callers = dict(conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.caller_request_id)).all())
-            ends = {callers[rid]: kind for kind, rid in conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.request_id.is_not(None)))
-                    if kind in EventKind.TERMINAL}
+            ends = {
+                callers[rid]: kind
+                for kind, rid in conn.execute(
+                    select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.request_id.is_not(None))
+                )
+                if kind in EventKind.TERMINAL
+            }
     assert all(ends[f"good-{i}"] == EventKind.REQUEST_FINISHED for i in range(3))
     if where in ("scheduler", "assembler"):  # admitted (on record) before it failed: its end is on record too
         assert ends["victim"] == EventKind.REQUEST_FAILED
@@ -143,7 +151,9 @@ def test_an_error_escaping_an_actor_stops_the_engine_without_cancelling_the_call
     async def main():
         async with AsyncEngine.from_engine_args(args) as engine:
             with pytest.raises(E.EngineDeadError):
-                async for _ in engine.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(max_tokens=20, ignore_eos=True), "in-flight"):
+                async for _ in engine.generate(
+                    {"prompt_token_ids": PROMPTS[0]}, SamplingParams(max_tokens=20, ignore_eos=True), "in-flight"
+                ):
                     pass
             with pytest.raises(E.EngineDeadError) as info:
                 await engine.submit("later", {"prompt_token_ids": PROMPTS[1]}, GREEDY)

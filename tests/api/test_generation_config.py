@@ -19,13 +19,17 @@ PROMPTS = random_prompts(3, seed=90)
 def with_config(tiny_llama, tmp_path_factory):
     """tiny_llama's checkpoint with a generation_config.json that sets sampling defaults and a second EOS id:
     the third greedy token of the first prompt (so that it stops that prompt early, and only that one)."""
-    plain = hf_reference_generate(tiny_llama.model_dir, {}, PROMPTS, [None] * 3, 12, mixed=False, repetition_penalty=1.3).token_ids
+    plain = hf_reference_generate(
+        tiny_llama.model_dir, {}, PROMPTS, [None] * 3, 12, mixed=False, repetition_penalty=1.3
+    ).token_ids
     stop_id = plain[0][2]
     assert stop_id not in plain[0][:2] and stop_id != 2
     folder = tmp_path_factory.mktemp("generation-config") / "model"
     shutil.copytree(tiny_llama.model_dir, folder)
     config = json.loads((folder / "generation_config.json").read_text())
-    config.update(do_sample=False, temperature=0.0, repetition_penalty=1.3, max_new_tokens=12, eos_token_id=[2, stop_id])
+    config.update(
+        do_sample=False, temperature=0.0, repetition_penalty=1.3, max_new_tokens=12, eos_token_id=[2, stop_id]
+    )
     (folder / "generation_config.json").write_text(json.dumps(config))
     return folder, stop_id
 
@@ -35,7 +39,9 @@ def test_auto_takes_the_default_sampling_params_from_the_file(with_config):
     max_new_tokens (as max_tokens) are the defaults when sampling_params is None; the outputs are those of
     transformers' generate with the same generation config (greedy, repetition penalty 1.3, the EOS list)."""
     folder, stop_id = with_config
-    ref = hf_reference_generate(folder, {}, PROMPTS, [None] * 3, 12, mixed=False, repetition_penalty=1.3, eos_token_id=[2, stop_id]).token_ids
+    ref = hf_reference_generate(
+        folder, {}, PROMPTS, [None] * 3, 12, mixed=False, repetition_penalty=1.3, eos_token_id=[2, stop_id]
+    ).token_ids
     with LLM(model=str(folder), audit_url=None) as llm:
         defaults = llm.get_default_sampling_params()
         assert (defaults.temperature, defaults.repetition_penalty, defaults.max_tokens) == (0.0, 1.3, 12)
@@ -51,8 +57,14 @@ def test_the_files_eos_list_stops_any_request_unless_ignore_eos(with_config):
     folder, stop_id = with_config
     prompt = {"prompt_token_ids": PROMPTS[0]}
     with LLM(model=str(folder), audit_url=None) as llm:
-        stopped = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3), use_tqdm=False)[0].outputs[0]
-        ignored = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3, ignore_eos=True), use_tqdm=False)[0]
+        stopped = llm.generate(
+            prompt, SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3), use_tqdm=False
+        )[0].outputs[0]
+        ignored = llm.generate(
+            prompt,
+            SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
     assert stopped.stop_reason == stop_id and len(stopped.token_ids) == 3
     assert len(ignored.outputs[0].token_ids) == 12 and ignored.outputs[0].token_ids[2] == stop_id
 
@@ -62,7 +74,11 @@ def test_vllm_ignores_the_file(with_config):
     folder, stop_id = with_config
     with LLM(model=str(folder), generation_config="vllm", audit_url=None) as llm:
         assert llm.get_default_sampling_params() == SamplingParams()
-        out = llm.generate({"prompt_token_ids": PROMPTS[0]}, SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3), use_tqdm=False)[0]
+        out = llm.generate(
+            {"prompt_token_ids": PROMPTS[0]},
+            SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.3),
+            use_tqdm=False,
+        )[0]
     assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].token_ids[2] == stop_id
 
 

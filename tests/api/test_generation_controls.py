@@ -15,15 +15,27 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(llama_llm, tiny_l
     alone = llama_llm.generate(prompt, params, lora_request=loras["qv_r4"])[0].outputs[0].token_ids
     again = llama_llm.generate(prompt, params, lora_request=loras["qv_r4"])[0].outputs[0].token_ids
     others = [{"prompt_token_ids": p} for p in random_prompts(4, seed=8)]
-    batched = llama_llm.generate([*others, prompt], [SamplingParams(temperature=1.0, max_tokens=5)] * 4 + [params], lora_request=[None, None, loras["all_r8"], None, loras["qv_r4"]])
+    batched = llama_llm.generate(
+        [*others, prompt],
+        [SamplingParams(temperature=1.0, max_tokens=5)] * 4 + [params],
+        lora_request=[None, None, loras["all_r8"], None, loras["qv_r4"]],
+    )
     assert alone == again == batched[-1].outputs[0].token_ids
-    different_seed = llama_llm.generate(prompt, SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=99, max_tokens=12, ignore_eos=True), lora_request=loras["qv_r4"])
+    different_seed = llama_llm.generate(
+        prompt,
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=99, max_tokens=12, ignore_eos=True),
+        lora_request=loras["qv_r4"],
+    )
     assert different_seed[0].outputs[0].token_ids != alone
 
 
 def test_n_completions_each_attributed_to_the_adapter(llama_llm, tiny_llama):
     lora = loras_for(tiny_llama)["all_r8"]
-    out = llama_llm.generate({"prompt_token_ids": random_prompts(1, seed=9, lo=9, hi=9)[0]}, SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True), lora_request=lora)[0]
+    out = llama_llm.generate(
+        {"prompt_token_ids": random_prompts(1, seed=9, lo=9, hi=9)[0]},
+        SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True),
+        lora_request=lora,
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(c.lora_request == lora for c in out.outputs) and out.lora_request == lora
     assert all(len(c.token_ids) == 6 for c in out.outputs)
@@ -37,11 +49,15 @@ def test_max_tokens_and_min_tokens_and_eos(llama_llm, tiny_llama):
     # make a token "EOS" by asking to stop on it: the first greedy token not seen before it
     k = next(i for i in range(1, 12) if out.token_ids[i] not in out.token_ids[:i])
     target = out.token_ids[k]
-    stopped = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[target]))[0].outputs[0]
+    stopped = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[target]))[
+        0
+    ].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == target
     assert stopped.token_ids == out.token_ids[: k + 1]
     # min_tokens forbids stopping (the stop token cannot be sampled) before min_tokens outputs
-    held = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, min_tokens=k + 2, stop_token_ids=[target]))[0].outputs[0]
+    held = llama_llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=12, min_tokens=k + 2, stop_token_ids=[target])
+    )[0].outputs[0]
     assert len(held.token_ids) >= k + 2 and target not in held.token_ids[: k + 1]
 
 
@@ -50,10 +66,15 @@ def test_stop_strings(llama_llm, tiny_llama):
     full = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0].outputs[0]
     assert len(full.text) > 6
     stop = full.text[3:6]
-    cut = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    cut = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop]))[
+        0
+    ].outputs[0]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert cut.text == full.text[: full.text.index(stop)]
-    kept = llama_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop], include_stop_str_in_output=True))[0].outputs[0]
+    kept = llama_llm.generate(
+        prompt,
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, stop=[stop], include_stop_str_in_output=True),
+    )[0].outputs[0]
     assert kept.text == full.text[: full.text.index(stop) + len(stop)]
 
 
@@ -68,7 +89,10 @@ async def test_streaming_kinds(tiny_llama):
             chunks[kind] = [out async for out in engine.generate(prompt, params, lora_request=lora)]
     final = chunks[RequestOutputKind.CUMULATIVE][-1]
     assert final.finished and len(final.outputs[0].token_ids) == 10
-    assert len(chunks[RequestOutputKind.FINAL_ONLY]) == 1 and chunks[RequestOutputKind.FINAL_ONLY][0].outputs[0].text == final.outputs[0].text
+    assert (
+        len(chunks[RequestOutputKind.FINAL_ONLY]) == 1
+        and chunks[RequestOutputKind.FINAL_ONLY][0].outputs[0].text == final.outputs[0].text
+    )
     delta = chunks[RequestOutputKind.DELTA]
     assert len(delta) > 1 and all(c.lora_request == lora and c.outputs[0].lora_request == lora for c in delta)
     assert "".join(c.outputs[0].text for c in delta) == final.outputs[0].text
@@ -89,14 +113,23 @@ def test_llm_engine_step_loop_with_late_requests_and_abort(tiny_llama):
         prompts = random_prompts(4, seed=13)
         reference = {}
         for i, p in enumerate(prompts):
-            engine.add_request(f"ref-{i}", {"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), loras["all_r8"] if i % 2 else None)
+            engine.add_request(
+                f"ref-{i}",
+                {"prompt_token_ids": p},
+                SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                loras["all_r8"] if i % 2 else None,
+            )
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
                     reference[out.request_id] = out.outputs[0].token_ids
 
-        engine.add_request("a-0", {"prompt_token_ids": prompts[0]}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
-        engine.add_request("victim", {"prompt_token_ids": prompts[2]}, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+        engine.add_request(
+            "a-0", {"prompt_token_ids": prompts[0]}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+        )
+        engine.add_request(
+            "victim", {"prompt_token_ids": prompts[2]}, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        )
         finished, added, aborted = {}, False, False
         steps = 0
         while engine.has_unfinished_requests():
@@ -104,7 +137,12 @@ def test_llm_engine_step_loop_with_late_requests_and_abort(tiny_llama):
             steps += 1
             if not added:  # join while the others are running
                 for i in (1, 3):
-                    engine.add_request(f"a-{i}", {"prompt_token_ids": prompts[i]}, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), loras["all_r8"])
+                    engine.add_request(
+                        f"a-{i}",
+                        {"prompt_token_ids": prompts[i]},
+                        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                        loras["all_r8"],
+                    )
                 added = True
             elif not aborted:
                 engine.abort_request("victim")
@@ -132,5 +170,10 @@ async def test_abandoned_stream_aborts_and_engine_keeps_serving(tiny_llama):
             if seen == 3:
                 break
         with anyio.fail_after(30):
-            outs = [o async for o in engine.generate(prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), "stayer")]
+            outs = [
+                o
+                async for o in engine.generate(
+                    prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), "stayer"
+                )
+            ]
         assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 4

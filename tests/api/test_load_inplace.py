@@ -29,7 +29,9 @@ def save_policy(tiny, folder: Path, step: int, snapshots: Path) -> Path:
 
     torch.manual_seed(1000 + step)
     base = AutoModelForCausalLM.from_pretrained(tiny.model_dir)
-    config = LoraConfig(r=8, lora_alpha=16, target_modules=TARGETS, init_lora_weights=False, lora_dropout=0.0, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=TARGETS, init_lora_weights=False, lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
     get_peft_model(copy.deepcopy(base), config).save_pretrained(folder)
     snapshot = snapshots / f"step-{step}"
     shutil.copytree(folder, snapshot)
@@ -47,10 +49,14 @@ def test_rl_loop_reloads_in_place_each_version_matches_peft_and_is_on_record(tin
     with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=8, audit_url=url) as llm:
         for step in range(3):
             snapshot = save_policy(tiny_llama, folder, step, snapshots)
-            ref = hf_reference_generate(tiny_llama.model_dir, {"policy": snapshot}, prompts, ["policy"] * len(prompts), 8)
+            ref = hf_reference_generate(
+                tiny_llama.model_dir, {"policy": snapshot}, prompts, ["policy"] * len(prompts), 8
+            )
             lora = LoRARequest("policy", 1, str(folder), load_inplace=step > 0)
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, lora_request=lora, use_tqdm=False)
-            assert [o.outputs[0].token_ids for o in outs] == ref.token_ids, f"step {step} does not match PEFT on its weights"
+            assert [o.outputs[0].token_ids for o in outs] == ref.token_ids, (
+                f"step {step} does not match PEFT on its weights"
+            )
             fp = fingerprint_adapter(str(folder))
             assert {o.metrics.adapter_fingerprint for o in outs} == {fp}
             versions.append((fp, outs))
@@ -79,15 +85,22 @@ def test_a_running_request_finishes_on_its_version_and_shares_no_cached_blocks_w
     prompt = random_prompts(1, seed=72, lo=16, hi=16)[0]  # four full blocks: cacheable
     long = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     v1 = save_policy(tiny_llama, folder, 1, snapshots)
-    args = EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=8, block_size=4, audit_url=None)
+    args = EngineArgs(
+        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=8, block_size=4, audit_url=None
+    )
     engine = LLMEngine.from_engine_args(args)
     finals = {}
     try:
-        assert engine.add_request("old", {"prompt_token_ids": prompt}, long, LoRARequest("policy", 1, str(folder))) == "old"
+        assert (
+            engine.add_request("old", {"prompt_token_ids": prompt}, long, LoRARequest("policy", 1, str(folder)))
+            == "old"
+        )
         for _ in range(3):  # the old version's request is running
             assert not any(out.finished for out in engine.step())
         v2 = save_policy(tiny_llama, folder, 2, snapshots)
-        engine.add_request("new", {"prompt_token_ids": prompt}, long, LoRARequest("policy", 1, str(folder), load_inplace=True))
+        engine.add_request(
+            "new", {"prompt_token_ids": prompt}, long, LoRARequest("policy", 1, str(folder), load_inplace=True)
+        )
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
@@ -100,7 +113,9 @@ def test_a_running_request_finishes_on_its_version_and_shares_no_cached_blocks_w
                     finals[out.request_id] = out
     finally:
         engine.close()
-    ref = hf_reference_generate(tiny_llama.model_dir, {"v1": v1, "v2": v2}, [prompt, prompt], ["v1", "v2"], 24, mixed=False)
+    ref = hf_reference_generate(
+        tiny_llama.model_dir, {"v1": v1, "v2": v2}, [prompt, prompt], ["v1", "v2"], 24, mixed=False
+    )
     assert finals["old"].outputs[0].token_ids == ref.token_ids[0], "the running request was switched to the new weights"
     assert finals["new"].outputs[0].token_ids == ref.token_ids[1]
     assert finals["old"].metrics.adapter_fingerprint != finals["new"].metrics.adapter_fingerprint

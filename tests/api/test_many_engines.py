@@ -34,7 +34,14 @@ def zygote(tiny_llama, tmp_path_factory):
 
 def _start(zygote, tiny_llama, url, tmp_path, name: str, seed: int, extra: list[str]) -> FleetRun:
     loras = {n: str(p) for n, p in sorted(tiny_llama.adapters.items())[:2]}
-    argv = run_argv(tiny_llama.model_dir, loras, url, name, seed=seed, extra=["--lease-seconds", str(LEASE_S), "--max-tokens", "8", *extra])
+    argv = run_argv(
+        tiny_llama.model_dir,
+        loras,
+        url,
+        name,
+        seed=seed,
+        extra=["--lease-seconds", str(LEASE_S), "--max-tokens", "8", *extra],
+    )
     return FleetRun(zygote, argv, tmp_path / f"{name}.out")
 
 
@@ -50,10 +57,14 @@ def _wait_claimed(url: str, instance_id: str, timeout: float) -> str:
             time.sleep(0.1)
 
 
-def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_one(db_url, tiny_llama, zygote, tmp_path):
+def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_one(
+    db_url, tiny_llama, zygote, tmp_path
+):
     upgrade(db_url)
     started = time.monotonic()
-    runs = {f"e{i}": _start(zygote, tiny_llama, db_url, tmp_path, f"e{i}", i, ["--in-flight", "4"]) for i in range(ENGINES)}
+    runs = {
+        f"e{i}": _start(zygote, tiny_llama, db_url, tmp_path, f"e{i}", i, ["--in-flight", "4"]) for i in range(ENGINES)
+    }
     ids = {name: run.instance_id for name, run in runs.items()}
     for run in runs.values():  # under load: every engine has released outputs and holds more in flight
         run.expect("RELEASED", 24, timeout=120)
@@ -84,7 +95,11 @@ def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_o
         with store.engine.connect() as conn:
             owner = dict(conn.execute(select(REQUESTS.c.request_id, REQUESTS.c.instance_id)).all())  # by audit key
             caller_owner = dict(conn.execute(select(REQUESTS.c.caller_request_id, REQUESTS.c.instance_id)).all())
-            ends = conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.instance_id).where(EVENTS.c.kind.in_((*END_KINDS, EventKind.REQUEST_INTERRUPTED)))).all()
+            ends = conn.execute(
+                select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.instance_id).where(
+                    EVENTS.c.kind.in_((*END_KINDS, EventKind.REQUEST_INTERRUPTED))
+                )
+            ).all()
             writers = set(conn.execute(select(EVENTS.c.instance_id).distinct()).scalars())
         states = {s.instance.instance_id: s.state for s in store.lease_states()}
     by_name = {iid: name for name, iid in ids.items()}
@@ -95,7 +110,11 @@ def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_o
     interrupted = Counter(rid for kind, rid, _ in ends if kind == EventKind.REQUEST_INTERRUPTED)
     ended = {rid for kind, rid, _ in ends if kind != EventKind.REQUEST_INTERRUPTED}
     dead_unfinished = {rid for rid, iid in owner.items() if iid == ids["e1"]} - ended
-    assert set(interrupted) == dead_unfinished and set(interrupted.values()) <= {1}, (sorted(interrupted), sorted(dead_unfinished), states)
+    assert set(interrupted) == dead_unfinished and set(interrupted.values()) <= {1}, (
+        sorted(interrupted),
+        sorted(dead_unfinished),
+        states,
+    )
     assert dead_unfinished, "the kill landed after the dead engine's last request ended: nothing was in flight"
     # recorded by the live instance that claimed the dead one, never by the dead one itself
     assert {iid for kind, _, iid in ends if kind == EventKind.REQUEST_INTERRUPTED} == {recovered_by} != {ids["e1"]}

@@ -28,8 +28,18 @@ def test_every_prompt_form_of_vllm(llama_llm, tiny_llama):
     assert len({tuple(o.outputs[0].token_ids) for o in outs}) == 1
     assert all(o.prompt_token_ids == ids for o in outs)
     assert [o.prompt for o in outs] == [TEXT, TEXT, None, TEXT]
-    assert llama_llm.generate(text_prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
-    assert {"TextPrompt", "TokensPrompt", "PromptType", "AsyncLLMEngine", "AsyncEngineArgs", "Logprob", "RequestStateStats"} <= set(dir(loraledger))
+    assert (
+        llama_llm.generate(text_prompt, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+    )
+    assert {
+        "TextPrompt",
+        "TokensPrompt",
+        "PromptType",
+        "AsyncLLMEngine",
+        "AsyncEngineArgs",
+        "Logprob",
+        "RequestStateStats",
+    } <= set(dir(loraledger))
 
 
 def test_use_tqdm_may_be_the_callable_that_builds_the_bar(llama_llm):
@@ -72,7 +82,11 @@ def test_skip_tokenizer_init_serves_a_folder_without_tokenizer_files(no_tokenize
     ref = hf_reference_generate(tiny_llama.model_dir, {}, prompts, [None, None], 4, mixed=False).token_ids
     with LLM(model=str(no_tokenizer), skip_tokenizer_init=True, audit_url=None) as llm:
         assert llm.get_tokenizer() is None
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1), use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=1),
+            use_tqdm=False,
+        )
         assert [o.outputs[0].token_ids for o in outs] == ref
         assert all(o.outputs[0].text == "" for o in outs)
         assert all(lp.decoded_token is None for pos in outs[0].outputs[0].logprobs for lp in pos.values())

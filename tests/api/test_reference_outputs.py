@@ -30,10 +30,18 @@ def test_llm_mixed_batch_equals_hf_peft(arch, device, request):
     prompts = random_prompts(len(names), seed=1)
     ref = hf_reference_generate(tiny.model_dir, tiny.adapters, prompts, names, MAX_NEW, mixed=True)
     with LLM(
-        model=str(tiny.model_dir), device=device, dtype="float32", enable_lora=True, max_loras=3, max_lora_rank=16,
-        block_size=4, audit_url=None,
+        model=str(tiny.model_dir),
+        device=device,
+        dtype="float32",
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
     ) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(), lora_request=[loras[n] if n else None for n in names])
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], _greedy(), lora_request=[loras[n] if n else None for n in names]
+        )
         assert [o.outputs[0].token_ids for o in outs] == ref.token_ids
         for o, n in zip(outs, names):
             assert o.finished and o.outputs[0].finish_reason == "length"
@@ -43,14 +51,19 @@ def test_llm_mixed_batch_equals_hf_peft(arch, device, request):
         for name in [None, *sorted(loras)]:
             ps = prompts[:3]
             solo_ref = hf_reference_generate(tiny.model_dir, tiny.adapters, ps, [name] * 3, MAX_NEW, mixed=False)
-            solo = llm.generate([{"prompt_token_ids": p} for p in ps], _greedy(), lora_request=loras[name] if name else None)
+            solo = llm.generate(
+                [{"prompt_token_ids": p} for p in ps], _greedy(), lora_request=loras[name] if name else None
+            )
             assert [o.outputs[0].token_ids for o in solo] == solo_ref.token_ids, name
 
 
 def test_adapters_change_outputs(llama_llm, tiny_llama):
     loras = loras_for(tiny_llama)
     prompt = {"prompt_token_ids": random_prompts(1, seed=5)[0]}
-    texts = {name: llama_llm.generate(prompt, _greedy(), lora_request=lora)[0].outputs[0].token_ids for name, lora in [("base", None), *loras.items()]}
+    texts = {
+        name: llama_llm.generate(prompt, _greedy(), lora_request=lora)[0].outputs[0].token_ids
+        for name, lora in [("base", None), *loras.items()]
+    }
     assert len({tuple(t) for t in texts.values()}) == len(texts), "every adapter must visibly change the greedy output"
 
 
@@ -59,13 +72,17 @@ async def test_async_engine_mixed_equals_hf(tiny_llama):
     names = [*sorted(loras), None]
     prompts = random_prompts(len(names), seed=2)
     ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, MAX_NEW, mixed=True)
-    args = EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None)
+    args = EngineArgs(
+        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None
+    )
     results: dict[int, list[int]] = {}
     async with AsyncEngine.from_engine_args(args) as engine:
         import anyio
 
         async def one(i: int) -> None:
-            async for out in engine.generate({"prompt_token_ids": prompts[i]}, _greedy(), f"req-{i}", loras[names[i]] if names[i] else None):
+            async for out in engine.generate(
+                {"prompt_token_ids": prompts[i]}, _greedy(), f"req-{i}", loras[names[i]] if names[i] else None
+            ):
                 assert out.lora_request == (loras[names[i]] if names[i] else None)
                 if out.finished:
                     results[i] = out.outputs[0].token_ids
@@ -86,7 +103,9 @@ def test_logprobs_are_vllm_logprob_objects_equal_to_log_softmax_of_reference_log
     names = [None, "all_r8"]
     prompts = random_prompts(2, seed=3)
     ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, MAX_NEW, mixed=False)
-    outs = llama_llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(logprobs=3), lora_request=[None, loras["all_r8"]])
+    outs = llama_llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], _greedy(logprobs=3), lora_request=[None, loras["all_r8"]]
+    )
     for out, logits, ids in zip(outs, ref.logits, ref.token_ids):
         completion = out.outputs[0]
         assert completion.token_ids == ids
@@ -99,7 +118,9 @@ def test_logprobs_are_vllm_logprob_objects_equal_to_log_softmax_of_reference_log
             for rank, (alt, lp) in enumerate(zip(top.indices.tolist(), top.values.tolist()), start=1):
                 assert abs(entry[alt].logprob - lp) <= 1e-4 and entry[alt].rank == rank
                 assert entry[alt].decoded_token == tok.decode([alt])
-        assert completion.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(ids, completion.logprobs)), abs=1e-4)
+        assert completion.cumulative_logprob == pytest.approx(
+            sum(e[t].logprob for t, e in zip(ids, completion.logprobs)), abs=1e-4
+        )
 
 
 def test_text_prompts_tokenized_like_autotokenizer(llama_llm, tiny_llama):

@@ -32,17 +32,24 @@ def test_n_at_the_limit_is_served_in_full_and_on_record_and_above_it_is_refused(
         limit = llm.llm_engine.engine._core.setup.max_n
         assert limit == 8
         # top_k=1: every completion is the greedy reference (temperature=0 allows n=1 only, as in vLLM)
-        out = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=limit, temperature=1.0, top_k=1, max_tokens=8, ignore_eos=True))[0]
+        out = llm.generate(
+            {"prompt_token_ids": PROMPT},
+            SamplingParams(n=limit, temperature=1.0, top_k=1, max_tokens=8, ignore_eos=True),
+        )[0]
         assert [c.index for c in out.outputs] == list(range(limit))
         assert all(c.token_ids == ref for c in out.outputs)
         with pytest.raises(E.SamplingParamsError, match="max_n=8"):
             llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(n=limit + 1, max_tokens=2))
         with pytest.raises(E.SamplingParamsError, match="max_logprobs=20"):
             llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(logprobs=21, max_tokens=2))
-        top = llm.generate({"prompt_token_ids": PROMPT}, SamplingParams(logprobs=20, prompt_logprobs=20, temperature=0, max_tokens=2))[0]
+        top = llm.generate(
+            {"prompt_token_ids": PROMPT}, SamplingParams(logprobs=20, prompt_logprobs=20, temperature=0, max_tokens=2)
+        )[0]
         assert all(len(step) >= 20 for step in top.outputs[0].logprobs)
     with AuditStore(url) as store, store.engine.connect() as conn:
-        rows = conn.execute(select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == out.audit_id)).scalar()
+        rows = conn.execute(
+            select(func.count()).select_from(COMPLETIONS).where(COMPLETIONS.c.request_id == out.audit_id)
+        ).scalar()
     assert rows == limit
 
 
@@ -56,14 +63,18 @@ def test_a_request_at_the_n_limit_does_not_hold_back_a_later_one(tiny_llama, asy
     )
     engine = LLMEngine(args)
     try:
-        big = SamplingParams(n=4, temperature=1.0, seed=1, max_tokens=60, ignore_eos=True)  # greedy allows n=1 only (vLLM)
+        big = SamplingParams(
+            n=4, temperature=1.0, seed=1, max_tokens=60, ignore_eos=True
+        )  # greedy allows n=1 only (vLLM)
         engine.add_request("big", {"prompt_token_ids": PROMPT}, big)
         progress = 0
         while progress < 2:  # the large request is running, its sequences on every seat
             for out in engine.step():
                 if out.request_id == "big":
                     progress = max(progress, min(len(c.token_ids) for c in out.outputs) if len(out.outputs) == 4 else 0)
-        engine.add_request("small", {"prompt_token_ids": PROMPT[:5]}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+        engine.add_request(
+            "small", {"prompt_token_ids": PROMPT[:5]}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        )
         at_submit, at_first_token, small_done, big_done = progress, None, False, False
         while engine.has_unfinished_requests():
             for out in engine.step():

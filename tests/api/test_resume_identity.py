@@ -4,32 +4,32 @@ constraint, the replacement writes what happens next under its own instance id, 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 
 import anyio
 import msgspec
-import pytest
 from sqlalchemy import select
 from transformers import AutoTokenizer
 
 from loraledger import AsyncEngine, EngineArgs, RequestOutput, SamplingParams
 from loraledger.audit import AuditLog
 from loraledger.audit_ids import new_audit_id
+from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
+from loraledger.lora_request import LoRARequest
 from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store import process_identity
 from loraledger.store.audit_store import EVENTS, AuditStore
 from loraledger.store.canonical import digest
 from loraledger.store.instances import this_instance
-from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
-from loraledger.lora_request import LoRARequest
 from loraledger.store.records import AdapterRecord, AuditBatch, EventKind, EventRecord, RequestRecord
 from loraledger.structured_outputs import canonical_constraint
 
 CHOICES = ["yes", "no", "maybe later"]
 
 
-def _peer_admits(url: str, tokenizer, caller_id: str, *, adapter: AdapterRecord | None = None, lease: float = 1.0) -> str:
+def _peer_admits(
+    url: str, tokenizer, caller_id: str, *, adapter: AdapterRecord | None = None, lease: float = 1.0
+) -> str:
     """A peer instance on another machine admits one constrained request under `caller_id` (on `adapter`, as the
     peer registered it) and dies: its lease runs out `lease` seconds later."""
     so = StructuredOutputsParams(choice=CHOICES)
@@ -49,7 +49,9 @@ def _peer_admits(url: str, tokenizer, caller_id: str, *, adapter: AdapterRecord 
     )  # fmt: skip
     built = msgspec.to_builtins(binding)
     payload = {"binding": built, "binding_sha256": digest(built), "prompt_token_ids": ids}
-    admitted = EventRecord(kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=key, payload=payload, dedup_key=f"admit:{key}")
+    admitted = EventRecord(
+        kind=EventKind.REQUEST_ADMITTED, at=time.time(), request_id=key, payload=payload, dedup_key=f"admit:{key}"
+    )
     saved = process_identity.process_key
     process_identity.process_key = lambda: "another-machine/pid:[1]/4242/99"  # only its lease can tell it is gone
     try:
@@ -83,7 +85,9 @@ async def test_a_dead_peers_constrained_request_is_resumed_with_its_key_caller_i
         result = log.verify()
         assert result.ok, result.first_problem
     with AuditStore(url) as store, store.engine.connect() as conn:
-        writers = {k: i for k, i in conn.execute(select(EVENTS.c.kind, EVENTS.c.instance_id).where(EVENTS.c.request_id == key))}
+        writers = {
+            k: i for k, i in conn.execute(select(EVENTS.c.kind, EVENTS.c.instance_id).where(EVENTS.c.request_id == key))
+        }
     assert writers[EventKind.REQUEST_RESUMED] == writers[EventKind.REQUEST_FINISHED] == me
 
 
@@ -95,7 +99,13 @@ async def test_a_resumed_request_runs_on_its_adapter_whatever_id_the_replacement
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_llama.model_dir))
     names = sorted(tiny_llama.adapters)
     mine, theirs, later = names[0], names[1], names[2]
-    ckpt = load_lora_checkpoint(str(tiny_llama.adapters[theirs]), lora_name=theirs, lora_int_id=1, model_config=tiny_llama.config, max_lora_rank=16)
+    ckpt = load_lora_checkpoint(
+        str(tiny_llama.adapters[theirs]),
+        lora_name=theirs,
+        lora_int_id=1,
+        model_config=tiny_llama.config,
+        max_lora_rank=16,
+    )
     # the peer served `theirs` as lora_int_id 1 (its first adapter), and dies 3 s from now
     key = _peer_admits(url, tokenizer, "job-8", adapter=ckpt.to_record("f" * 64, time.time()), lease=3.0)
     args = EngineArgs(

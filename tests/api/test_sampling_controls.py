@@ -33,8 +33,15 @@ def test_logit_bias_equals_transformers_sequence_bias(llama_llm, tiny_llama):
     plain_ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, MAX_NEW, mixed=False)
     plain = plain_ref.token_ids
     bias = {plain[0][0]: -100.0, plain[1][1]: -100.0, 300: 4.0, 301: 6.0}
-    ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, MAX_NEW, mixed=False,
-                                sequence_bias={(t,): b for t, b in bias.items()}).token_ids
+    ref = hf_reference_generate(
+        tiny_llama.model_dir,
+        tiny_llama.adapters,
+        prompts,
+        names,
+        MAX_NEW,
+        mixed=False,
+        sequence_bias={(t,): b for t, b in bias.items()},
+    ).token_ids
     assert ref != plain, "the bias should change the greedy output"
     outs = _run(llama_llm, prompts, _greedy(logit_bias=bias), [loras[n] if n else None for n in names])
     assert _ids(outs) == ref
@@ -49,12 +56,23 @@ def test_allowed_token_ids_equal_transformers_prefix_allowed_tokens(llama_llm, t
     """allowed_token_ids: only those ids can be sampled (transformers: prefix_allowed_tokens_fn returning them)."""
     prompts = random_prompts(2, seed=81)
     allowed = [40, 41, 42, 77, 300, 301]
-    ref = hf_reference_generate(tiny_llama.model_dir, {}, prompts, [None, None], MAX_NEW, mixed=False,
-                                prefix_allowed_tokens_fn=lambda batch, ids: allowed).token_ids
+    ref = hf_reference_generate(
+        tiny_llama.model_dir,
+        {},
+        prompts,
+        [None, None],
+        MAX_NEW,
+        mixed=False,
+        prefix_allowed_tokens_fn=lambda batch, ids: allowed,
+    ).token_ids
     outs = _run(llama_llm, prompts, _greedy(allowed_token_ids=allowed))
     assert _ids(outs) == ref and all(t in allowed for ids in ref for t in ids)
     # sampled rows are restricted as well
-    sampled = _run(llama_llm, prompts, SamplingParams(temperature=1.0, seed=3, max_tokens=MAX_NEW, ignore_eos=True, allowed_token_ids=allowed))
+    sampled = _run(
+        llama_llm,
+        prompts,
+        SamplingParams(temperature=1.0, seed=3, max_tokens=MAX_NEW, ignore_eos=True, allowed_token_ids=allowed),
+    )
     assert all(t in allowed for ids in _ids(sampled) for t in ids)
 
 
@@ -85,8 +103,10 @@ def test_bad_words_equal_transformers_bad_words_ids(tiny_llama, async_scheduling
     banned = _vllm_bad_words_ids(tok, words)
     assert any(len(ids) > 1 for ids in banned), banned
     for p in prompts:  # transformers also matches the prompt's end; vLLM only the outputs: keep them apart
-        assert not any(len(ids) > 1 and p[-(len(ids) - 1):] == ids[:-1] for ids in banned)
-    ref = hf_reference_generate(tiny_llama.model_dir, {}, prompts, [None] * 3, MAX_NEW, mixed=False, bad_words_ids=banned).token_ids
+        assert not any(len(ids) > 1 and p[-(len(ids) - 1) :] == ids[:-1] for ids in banned)
+    ref = hf_reference_generate(
+        tiny_llama.model_dir, {}, prompts, [None] * 3, MAX_NEW, mixed=False, bad_words_ids=banned
+    ).token_ids
     assert ref != plain
     with LLM(model=str(tiny_llama.model_dir), block_size=4, audit_url=None, async_scheduling=async_scheduling) as llm:
         outs = _run(llm, prompts, _greedy(bad_words=words))
@@ -97,9 +117,19 @@ def test_n_completions_with_a_seed_are_each_reproducible_alone(llama_llm, tiny_l
     """vLLM's parallel sampling: completion i of (n, seed=s) is what a request with n=1 and seed s + i gives."""
     prompt = {"prompt_token_ids": random_prompts(1, seed=83)[0]}
     lora = loras_for(tiny_llama)["qv_r4"]
-    many = llama_llm.generate(prompt, SamplingParams(n=3, temperature=1.0, seed=1234, max_tokens=MAX_NEW, ignore_eos=True), lora, use_tqdm=False)[0]
+    many = llama_llm.generate(
+        prompt,
+        SamplingParams(n=3, temperature=1.0, seed=1234, max_tokens=MAX_NEW, ignore_eos=True),
+        lora,
+        use_tqdm=False,
+    )[0]
     for i, completion in enumerate(many.outputs):
-        alone = llama_llm.generate(prompt, SamplingParams(temperature=1.0, seed=1234 + i, max_tokens=MAX_NEW, ignore_eos=True), lora, use_tqdm=False)[0]
+        alone = llama_llm.generate(
+            prompt,
+            SamplingParams(temperature=1.0, seed=1234 + i, max_tokens=MAX_NEW, ignore_eos=True),
+            lora,
+            use_tqdm=False,
+        )[0]
         assert completion.token_ids == alone.outputs[0].token_ids
 
 
@@ -112,7 +142,10 @@ def test_sampling_params_rules_of_vllm():
         SamplingParams(temperature=0, n=2)
     greedy = SamplingParams(temperature=0, top_p=0.5, top_k=5, min_p=0.2)
     assert (greedy.top_p, greedy.top_k, greedy.min_p) == (1.0, 0, 0.0)  # vLLM resets them for greedy
-    assert SamplingParams(logit_bias={"7": 300, 8: -250.5}).logit_bias == {7: 100.0, 8: -100.0}  # int keys, OpenAI's clamp
+    assert SamplingParams(logit_bias={"7": 300, 8: -250.5}).logit_bias == {
+        7: 100.0,
+        8: -100.0,
+    }  # int keys, OpenAI's clamp
     assert SamplingParams(logprobs=-1, prompt_logprobs=-1).logprobs == -1
     assert SamplingParams(logprobs=True).logprobs == 1
     with pytest.raises(E.SamplingParamsError, match="detokenize"):
@@ -152,7 +185,9 @@ def test_prompt_logprobs_are_logprob_objects_with_the_prompt_tokens_rank(llama_l
         assert entry.logprob == pytest.approx(row[ids[pos]].item(), abs=1e-4)
         assert entry.rank == int((row >= row[ids[pos]]).sum())
         top = torch.topk(row, 2).indices.tolist()
-        assert [out.prompt_logprobs[pos][t].rank for t in top if t != ids[pos]] == [r for r, t in enumerate(top, 1) if t != ids[pos]]
+        assert [out.prompt_logprobs[pos][t].rank for t in top if t != ids[pos]] == [
+            r for r, t in enumerate(top, 1) if t != ids[pos]
+        ]
 
 
 def test_min_tokens_also_holds_back_stop_strings(llama_llm):
@@ -164,7 +199,9 @@ def test_min_tokens_also_holds_back_stop_strings(llama_llm):
     stopped = llama_llm.generate(prompt, _greedy(max_tokens=16, stop=[stop]), use_tqdm=False)[0].outputs[0]
     assert stopped.text == full.text[:first] and stopped.stop_reason == stop
     # with min_tokens past the first occurrence, it runs on (to a later occurrence, or to max_tokens)
-    held = llama_llm.generate(prompt, _greedy(max_tokens=16, stop=[stop], min_tokens=len(full.token_ids) - 2), use_tqdm=False)[0].outputs[0]
+    held = llama_llm.generate(
+        prompt, _greedy(max_tokens=16, stop=[stop], min_tokens=len(full.token_ids) - 2), use_tqdm=False
+    )[0].outputs[0]
     assert len(held.text) > first and len(held.token_ids) >= len(full.token_ids) - 2
 
 
@@ -173,12 +210,16 @@ def test_the_eos_that_ends_a_request_is_in_token_ids_but_not_in_the_text(llama_l
     """vLLM leaves the stopping EOS out of `text` (unless include_stop_str_in_output) and keeps it in `token_ids`."""
     prompt = {"prompt_token_ids": random_prompts(1, seed=86)[0]}
     eos = 2
-    params = dict(temperature=0, max_tokens=10, min_tokens=3, logit_bias={eos: 100.0}, skip_special_tokens=skip_special_tokens)
+    params = dict(
+        temperature=0, max_tokens=10, min_tokens=3, logit_bias={eos: 100.0}, skip_special_tokens=skip_special_tokens
+    )
     out = llama_llm.generate(prompt, SamplingParams(**params), use_tqdm=False)[0].outputs[0]
     assert out.token_ids[-1] == eos and len(out.token_ids) == 4
     assert out.finish_reason == "stop" and out.stop_reason is None
     assert "</s>" not in out.text
-    kept = llama_llm.generate(prompt, SamplingParams(**params, include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    kept = llama_llm.generate(prompt, SamplingParams(**params, include_stop_str_in_output=True), use_tqdm=False)[
+        0
+    ].outputs[0]
     assert kept.text.endswith("</s>") == (not skip_special_tokens)
 
 
@@ -213,12 +254,22 @@ def test_the_audit_binding_records_the_new_parameters_and_verify_passes(tiny_lla
     from loraledger.audit import AuditLog
 
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    params = _greedy(logit_bias={300: 2.0}, allowed_token_ids=list(range(4, 400)), bad_words=["fox"], extra_args={"tag": "x"}, logprobs=2)
+    params = _greedy(
+        logit_bias={300: 2.0},
+        allowed_token_ids=list(range(4, 400)),
+        bad_words=["fox"],
+        extra_args={"tag": "x"},
+        logprobs=2,
+    )
     with LLM(model=str(tiny_llama.model_dir), audit_url=url) as llm:
         out = llm.generate({"prompt_token_ids": random_prompts(1, seed=89)[0]}, params, use_tqdm=False)[0]
     with AuditLog(url) as log:
         lineage = log.request(out.audit_id)
         recorded = lineage.binding.sampling_params
-        assert recorded["logit_bias"] == {"300": 2.0} and recorded["bad_words"] == ["fox"] and recorded["extra_args"] == {"tag": "x"}
+        assert (
+            recorded["logit_bias"] == {"300": 2.0}
+            and recorded["bad_words"] == ["fox"]
+            and recorded["extra_args"] == {"tag": "x"}
+        )
         assert [c.token_ids for c in lineage.completions] == [out.outputs[0].token_ids]
         assert log.verify().ok

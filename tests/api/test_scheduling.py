@@ -17,8 +17,20 @@ def test_tiny_kv_cache_preempts_and_still_matches_reference(tiny_llama):
     prompts = random_prompts(len(names), seed=20, lo=10, hi=14)
     ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, 16, mixed=False)
     # 6 sequences of up to 30 tokens need ~48 blocks of 4; give 20 so some must be preempted and recomputed
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, num_kv_blocks=20, audit_url=None) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(16), lora_request=[loras[n] if n else None for n in names])
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        num_kv_blocks=20,
+        audit_url=None,
+    ) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            _greedy(16),
+            lora_request=[loras[n] if n else None for n in names],
+        )
     assert [o.outputs[0].token_ids for o in outs] == ref.token_ids
     assert sum(o.metrics.num_preemptions for o in outs) > 0, "the cache was meant to be too small"
 
@@ -28,8 +40,19 @@ def test_more_adapters_than_slots_and_host_cache_of_one(tiny_llama):
     names = ["qv_r4", "all_r8", "ogd_r16_rslora", "qv_r4", "all_r8", "ogd_r16_rslora", None]
     prompts = random_prompts(len(names), seed=21)
     ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, 6, mixed=False)
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=16, audit_url=None) as llm:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], _greedy(6), lora_request=[loras[n] if n else None for n in names])
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=1,
+        max_cpu_loras=1,
+        max_lora_rank=16,
+        audit_url=None,
+    ) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            _greedy(6),
+            lora_request=[loras[n] if n else None for n in names],
+        )
         assert [o.outputs[0].token_ids for o in outs] == ref.token_ids
         # evicted from the one-adapter host cache, then loaded again on use
         again = llm.generate({"prompt_token_ids": prompts[0]}, _greedy(6), lora_request=loras["qv_r4"])
@@ -40,7 +63,9 @@ def test_more_adapters_than_slots_and_host_cache_of_one(tiny_llama):
 def test_prefix_cache_shared_only_under_the_same_adapter(tiny_llama):
     loras = loras_for(tiny_llama)
     prompt = {"prompt_token_ids": random_prompts(1, seed=22, lo=17, hi=17)[0]}
-    with LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None
+    ) as llm:
         first = llm.generate(prompt, _greedy(3), lora_request=loras["qv_r4"])[0]
         same = llm.generate(prompt, _greedy(3), lora_request=loras["qv_r4"])[0]
         other = llm.generate(prompt, _greedy(3), lora_request=loras["all_r8"])[0]
@@ -60,7 +85,9 @@ def test_a_request_waiting_for_a_slot_is_not_starved_by_a_busy_adapter(tiny_llam
     loras = loras_for(tiny_llama)
     busy, waiting = loras["qv_r4"], loras["all_r8"]
     prompts = random_prompts(2, seed=23)
-    engine = LLMEngine.from_engine_args(EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=1, max_lora_rank=16, audit_url=None))
+    engine = LLMEngine.from_engine_args(
+        EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=1, max_lora_rank=16, audit_url=None)
+    )
     try:
         for i in range(3):
             engine.add_request(f"busy-{i}", {"prompt_token_ids": prompts[0]}, _greedy(6), busy)

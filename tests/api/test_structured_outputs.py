@@ -24,7 +24,10 @@ from tests.model_fixtures import hf_reference_generate
 SCHEMA = {
     "type": "object",
     "properties": {
-        "sql": {"type": "string", "pattern": "^[a-z ]{1,6}$"},  # (xgrammar: maxLength alone lets raw control characters in)
+        "sql": {
+            "type": "string",
+            "pattern": "^[a-z ]{1,6}$",
+        },  # (xgrammar: maxLength alone lets raw control characters in)
         "n": {"type": "integer", "minimum": 0, "maximum": 99},
         "ok": {"type": "boolean"},
     },
@@ -78,7 +81,15 @@ def _gen_text(llm, prompts, params, loras=None):
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    llm = LLM(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=3, max_lora_rank=16, block_size=4, audit_url=None, seed=0)
+    llm = LLM(
+        model=str(tiny_llama.model_dir),
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+        seed=0,
+    )
     yield llm
     llm.close()
 
@@ -103,8 +114,12 @@ def test_each_kind_parses_in_one_mixed_batch_with_adapters(llm, tiny_llama):
             continue
         assert c.finish_reason == "stop", (kind, c.text)
         assert _valid(kind, c.text), (kind, c.text)
-    alone = _gen_text(llm, [p for p, k in zip(prompts, plan) if k is None], [SamplingParams(temperature=0, max_tokens=MAX)] * 2,
-                 [lo for lo, k in zip(lora_list, plan) if k is None])
+    alone = _gen_text(
+        llm,
+        [p for p, k in zip(prompts, plan) if k is None],
+        [SamplingParams(temperature=0, max_tokens=MAX)] * 2,
+        [lo for lo, k in zip(lora_list, plan) if k is None],
+    )
     assert [o.outputs[0].token_ids for o in alone] == [o.outputs[0].token_ids for o, k in zip(outs, plan) if k is None]
 
 
@@ -144,11 +159,24 @@ def test_greedy_equals_transformers_masked_by_the_same_grammar(llm, tiny_llama, 
     loras = loras_for(tiny_llama)
     prompts = random_prompts(2, seed=210)
     names = [None, "all_r8"]
-    outs = _gen(llm, prompts, SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so(kind)), [None, loras["all_r8"]])
+    outs = _gen(
+        llm,
+        prompts,
+        SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so(kind)),
+        [None, loras["all_r8"]],
+    )
     for prompt, name, out in zip(prompts, names, outs):
         proc = _GrammarProcessor(compiled, len(prompt))
-        ref = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, [prompt], [name], MAX, mixed=False,
-                                    logits_processor=LogitsProcessorList([proc]), eos_token_id=eos).token_ids[0]
+        ref = hf_reference_generate(
+            tiny_llama.model_dir,
+            tiny_llama.adapters,
+            [prompt],
+            [name],
+            MAX,
+            mixed=False,
+            logits_processor=LogitsProcessorList([proc]),
+            eos_token_id=eos,
+        ).token_ids[0]
         assert out.outputs[0].token_ids == ref
         assert ref[-1] == eos and out.outputs[0].finish_reason == "stop"
 
@@ -169,7 +197,9 @@ def test_sampled_n_and_logprobs_report_the_constrained_distribution(llm, tiny_ll
                 finite = {t: lp.logprob for t, lp in step.items() if lp.logprob != float("-inf")}
                 assert token in finite
                 if token == tokenizer.eos_token_id:
-                    assert list(finite) == [token] and finite[token] == pytest.approx(0.0, abs=1e-5)  # complete: EOS alone
+                    assert list(finite) == [token] and finite[token] == pytest.approx(
+                        0.0, abs=1e-5
+                    )  # complete: EOS alone
                     break
                 assert sum(torch.tensor(list(finite.values())).exp().tolist()) == pytest.approx(1.0, abs=1e-3)
                 for t in finite:
@@ -181,8 +211,16 @@ def test_sampled_n_and_logprobs_report_the_constrained_distribution(llm, tiny_ll
 
 def test_stop_strings_and_constraints_together(llm):
     """A stop string inside the constrained output ends it there (finish_reason "stop", the stop string as stop_reason)."""
-    out = _gen_text(llm, _texts(1, seed=230), SamplingParams(temperature=0, max_tokens=MAX, stop=["later"],
-                                                                structured_outputs=StructuredOutputsParams(choice=["maybe later"])))[0]
+    out = _gen_text(
+        llm,
+        _texts(1, seed=230),
+        SamplingParams(
+            temperature=0,
+            max_tokens=MAX,
+            stop=["later"],
+            structured_outputs=StructuredOutputsParams(choice=["maybe later"]),
+        ),
+    )[0]
     c = out.outputs[0]
     assert c.text == "maybe " and c.finish_reason == "stop" and c.stop_reason == "later"
 
@@ -191,7 +229,11 @@ def test_the_grammar_ends_the_output_whatever_ignore_eos_and_min_tokens_say(llm)
     """Once the grammar is complete only EOS may follow: the request stops there (finish_reason "stop"), also with
     ignore_eos=True and with min_tokens beyond the grammar's length (which would otherwise hold EOS back)."""
     for extra in ({"ignore_eos": True}, {"min_tokens": 20}):
-        out = _gen_text(llm, _texts(1, seed=235), SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("choice"), **extra))[0]
+        out = _gen_text(
+            llm,
+            _texts(1, seed=235),
+            SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("choice"), **extra),
+        )[0]
         c = out.outputs[0]
         assert c.text in CHOICES and c.finish_reason == "stop" and len(c.token_ids) < 20, extra
 
@@ -200,8 +242,10 @@ def test_preemption_and_async_scheduling_keep_the_grammar(tiny_llama):
     """With few KV blocks (sequences preempted and recomputed) and with async scheduling (steps planned ahead; a
     constrained row's mask waits for the token before it), constrained outputs equal those of a roomy synchronous engine."""
     prompts = random_prompts(6, seed=240, lo=10, hi=16)
-    params = [SamplingParams(temperature=t, seed=3, max_tokens=MAX, structured_outputs=_so(k))
-              for t, k in zip([0, 1.0, 0, 1.0, 0, 1.0], ["json", "json", "regex", "grammar", "choice", "json_object"])]
+    params = [
+        SamplingParams(temperature=t, seed=3, max_tokens=MAX, structured_outputs=_so(k))
+        for t, k in zip([0, 1.0, 0, 1.0, 0, 1.0], ["json", "json", "regex", "grammar", "choice", "json_object"])
+    ]
     outs, preemptions = {}, {}
     for name, kw in {"roomy": {}, "tight": {"num_kv_blocks": 20}, "async": {"async_scheduling": True}}.items():
         engine = LLM(model=str(tiny_llama.model_dir), block_size=4, audit_url=None, seed=0, **kw)
@@ -221,7 +265,11 @@ def test_grammars_compile_once_per_distinct_constraint(llm):
     grammars = llm.llm_engine.engine._live().grammars
     reordered = dict(reversed(list(SCHEMA.items())))
     before = grammars.compiles
-    for so in (StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(json=reordered), StructuredOutputsParams(json=json.dumps(SCHEMA))):
+    for so in (
+        StructuredOutputsParams(json=SCHEMA),
+        StructuredOutputsParams(json=reordered),
+        StructuredOutputsParams(json=json.dumps(SCHEMA)),
+    ):
         _gen(llm, random_prompts(1, seed=250), SamplingParams(temperature=0, max_tokens=2, structured_outputs=so))
     assert grammars.compiles == before + 1
 
@@ -271,8 +319,14 @@ def test_a_grammar_that_does_not_compile_fails_that_request_only(llm):
     with pytest.raises(E.StructuredOutputError, match="grammar constraint .* does not compile"):
         _gen(llm, random_prompts(1, seed=260), bad)
     with pytest.raises(E.StructuredOutputError, match="regex constraint .* does not compile"):
-        _gen(llm, random_prompts(1, seed=261), SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="(a")))
-    ok = _gen_text(llm, _texts(1, seed=262), SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("regex")))
+        _gen(
+            llm,
+            random_prompts(1, seed=261),
+            SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="(a")),
+        )
+    ok = _gen_text(
+        llm, _texts(1, seed=262), SamplingParams(temperature=0, max_tokens=MAX, structured_outputs=_so("regex"))
+    )
     assert _valid("regex", ok[0].outputs[0].text)
 
 

@@ -52,10 +52,18 @@ def build(url: str, n: int) -> str:
     )  # fmt: skip
     completions = [
         CompletionRecord(
-            request_id=rid, index=i, text=f"answer {i}: the supplier delivers on time and fixes defects within thirty days",
-            token_ids=[(i + k) % 32000 for k in range(16)], cumulative_logprob=-1.5 - i / n, finish_reason="length",
-            stop_reason=None, adapter_fingerprint=ADAPTER.fingerprint, prompt_token_count=300, generated_token_count=16,
-            first_token_at=START + 10.5, finished_at=START + 12,
+            request_id=rid,
+            index=i,
+            text=f"answer {i}: the supplier delivers on time and fixes defects within thirty days",
+            token_ids=[(i + k) % 32000 for k in range(16)],
+            cumulative_logprob=-1.5 - i / n,
+            finish_reason="length",
+            stop_reason=None,
+            adapter_fingerprint=ADAPTER.fingerprint,
+            prompt_token_count=300,
+            generated_token_count=16,
+            first_token_at=START + 10.5,
+            finished_at=START + 12,
         )  # fmt: skip
         for i in range(n)
     ]

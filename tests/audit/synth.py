@@ -63,7 +63,12 @@ class SynthLog:
 
 
 def _binding(
-    rng: random.Random, request_id: str, at: float, adapter: AdapterRecord | None, tenant: str | None, key_ids: bool = True
+    rng: random.Random,
+    request_id: str,
+    at: float,
+    adapter: AdapterRecord | None,
+    tenant: str | None,
+    key_ids: bool = True,
 ) -> RequestRecord:
     prompt = f"prompt {request_id} " + "x" * rng.randrange(5, 40)
     return RequestRecord(
@@ -92,8 +97,16 @@ def _binding(
 
 
 def _constraint(request_id: str) -> dict:
-    canonical = '{"kind":"json","spec":{"properties":{"id":{"const":"%s"}},"type":"object"},"any_whitespace":true}' % request_id
-    return {"constraint_kind": "json", "constraint_sha256": hashlib.sha256(canonical.encode()).hexdigest(), "constraint_text": canonical}
+    canonical = (
+        '{"kind":"json","spec":{"properties":{"id":{"const":"'
+        + request_id
+        + '"}},"type":"object"},"any_whitespace":true}'
+    )
+    return {
+        "constraint_kind": "json",
+        "constraint_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+        "constraint_text": canonical,
+    }
 
 
 def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str) -> list[CompletionRecord]:
@@ -105,7 +118,7 @@ def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str
             CompletionRecord(
                 request_id=binding.request_id,
                 index=index,
-                text=f"answer {index}, with \"quotes\", commas\nand a newline " + " ".join(map(str, tokens[:4])),
+                text=f'answer {index}, with "quotes", commas\nand a newline ' + " ".join(map(str, tokens[:4])),
                 token_ids=tokens,
                 cumulative_logprob=-rng.random() * 10 if index % 2 == 0 else None,
                 finish_reason=reason,
@@ -128,7 +141,9 @@ def build_log(
     none of revision 0006's caller_request_id and chat_template_sha256)."""
     rng = random.Random(seed)
     log = SynthLog()
-    pending_events: list[EventRecord] = [EventRecord(kind=EventKind.ENGINE_STARTED, at=START, payload={"version": "0.1.0"})]
+    pending_events: list[EventRecord] = [
+        EventRecord(kind=EventKind.ENGINE_STARTED, at=START, payload={"version": "0.1.0"})
+    ]
     pending_events += [
         EventRecord(kind=EventKind.ADAPTER_LOADED, at=START + 1, payload={"fingerprint": a.fingerprint, "name": a.name})
         for a in ADAPTERS
@@ -180,7 +195,9 @@ def build_log(
                 )
             elif outcome == "failed":
                 events.append(
-                    EventRecord(kind=EventKind.REQUEST_FAILED, at=end, request_id=binding.request_id, payload={"error": "boom"})
+                    EventRecord(
+                        kind=EventKind.REQUEST_FAILED, at=end, request_id=binding.request_id, payload={"error": "boom"}
+                    )
                 )
             completions += mine
             log.requests.append(SynthRequest(binding=binding, completions=mine, outcome=outcome))
@@ -189,7 +206,12 @@ def build_log(
         denied = EventRecord(
             kind=EventKind.ACCESS_DENIED,
             at=START + days * DAY,
-            payload={"tenant": "globex", "key_id": "key-globex", "adapter": ADAPTERS[0].name, "route": "/v1/completions"},
+            payload={
+                "tenant": "globex",
+                "key_id": "key-globex",
+                "adapter": ADAPTERS[0].name,
+                "route": "/v1/completions",
+            },
         )
         log.events = store.write(AuditBatch(events=[denied])).sequence
     return log

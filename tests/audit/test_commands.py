@@ -48,7 +48,15 @@ def test_requests_and_usage_listings(migrated_db_url: str, synth: SynthLog, caps
     code, out, _ = run(capsys, "audit", "usage", "--url", migrated_db_url, "--by", "adapter,day", "--format", "jsonl")
     lines = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and sum(x["requests"] for x in lines) == len(synth.requests)
-    assert set(lines[0]) == {"day", "lora_name", "adapter_fingerprint", "requests", "prompt_tokens", "generated_tokens", "errors"}
+    assert set(lines[0]) == {
+        "day",
+        "lora_name",
+        "adapter_fingerprint",
+        "requests",
+        "prompt_tokens",
+        "generated_tokens",
+        "errors",
+    }
     code, out, _ = run(capsys, "audit", "usage", "--url", migrated_db_url, "--by", "tenant")
     assert code == 0 and "acme" in out and "generated tokens" in out
     code, _, err = run(capsys, "audit", "usage", "--url", migrated_db_url, "--by", "model")
@@ -97,7 +105,9 @@ def test_report_and_verify_report(migrated_db_url: str, synth: SynthLog, capsys,
     assert code == 1 and "completions.csv does not match its sha256" in out
 
 
-def test_show_takes_what_the_listing_prints_and_says_when_a_prefix_is_ambiguous(migrated_db_url: str, synth: SynthLog, capsys):
+def test_show_takes_what_the_listing_prints_and_says_when_a_prefix_is_ambiguous(
+    migrated_db_url: str, synth: SynthLog, capsys
+):
     code, out, _ = run(capsys, "audit", "requests", "--url", migrated_db_url)
     printed = [line.split()[0] for line in out.splitlines()[1:-1]]
     assert printed == [r.binding.request_id for r in synth.requests]  # whole, never cut with "…"

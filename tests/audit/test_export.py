@@ -11,7 +11,7 @@ from loraledger.audit.export import RowWriter, check_format, csv_cell, csv_text,
 from loraledger.errors import ConfigError
 
 ROWS = [
-    ("r1", 3, "line one\nline two, with \"quotes\"", None, 1.5),
+    ("r1", 3, 'line one\nline two, with "quotes"', None, 1.5),
     ("r2", 0, "", "x", -0.25),
 ]
 
@@ -50,7 +50,7 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "'")
 
 @pytest.mark.parametrize("start", FORMULA_STARTS, ids=["eq", "plus", "minus", "at", "tab", "cr", "quote"])
 def test_csv_cells_that_would_start_a_formula_are_neutralised_and_read_back_exact(tmp_path, start):
-    value = f"{start}HYPERLINK(\"http://evil.example\",\"x\")"
+    value = f'{start}HYPERLINK("http://evil.example","x")'
     row = ("r1", value, -1.5, "plain=text")
     csv_path, jsonl_path = tmp_path / "rows.csv", tmp_path / "rows.jsonl"
     for path, fmt in ((csv_path, "csv"), (jsonl_path, "jsonl")):
@@ -59,7 +59,12 @@ def test_csv_cells_that_would_start_a_formula_are_neutralised_and_read_back_exac
             writer.close()
     with open(csv_path, newline="", encoding="utf-8") as file:
         cells = list(csv.reader(file))[1]
-    assert cells == ["r1", "'" + value, "-1.5", "plain=text"]  # numbers stay numbers; only a text's first character counts
+    assert cells == [
+        "r1",
+        "'" + value,
+        "-1.5",
+        "plain=text",
+    ]  # numbers stay numbers; only a text's first character counts
     back = next(read_rows(csv_path, "csv"))
     assert back["cell"] == value and back["inner"] == "plain=text"
     assert json.loads(jsonl_path.read_text())["cell"] == value  # JSON lines are not for spreadsheets: exact

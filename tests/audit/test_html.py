@@ -34,9 +34,15 @@ def _manifest(**overrides) -> dict:
         "window": {"since": "2026-11-22T00:00:00.000000Z", "until": "2026-11-25T00:00:00.000000Z"},
         "filters": {"adapter": None, "tenant": None},
         "counts": {
-            "requests": 3, "completions": 4, "prompt_tokens": 30, "generated_tokens": 40, "errors": 1,
-            "by_adapter": [{"adapter_fingerprint": "ab" * 32, "requests": 2, "completions": 3},
-                           {"adapter_fingerprint": None, "requests": 1, "completions": 1}],
+            "requests": 3,
+            "completions": 4,
+            "prompt_tokens": 30,
+            "generated_tokens": 40,
+            "errors": 1,
+            "by_adapter": [
+                {"adapter_fingerprint": "ab" * 32, "requests": 2, "completions": 3},
+                {"adapter_fingerprint": None, "requests": 1, "completions": 1},
+            ],
             "by_tenant": [{"tenant": "<script>alert(1)</script>", "requests": 3, "completions": 4}],
             "by_finish_reason": [{"finish_reason": "stop", "completions": 4}],
             "by_status": [{"status": "finished", "requests": 2}, {"status": "failed", "requests": 1}],
@@ -53,8 +59,14 @@ def _manifest(**overrides) -> dict:
 
 ADAPTER = AdapterInfo(
     record=AdapterRecord(
-        fingerprint="ab" * 32, name="legal<qa>", int_id=1, path="/a", rank=8, alpha=16.0,
-        target_modules=["q_proj"], base_model_fingerprint="00" * 32,
+        fingerprint="ab" * 32,
+        name="legal<qa>",
+        int_id=1,
+        path="/a",
+        rank=8,
+        alpha=16.0,
+        target_modules=["q_proj"],
+        base_model_fingerprint="00" * 32,
     ),  # fmt: skip
     requests=2,
     first_used=START,
@@ -64,7 +76,16 @@ ADAPTER = AdapterInfo(
 
 def _daily() -> list[UsageRow]:
     return [
-        UsageRow(adapter_fingerprint=fp, lora_name=None, tenant=None, day=day, requests=n, prompt_tokens=0, generated_tokens=10 * n, errors=0)
+        UsageRow(
+            adapter_fingerprint=fp,
+            lora_name=None,
+            tenant=None,
+            day=day,
+            requests=n,
+            prompt_tokens=0,
+            generated_tokens=10 * n,
+            errors=0,
+        )
         for fp, day, n in (("ab" * 32, "2026-11-22", 2), (None, "2026-11-24", 1))
     ]
 
@@ -96,13 +117,20 @@ def test_the_integrity_section_says_whether_and_how_the_bundle_is_signed():
     assert "HMAC-SHA256 with a shared key, key id <code>0123456789abcdef</code>" in integrity(
         {"algorithm": "hmac-sha256", "key_id": "0123456789abcdef"}
     )
-    assert f"Ed25519, public key <code>{'ab' * 32}</code>" in integrity({"algorithm": "ed25519", "public_key": "ab" * 32})
+    assert f"Ed25519, public key <code>{'ab' * 32}</code>" in integrity(
+        {"algorithm": "ed25519", "public_key": "ab" * 32}
+    )
     assert "unsigned" in integrity({"algorithm": "none"})
     assert "Signature" not in integrity(None)
 
 
 def test_a_failed_verification_is_shown():
-    verification = {"ok": False, "first_bad_sequence": 7, "problem": "the hash of event 7 does not match", "problem_count": 3}
+    verification = {
+        "ok": False,
+        "first_bad_sequence": 7,
+        "problem": "the hash of event 7 does not match",
+        "problem_count": 3,
+    }
     page = render_report_html(_manifest(verification=verification), [ADAPTER], _daily())
     assert "verification FAILED at sequence 7" in page and "(2 more problems)" in page
 
@@ -151,12 +179,27 @@ def _report(tmp_path: Path, **signing) -> Path:
 def _chromium_run(browser: str, tmp_path: Path, page: Path, *args: str) -> subprocess.CompletedProcess[str]:
     # Chromium keeps crash reports and dconf state in the home folder, whatever --user-data-dir says: give it one under tmp
     home = tmp_path / "chromium-home"
-    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache")}
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+    }
     result = subprocess.run(
         [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600", *args, page.as_uri(),
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,1600",
+            *args,
+            page.as_uri(),
         ],  # fmt: skip
         capture_output=True,
         text=True,

@@ -40,7 +40,10 @@ def _jsonl(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict]:
 def test_audit_instances_lists_each_instance_with_its_lease(migrated_db_url, two_instances, capsys):
     first, second = two_instances
     rows = _jsonl(capsys, "audit", "instances", "--url", migrated_db_url, "--format", "jsonl")
-    assert [(r["instance_id"], r["state"], r["recovered_by"]) for r in rows] == [(first, "expired", None), (second, "live", None)]
+    assert [(r["instance_id"], r["state"], r["recovered_by"]) for r in rows] == [
+        (first, "expired", None),
+        (second, "live", None),
+    ]
     assert all(r["lease_seconds"] == 600 and r["pid"] > 0 and r["started_at"].endswith("Z") for r in rows)
     assert main(["audit", "instances", "--url", migrated_db_url]) == 0
     table = capsys.readouterr().out
@@ -53,9 +56,16 @@ def test_requests_usage_and_reports_filter_by_instance(migrated_db_url, two_inst
     mine = _jsonl(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl", "--instance", first)
     assert len(every) == 24 and {r["instance_id"] for r in every} == {first, second}
     assert mine == [r for r in every if r["instance_id"] == first] and len(mine) == 12
-    usage = _jsonl(capsys, "audit", "usage", "--url", migrated_db_url, "--format", "jsonl", "--by", "tenant", "--instance", second)
+    usage = _jsonl(
+        capsys, "audit", "usage", "--url", migrated_db_url, "--format", "jsonl", "--by", "tenant", "--instance", second
+    )
     assert sum(u["requests"] for u in usage) == 12
-    assert _jsonl(capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl", "--instance", "no-such-instance") == []
+    assert (
+        _jsonl(
+            capsys, "audit", "requests", "--url", migrated_db_url, "--format", "jsonl", "--instance", "no-such-instance"
+        )
+        == []
+    )
     out = tmp_path / "report"
     code = main(["audit", "report", "--url", migrated_db_url, "--since", "2026-11-01", "--until", "2026-12-31",
                  "--instance", first, "--out", str(out), "--unsigned"])  # fmt: skip
@@ -103,7 +113,9 @@ def test_who_recovered_an_instance_is_checked_against_the_chain(migrated_db_url,
             conn.execute(update(LEASES).where(LEASES.c.instance_id == instance_id).values(recovered_by=recovered_by))
         with AuditLog(migrated_db_url) as log:
             result = log.verify()
-        return [p.message for p in result.problems if p.table == "instance_leases" and p.key == {"instance_id": instance_id}]
+        return [
+            p.message for p in result.problems if p.table == "instance_leases" and p.key == {"instance_id": instance_id}
+        ]
 
     assert any(mine in m and "engine_recovered" in m for m in forged(first, second))  # blamed on another instance
     assert any(mine in m and "engine_recovered" in m for m in forged(first, None))  # the recovery hidden

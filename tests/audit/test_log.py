@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+
 import msgspec
 import pytest
 from sqlalchemy import text
 
 from loraledger.audit import AuditLog
 from loraledger.audit.rows import stored_time
-from loraledger.store.db import make_engine
 from loraledger.errors import AuditSchemaError, AuditUnavailableError, ConfigError, UnknownRequestError
+from loraledger.store.db import make_engine
 from loraledger.store.records import EventKind
 from tests.audit.synth import ADAPTERS, DAY, START, SynthLog, SynthRequest
 
@@ -117,7 +118,11 @@ def test_adapter_inventory_counts_first_and_last_use(audit_log: AuditLog, synth:
     inventory = {a.record.fingerprint: a for a in audit_log.adapters()}
     assert set(inventory) == {a.fingerprint for a in ADAPTERS}
     for adapter in ADAPTERS:
-        mine = [stored_time(r.binding.received_at) for r in synth.requests if r.binding.adapter_fingerprint == adapter.fingerprint]
+        mine = [
+            stored_time(r.binding.received_at)
+            for r in synth.requests
+            if r.binding.adapter_fingerprint == adapter.fingerprint
+        ]
         info = inventory[adapter.fingerprint]
         assert info.record == adapter
         assert (info.requests, info.first_used, info.last_used) == (len(mine), min(mine), max(mine))

@@ -35,8 +35,12 @@ def _sql_counts(url: str, since: float, until: float, adapter: str | None, tenan
     try:
         with engine.connect() as conn:
             one = lambda stmt: conn.execute(stmt).scalar_one()  # noqa: E731
-            joined = select(func.count()).select_from(Completion).join(Request, Request.request_id == Completion.request_id)
-            per_adapter = select(Request.adapter_fingerprint, func.count()).where(*where).group_by(Request.adapter_fingerprint)
+            joined = (
+                select(func.count()).select_from(Completion).join(Request, Request.request_id == Completion.request_id)
+            )
+            per_adapter = (
+                select(Request.adapter_fingerprint, func.count()).where(*where).group_by(Request.adapter_fingerprint)
+            )
             per_tenant = select(Request.tenant, func.count()).where(*where).group_by(Request.tenant)
             per_reason = (
                 select(Completion.finish_reason, func.count())
@@ -69,7 +73,14 @@ def test_report_counts_equal_direct_sql_counts(migrated_db_url: str, synth: Synt
     cases = [(START, START + 5 * DAY, None, None), (START, START + 5 * DAY, ADAPTERS[2].name, None)]
     for _ in range(3):
         lo = START + rng.random() * 3 * DAY
-        cases.append((lo, lo + (0.5 + rng.random() * 2) * DAY, rng.choice([None, ADAPTERS[0].fingerprint]), rng.choice([None, "acme"])))
+        cases.append(
+            (
+                lo,
+                lo + (0.5 + rng.random() * 2) * DAY,
+                rng.choice([None, ADAPTERS[0].fingerprint]),
+                rng.choice([None, "acme"]),
+            )
+        )
     with AuditLog(migrated_db_url) as log:
         for i, (lo, hi, adapter, tenant) in enumerate(cases):
             out = tmp_path / f"report{i}"
@@ -80,7 +91,9 @@ def test_report_counts_equal_direct_sql_counts(migrated_db_url: str, synth: Synt
                 assert counts[key] == want[key], (key, lo, hi, adapter, tenant)
             assert {g["adapter_fingerprint"]: g["requests"] for g in counts["by_adapter"]} == want["by_adapter"]
             assert {g["tenant"]: g["requests"] for g in counts["by_tenant"]} == want["by_tenant"]
-            assert {g["finish_reason"]: g["completions"] for g in counts["by_finish_reason"]} == want["by_finish_reason"]
+            assert {g["finish_reason"]: g["completions"] for g in counts["by_finish_reason"]} == want[
+                "by_finish_reason"
+            ]
             for group in ("by_adapter", "by_tenant"):
                 assert sum(g["requests"] for g in counts[group]) == counts["requests"]
                 assert sum(g["completions"] for g in counts[group]) == counts["completions"]
@@ -106,7 +119,14 @@ def test_report_rows_carry_the_bindings(migrated_db_url: str, synth: SynthLog, t
         assert row["sampling_params"] == r.binding.sampling_params
         # every audited fact of the binding an auditor reads beside the output: who called, with which key, the chat
         # template, the structured-output constraint, the engine instance (the synth log fills each for some rows)
-        audited = ("caller_request_id", "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text")
+        audited = (
+            "caller_request_id",
+            "key_id",
+            "chat_template_sha256",
+            "constraint_kind",
+            "constraint_sha256",
+            "constraint_text",
+        )
         assert {name: row[name] for name in audited} == {name: getattr(r.binding, name) for name in audited}
         assert row["num_completions"] == len(r.completions)
         assert row["received_at"] == iso(stored_time(r.binding.received_at))  # the database's ISO text agrees
@@ -140,7 +160,9 @@ def test_ed25519_signed_report(migrated_db_url: str, synth: SynthLog, tmp_path, 
     generate_ed25519_key(tmp_path / "key.pem", tmp_path / "pub.pem")
     generate_ed25519_key(tmp_path / "other.pem", tmp_path / "other_pub.pem")
     with AuditLog(migrated_db_url) as log:
-        manifest = write_report(log, tmp_path / "r", since=START, until=START + 2 * DAY, key_file=tmp_path / "key.pem", progress=False)
+        manifest = write_report(
+            log, tmp_path / "r", since=START, until=START + 2 * DAY, key_file=tmp_path / "key.pem", progress=False
+        )
     assert manifest["signature"]["algorithm"] == "ed25519"
     assert verify_report(tmp_path / "r", key_file=tmp_path / "pub.pem").ok
     assert verify_report(tmp_path / "r", key_file=tmp_path / "key.pem").ok  # the private key holds the public one
@@ -156,7 +178,9 @@ def test_a_report_chains_to_the_previous_one(migrated_db_url: str, synth: SynthL
     with AuditStore(migrated_db_url) as store:
         build_log(store, n_requests=10, days=1, seed=1)
     with AuditLog(migrated_db_url) as log:
-        manifest = write_report(log, tmp_path / "r2", since=START, until=START + 5 * DAY, previous=tmp_path / "r1", progress=False)
+        manifest = write_report(
+            log, tmp_path / "r2", since=START, until=START + 5 * DAY, previous=tmp_path / "r1", progress=False
+        )
     first = json.loads((tmp_path / "r1" / MANIFEST).read_bytes())
     assert manifest["previous"] == {
         "manifest_sha256": hashlib.sha256((tmp_path / "r1" / MANIFEST).read_bytes()).hexdigest(),
@@ -169,7 +193,9 @@ def test_a_report_chains_to_the_previous_one(migrated_db_url: str, synth: SynthL
     assert not mismatch.ok and "is not the one this report follows" in mismatch.problems[0]
 
 
-def test_a_failed_export_leaves_no_half_bundle(migrated_db_url: str, synth: SynthLog, tmp_path, report_env, monkeypatch):
+def test_a_failed_export_leaves_no_half_bundle(
+    migrated_db_url: str, synth: SynthLog, tmp_path, report_env, monkeypatch
+):
     import loraledger.audit.report as report
 
     def broken(*args, **kwargs):
@@ -183,7 +209,9 @@ def test_a_failed_export_leaves_no_half_bundle(migrated_db_url: str, synth: Synt
         with pytest.raises(ConfigError, match="is not a loraledger report manifest"):
             (tmp_path / "junk").mkdir()
             (tmp_path / "junk" / MANIFEST).write_text("[]")
-            write_report(log, tmp_path / "r", since=START, until=START + DAY, previous=tmp_path / "junk", progress=False)
+            write_report(
+                log, tmp_path / "r", since=START, until=START + DAY, previous=tmp_path / "junk", progress=False
+            )
         assert not (tmp_path / "r").exists()
 
 
@@ -209,13 +237,22 @@ def test_csv_report_cells_cannot_start_a_formula_and_jsonl_stays_exact(migrated_
     assert verify_report(tmp_path / "csv").ok and verify_report(tmp_path / "jsonl").ok
 
 
-def test_a_forged_adapter_name_never_shows_under_a_verified_banner(migrated_db_url: str, synth: SynthLog, tmp_path, report_env):
+def test_a_forged_adapter_name_never_shows_under_a_verified_banner(
+    migrated_db_url: str, synth: SynthLog, tmp_path, report_env
+):
     from tests.audit.tampering import tamper
 
-    tamper(migrated_db_url, "UPDATE adapters SET name = 'approved-safe-adapter' WHERE fingerprint = :f", f=ADAPTERS[0].fingerprint)
+    tamper(
+        migrated_db_url,
+        "UPDATE adapters SET name = 'approved-safe-adapter' WHERE fingerprint = :f",
+        f=ADAPTERS[0].fingerprint,
+    )
     with AuditLog(migrated_db_url) as log:
         manifest = write_report(log, tmp_path / "r", since=START, until=START + 10 * DAY, progress=False)
     html = (tmp_path / "r" / "report.html").read_text()
     assert not manifest["verification"]["ok"]
-    assert "in: name" in manifest["verification"]["problem"] and ADAPTERS[0].fingerprint in manifest["verification"]["problem"]
+    assert (
+        "in: name" in manifest["verification"]["problem"]
+        and ADAPTERS[0].fingerprint in manifest["verification"]["problem"]
+    )
     assert "Audit log verified" not in html and "verification FAILED" in html

@@ -118,4 +118,6 @@ def test_a_100k_request_log_exports_in_bounded_memory(tmp_path: Path, report_env
     row_bytes = sum(f["bytes"] for f in manifest["files"] if f["rows"] is not None)
     assert row_bytes > 40_000_000  # holding the rows as Python objects would take several times this
     assert peak < 12_000_000, f"peak traced memory {peak / 1e6:.1f} MB while exporting {row_bytes / 1e6:.0f} MB of rows"
-    print(f"load {loaded - t0:.1f} s, export {exported - loaded:.1f} s, peak {peak / 1e6:.1f} MB, rows {row_bytes / 1e6:.0f} MB")
+    print(
+        f"load {loaded - t0:.1f} s, export {exported - loaded:.1f} s, peak {peak / 1e6:.1f} MB, rows {row_bytes / 1e6:.0f} MB"
+    )

@@ -30,7 +30,9 @@ def bundle(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with AuditStore(url) as store:
         build_log(store, n_requests=40, days=3)
     with AuditLog(url) as log:
-        write_report(log, root / "report", since=START, until=START + 3 * DAY, fmt=request.param, progress=False, env=ENV)
+        write_report(
+            log, root / "report", since=START, until=START + 3 * DAY, fmt=request.param, progress=False, env=ENV
+        )
     return root / "report"
 
 

@@ -15,7 +15,9 @@ from tests.audit.synth import build_log
 from tests.store.test_migrate import _StoreAsOf
 
 
-def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_a_later_request(db_url, tiny_llama, monkeypatch, capsys):
+def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_a_later_request(
+    db_url, tiny_llama, monkeypatch, capsys
+):
     assert upgrade(db_url, "0005_key_id") == "0005_key_id"
     engine = make_engine(db_url)
     synth = build_log(_StoreAsOf(engine, "0005_key_id", monkeypatch), n_requests=6, days=1, key_ids=False)
@@ -54,9 +56,9 @@ def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_
     try:
         with engine.connect() as conn:
             found = conn.execute(
-                text("SELECT DISTINCT request_id FROM request_lineage WHERE caller_request_id = :id"), {"id": old.request_id}
+                text("SELECT DISTINCT request_id FROM request_lineage WHERE caller_request_id = :id"),
+                {"id": old.request_id},
             ).scalars()
             assert set(found) == {old.request_id, new.audit_id}
     finally:
         engine.dispose()
-

@@ -28,7 +28,9 @@ def test_hmac_round_trip_and_tamper():
     assert sig.key_id and KEY[REPORT_KEY_ENV] not in (sig.key_id or "")
     assert check_signature(sig, b"manifest", key_file=None, env=KEY) is None
     assert "does not match" in check_signature(sig, b"manifest!", key_file=None, env=KEY)
-    assert "does not match" in check_signature(sig, b"manifest", key_file=None, env={REPORT_KEY_ENV: "another-key-0123456789"})
+    assert "does not match" in check_signature(
+        sig, b"manifest", key_file=None, env={REPORT_KEY_ENV: "another-key-0123456789"}
+    )
     with pytest.raises(ConfigError, match=REPORT_KEY_ENV):
         check_signature(sig, b"manifest", key_file=None, env={})
 

@@ -26,8 +26,14 @@ def test_the_binding_records_the_constraint_per_audit_prompts(tmp_path, tiny_lla
     so = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     expected = canonical_constraint(so)
     with LLM(model=str(tiny_llama.model_dir), block_size=4, audit_url=url, audit_prompts=policy) as llm:
-        outs = llm.generate(["the quick brown fox", "a lazy dog"], [SamplingParams(temperature=0, max_tokens=16, structured_outputs=so),
-                                                                    SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+        outs = llm.generate(
+            ["the quick brown fox", "a lazy dog"],
+            [
+                SamplingParams(temperature=0, max_tokens=16, structured_outputs=so),
+                SamplingParams(temperature=0, max_tokens=4),
+            ],
+            use_tqdm=False,
+        )
     assert json.loads(outs[0].outputs[0].text) in ({"ok": True}, {"ok": False})
     with AuditStore(url) as store, store.engine.connect() as conn:
         rows = {r.request_id: r for r in conn.execute(select(REQUESTS))}
@@ -49,7 +55,10 @@ def test_the_binding_records_the_constraint_per_audit_prompts(tmp_path, tiny_lla
     with AuditStore(url) as store, store.engine.begin() as conn:
         for guard in guards_for("sqlite"):
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}")
-        conn.execute(text("UPDATE requests SET constraint_sha256 = :h WHERE request_id = :r"), {"h": "e" * 64, "r": outs[0].audit_id})
+        conn.execute(
+            text("UPDATE requests SET constraint_sha256 = :h WHERE request_id = :r"),
+            {"h": "e" * 64, "r": outs[0].audit_id},
+        )
     with AuditLog(url) as log:
         result = log.verify()
     assert not result.ok and "constraint_sha256" in result.first_problem.message

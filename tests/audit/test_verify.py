@@ -35,13 +35,20 @@ def test_an_empty_log_verifies(migrated_db_url: str):
 
 
 def _finished(synth: SynthLog) -> str:
-    return next(r.binding.request_id for r in synth.requests if len(r.completions) > 1 and r.outcome in ("stop", "length"))
+    return next(
+        r.binding.request_id for r in synth.requests if len(r.completions) > 1 and r.outcome in ("stop", "length")
+    )
 
 
 @pytest.mark.parametrize(
     "case",
     [
-        "event_kind", "event_payload", "binding_row", "completion_text", "completion_deleted", "aborted_completion",
+        "event_kind",
+        "event_payload",
+        "binding_row",
+        "completion_text",
+        "completion_deleted",
+        "aborted_completion",
         "middle_event_deleted",
     ],  # fmt: skip
 )
@@ -117,7 +124,9 @@ def test_a_rewritten_chain_is_found_against_a_checkpoint(migrated_db_url: str, s
         with engine.connect() as conn:
             # an adapter_loaded event: no row depends on it
             target = conn.execute(text("SELECT min(seq) FROM events WHERE kind = 'adapter_loaded'")).scalar_one()
-            rows = conn.execute(text("SELECT seq FROM events WHERE seq >= :s ORDER BY seq"), {"s": target}).scalars().all()
+            rows = (
+                conn.execute(text("SELECT seq FROM events WHERE seq >= :s ORDER BY seq"), {"s": target}).scalars().all()
+            )
     finally:
         engine.dispose()
     tamper(url, "UPDATE events SET kind = 'adapter_evicted' WHERE seq = :s", s=target)
@@ -140,7 +149,9 @@ def _rehash(url: str, seqs: list[int]) -> None:
             prev = conn.execute(table.select().where(table.c.seq == seqs[0] - 1)).one().hash
             for seq in seqs:
                 row = conn.execute(table.select().where(table.c.seq == seq)).one()
-                digest = event_hash(prev, EventFields(row.seq, row.at, row.kind, row.request_id, row.payload, row.dedup_key))
+                digest = event_hash(
+                    prev, EventFields(row.seq, row.at, row.kind, row.request_id, row.payload, row.dedup_key)
+                )
                 conn.execute(table.update().where(table.c.seq == seq).values(prev_hash=prev, hash=digest))
                 prev = digest
     finally:

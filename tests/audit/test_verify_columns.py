@@ -26,8 +26,8 @@ from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import guards_for
 from loraledger.store.instances import this_instance
-from loraledger.store.models import AUDIT_TABLES, COORDINATION_TABLES, Base
 from loraledger.store.migrate import upgrade
+from loraledger.store.models import AUDIT_TABLES, COORDINATION_TABLES, Base
 from loraledger.store.records import EventKind
 from tests.audit.synth import ADAPTERS, SynthLog, build_log
 from tests.db_fixtures import _libpq
@@ -154,12 +154,18 @@ def _names_row(result: VerifyResult, table: str, keys: list[dict[str, Any]]) -> 
     """Some problem names table and the row's key (or, for completions, the request all its rows share)."""
     for problem in result.problems:
         named = problem.key or {}
-        if problem.table == table and named and any(all(k in key and key[k] == v for k, v in named.items()) for key in keys):
+        if (
+            problem.table == table
+            and named
+            and any(all(k in key and key[k] == v for k, v in named.items()) for key in keys)
+        ):
             return True
     return False
 
 
-def _edit_and_verify(engine: Any, synth: SynthLog, table: str, column: str, *, to_null: bool) -> tuple[VerifyResult, list]:
+def _edit_and_verify(
+    engine: Any, synth: SynthLog, table: str, column: str, *, to_null: bool
+) -> tuple[VerifyResult, list]:
     t = TABLES[table]
     with unguarded(engine) as conn:
         where = _targets(synth)[table]
@@ -196,7 +202,9 @@ def test_every_table_is_enumerated_and_the_views_read_only_them(engine):
         if conn.dialect.name == "sqlite":
             views = dict(conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'view'")).all())
         else:
-            views = dict(conn.execute(text("SELECT viewname, definition FROM pg_views WHERE schemaname = 'public'")).all())
+            views = dict(
+                conn.execute(text("SELECT viewname, definition FROM pg_views WHERE schemaname = 'public'")).all()
+            )
     assert set(views) == {"adapter_usage", "request_lineage"}
     for name, sql in views.items():
         sources = {m.lower() for m in re.findall(r"\b(?:FROM|JOIN)\s+(?:public\.)?\(?(\w+)", sql, flags=re.IGNORECASE)}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 from loraledger.audit import AuditLog
 from loraledger.cli import main
 from tests.audit.synth import ADAPTERS, SynthLog
@@ -84,24 +83,34 @@ def test_malformed_rows_are_reported_at_their_rows_and_verify_exits_1(migrated_d
         result = log.verify()
     assert not result.ok
     for case in cases:
-        hits = [p for p in result.problems if p.table == case.table and p.key and all(case.key.get(k) == v for k, v in p.key.items())]
+        hits = [
+            p
+            for p in result.problems
+            if p.table == case.table and p.key and all(case.key.get(k) == v for k, v in p.key.items())
+        ]
         assert hits, f"nothing names the `{case.table}` row {case.key} ({case.sql}): {result.problems}"
         if case.sequence is not None:
             assert case.sequence in {p.sequence for p in hits}, (case, hits)
 
 
-def test_reports_and_listings_over_malformed_rows_fail_with_a_message(migrated_db_url: str, synth: SynthLog, capsys, tmp_path):
+def test_reports_and_listings_over_malformed_rows_fail_with_a_message(
+    migrated_db_url: str, synth: SynthLog, capsys, tmp_path
+):
     url = migrated_db_url
     dialect = "sqlite" if url.startswith("sqlite") else "postgresql"
     for case in _cases(url, synth, dialect):
         tamper(url, case.sql, **case.params)
     window = ["--since", "2026-11-01", "--until", "2026-12-31"]
     for fmt in ("csv", "jsonl"):
-        code = main(["audit", "report", "--url", url, *window, "--out", str(tmp_path / fmt), "--unsigned", "--format", fmt])
+        code = main(
+            ["audit", "report", "--url", url, *window, "--out", str(tmp_path / fmt), "--unsigned", "--format", fmt]
+        )
         out, err = capsys.readouterr()
         # exported with a failed verification (exit 1), or refused with the first problem named (exit 2)
         assert code in (1, 2), (code, out, err)
-        assert ("did not verify" in out) if code == 1 else ("it did not verify" in err and not (tmp_path / fmt).exists())
+        assert (
+            ("did not verify" in out) if code == 1 else ("it did not verify" in err and not (tmp_path / fmt).exists())
+        )
     for argv in (["audit", "requests", "--format", "csv"], ["audit", "adapters", "--format", "jsonl"]):
         code = main([*argv, "--url", url])
         _, err = capsys.readouterr()

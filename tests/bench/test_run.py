@@ -10,13 +10,28 @@ from bench import run
 
 BENCH = Path(run.__file__).resolve().parent
 # modules that are no benchmark of their own: the scenarios' parts and their shared helpers
-SUPPORT = {"__init__", "run", "assets", "workload", "offline_engine", "hf_baseline", "stats", "patching", "throughput", "serving", "churn", "affinity_sim"}
+SUPPORT = {
+    "__init__",
+    "run",
+    "assets",
+    "workload",
+    "offline_engine",
+    "hf_baseline",
+    "stats",
+    "patching",
+    "throughput",
+    "serving",
+    "churn",
+    "affinity_sim",
+}
 
 
 def test_every_module_is_a_listed_benchmark_or_a_part_of_one():
     listed = {b.module.removeprefix("bench.") for b in run.CATALOGUE if b.module}
     modules = {p.stem for p in BENCH.glob("*.py")}
-    assert modules == listed | SUPPORT, "a bench module that no `python -m bench.run --only NAME` reaches, or a listed one that is gone"
+    assert modules == listed | SUPPORT, (
+        "a bench module that no `python -m bench.run --only NAME` reaches, or a listed one that is gone"
+    )
 
 
 def test_the_readme_table_lists_every_benchmark_with_its_command():

@@ -24,12 +24,20 @@ _HEADER = Path(__file__).with_name("cuda_emulation.h")
 _CACHE = Path(tempfile.gettempdir()) / "loraledger-cuda-emulation"
 # -O0 builds twice as fast as -O1 and the emulated sweeps are small; the sanitizer is the point
 _CXX_FLAGS = (
-    "-std=c++20", "-O0", "-shared", "-fPIC", "-Wno-unknown-pragmas", "-fsanitize=alignment",
+    "-std=c++20",
+    "-O0",
+    "-shared",
+    "-fPIC",
+    "-Wno-unknown-pragmas",
+    "-fsanitize=alignment",
     "-fno-sanitize-recover=all",
 )
 # CudaOps passes every kernel argument as one of these numpy scalars (pointers as uint64)
 _ARG_TYPES = {
-    np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctypes.c_int32, np.float32: ctypes.c_float
+    np.uint64: ctypes.c_uint64,
+    np.int64: ctypes.c_int64,
+    np.int32: ctypes.c_int32,
+    np.float32: ctypes.c_float,
 }
 
 
@@ -49,7 +57,9 @@ def _host_source(source: str) -> str:
         r"extern __shared__ float (\w+)\[\];", r"float* \1 = reinterpret_cast<float*>(emu::block_smem());", text
     )
     # the PTX cluster helpers: cuda_emulation.h has host versions
-    text = re.sub(r"#ifndef LORALEDGER_HOST_EMULATION\n.*?#endif  // LORALEDGER_HOST_EMULATION\n", "", text, flags=re.DOTALL)
+    text = re.sub(
+        r"#ifndef LORALEDGER_HOST_EMULATION\n.*?#endif  // LORALEDGER_HOST_EMULATION\n", "", text, flags=re.DOTALL
+    )
     if "asm(" in text:
         raise AssertionError(f"{source} has inline PTX the emulation does not translate")
     return text
@@ -113,6 +123,9 @@ class EmulatedLauncher:
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = (*grid, 1, 1)[:3]
         fn(
-            *(ctypes.c_uint(d) for d in dims), ctypes.c_uint(block), ctypes.c_ulonglong(shared_mem), argv,
+            *(ctypes.c_uint(d) for d in dims),
+            ctypes.c_uint(block),
+            ctypes.c_ulonglong(shared_mem),
+            argv,
             ctypes.c_uint(template.cluster),
         )

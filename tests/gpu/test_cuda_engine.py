@@ -23,8 +23,15 @@ BF16_LOGPROB_TOL = 2e-2
 
 def _engine(tiny, dtype: str) -> LLM:
     return LLM(
-        model=str(tiny.model_dir), device="cuda", dtype=dtype, enable_lora=True, max_loras=3, max_lora_rank=16,
-        block_size=4, audit_url=None, seed=0,
+        model=str(tiny.model_dir),
+        device="cuda",
+        dtype=dtype,
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+        seed=0,
     )
 
 
@@ -48,7 +55,8 @@ def test_bf16_logprobs_stay_close_to_fp32_reference(tiny_llama):
     with _engine(tiny_llama, "bfloat16") as llm:
         for name in [None, *sorted(loras)]:
             out = llm.generate(
-                {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2),
+                {"prompt_token_ids": ids},
+                SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2),
                 lora_request=loras[name] if name else None,
             )[0]
             adapter = tiny_llama.adapters[name] if name else None
@@ -74,8 +82,16 @@ def _cuda_runner(tiny, graph_batch: int):
     from loraledger.gpu.ops_cuda import CudaOps
 
     return ModelRunner(
-        tiny.model_dir, dtype=torch.float32, device=torch.device("cuda", 0), ops=CudaOps("cuda"), num_kv_blocks=256,
-        block_size=4, max_loras=4, max_lora_rank=16, enable_lora=True, max_num_batched_tokens=256,
+        tiny.model_dir,
+        dtype=torch.float32,
+        device=torch.device("cuda", 0),
+        ops=CudaOps("cuda"),
+        num_kv_blocks=256,
+        block_size=4,
+        max_loras=4,
+        max_lora_rank=16,
+        enable_lora=True,
+        max_num_batched_tokens=256,
         cuda_graph_max_batch=graph_batch,
     )
 

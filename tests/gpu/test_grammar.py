@@ -35,7 +35,10 @@ def test_the_cache_is_keyed_by_canonical_form_and_bounded(tokenizer, tiny_llama)
 
 def test_a_compile_error_names_the_problem_without_the_engine_s_source_location(tokenizer, tiny_llama):
     compiler = GrammarCompiler(tiny_llama.config.vocab_size, (tokenizer.eos_token_id,))
-    with pytest.raises(StructuredOutputError, match=r'json constraint \(sha256 [0-9a-f]{12}\) does not compile: Unsupported type "nonsense"'):
+    with pytest.raises(
+        StructuredOutputError,
+        match=r'json constraint \(sha256 [0-9a-f]{12}\) does not compile: Unsupported type "nonsense"',
+    ):
         compiler.compile(_c(json={"type": "nonsense"}), tokenizer)
     with pytest.raises(StructuredOutputError, match="grammar constraint .* does not compile: EBNF lexer error") as info:
         compiler.compile(_c(grammar="root ::= ["), tokenizer)

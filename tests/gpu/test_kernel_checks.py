@@ -36,8 +36,13 @@ def test_the_models_layouts_pass():
     bt, lens = torch.zeros(T, 2, dtype=torch.int32), torch.ones(T, dtype=torch.int32)
     checks.check_paged_attention_decode(q, kc, vc, bt, lens, 4)
     checks.check_prefill_attention(
-        q, kc, vc, torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([4, 2], dtype=torch.int32),
-        torch.zeros(2, 2, dtype=torch.int32), None,
+        q,
+        kc,
+        vc,
+        torch.tensor([0, 1, 3], dtype=torch.int32),
+        torch.tensor([4, 2], dtype=torch.int32),
+        torch.zeros(2, 2, dtype=torch.int32),
+        None,
     )
     checks.check_lora_prepare(torch.tensor([0, -1, 1], dtype=torch.int32), 2)
     checks.check_lora_shrink(torch.randn(T, H), torch.randn(2, 3 * 4, H), T, 2)

@@ -91,7 +91,9 @@ def test_sources_are_nvrtc_clean(source):
     for template in ks.KERNELS:
         if template.source == source:
             cluster = r"LORALEDGER_CLUSTER\(\w+\) " if template.cluster > 1 else ""
-            assert re.search(rf"__global__ void {cluster}(__launch_bounds__\(\w+\) )?{template.name}\(", text), template.name
+            assert re.search(rf"__global__ void {cluster}(__launch_bounds__\(\w+\) )?{template.name}\(", text), (
+                template.name
+            )
 
 
 def test_kernel_launch_geometry_matches_the_python_constants():

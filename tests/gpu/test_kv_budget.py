@@ -14,11 +14,21 @@ GIB = 1 << 30
 def test_the_cache_gets_the_share_left_after_weights_activations_and_the_rest():
     """vLLM: requested = total * gpu_memory_utilization; KV cache = requested - (weights + activation peak + other)."""
     budget = kv_budget.kv_cache_budget(
-        total_bytes=80 * GIB, free_bytes=79 * GIB, utilization=0.9, weights_bytes=16 * GIB, activation_peak_bytes=2 * GIB, other_bytes=GIB
+        total_bytes=80 * GIB,
+        free_bytes=79 * GIB,
+        utilization=0.9,
+        weights_bytes=16 * GIB,
+        activation_peak_bytes=2 * GIB,
+        other_bytes=GIB,
     )
     assert budget == int(80 * GIB * 0.9) - 19 * GIB
     lower = kv_budget.kv_cache_budget(
-        total_bytes=80 * GIB, free_bytes=79 * GIB, utilization=0.5, weights_bytes=16 * GIB, activation_peak_bytes=2 * GIB, other_bytes=GIB
+        total_bytes=80 * GIB,
+        free_bytes=79 * GIB,
+        utilization=0.5,
+        weights_bytes=16 * GIB,
+        activation_peak_bytes=2 * GIB,
+        other_bytes=GIB,
     )
     assert lower == 40 * GIB - 19 * GIB
 
@@ -26,14 +36,22 @@ def test_the_cache_gets_the_share_left_after_weights_activations_and_the_rest():
 def test_less_free_memory_than_the_share_asked_for_is_refused():
     """vLLM: "Free memory on device ... on startup is less than desired GPU memory utilization"."""
     with pytest.raises(E.ConfigError, match="free memory on the device") as info:
-        kv_budget.kv_cache_budget(total_bytes=80 * GIB, free_bytes=40 * GIB, utilization=0.9, weights_bytes=GIB, activation_peak_bytes=GIB)
+        kv_budget.kv_cache_budget(
+            total_bytes=80 * GIB, free_bytes=40 * GIB, utilization=0.9, weights_bytes=GIB, activation_peak_bytes=GIB
+        )
     assert "gpu_memory_utilization=0.9" in str(info.value)
 
 
 def test_no_room_left_for_the_cache_is_refused():
     """vLLM: "No available memory for the cache blocks. Try increasing gpu_memory_utilization"."""
     with pytest.raises(E.ConfigError, match="no memory is left for the KV cache"):
-        kv_budget.kv_cache_budget(total_bytes=24 * GIB, free_bytes=24 * GIB, utilization=0.5, weights_bytes=11 * GIB, activation_peak_bytes=GIB)
+        kv_budget.kv_cache_budget(
+            total_bytes=24 * GIB,
+            free_bytes=24 * GIB,
+            utilization=0.5,
+            weights_bytes=11 * GIB,
+            activation_peak_bytes=GIB,
+        )
 
 
 def test_weights_bytes_counts_the_checkpoints_tensors_at_the_engines_dtype(tiny_llama):

@@ -27,9 +27,14 @@ from loraledger.errors import (
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import fingerprint_adapter, load_lora_checkpoint
 
-
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=64)
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=64,
+)
 
 
 def _tiny_model(**overrides):
@@ -40,8 +45,9 @@ def _tiny_model(**overrides):
 def _save_adapter(folder: Path, model_overrides: dict | None = None, **lora_kwargs) -> tuple[Path, dict]:
     """Save a random (non-zero B) PEFT LoRA adapter; returns its folder and peft's own state dict."""
     lora_kwargs.setdefault("target_modules", ["q_proj", "v_proj", "down_proj"])
-    config = peft.LoraConfig(r=lora_kwargs.pop("r", 4), lora_alpha=lora_kwargs.pop("lora_alpha", 8),
-                             init_lora_weights=False, **lora_kwargs)
+    config = peft.LoraConfig(
+        r=lora_kwargs.pop("r", 4), lora_alpha=lora_kwargs.pop("lora_alpha", 8), init_lora_weights=False, **lora_kwargs
+    )
     model = peft.get_peft_model(_tiny_model(**(model_overrides or {})), config)
     model.save_pretrained(str(folder))
     return folder, peft.get_peft_model_state_dict(model)
@@ -60,8 +66,9 @@ def adapter(tmp_path_factory) -> tuple[Path, dict]:
 
 
 def _load(path, model_config, max_lora_rank=16):
-    return load_lora_checkpoint(str(path), lora_name="ad", lora_int_id=1, model_config=model_config,
-                                max_lora_rank=max_lora_rank)
+    return load_lora_checkpoint(
+        str(path), lora_name="ad", lora_int_id=1, model_config=model_config, max_lora_rank=max_lora_rank
+    )
 
 
 def _reference_fingerprint(folder: Path) -> str:
@@ -80,7 +87,9 @@ def _reference_fingerprint(folder: Path) -> str:
     for name in sorted(k for k in header if k != "__metadata__"):
         e = header[name]
         begin, end = e["data_offsets"]
-        out += frame(name.encode()) + frame(e["dtype"].encode()) + frame(json.dumps(e["shape"]).replace(" ", "").encode())
+        out += (
+            frame(name.encode()) + frame(e["dtype"].encode()) + frame(json.dumps(e["shape"]).replace(" ", "").encode())
+        )
         out += frame(body[begin:end])
     return hashlib.sha256(out).hexdigest()
 
@@ -120,7 +129,12 @@ def test_weights_equal_peft_state_dict(adapter, model_config):
     assert ckpt.nbytes == sum(a.nbytes + b.nbytes for a, b in stacks.groups.values())
     record = ckpt.to_record("base-fp", 12.5)
     assert (record.fingerprint, record.rank, record.alpha, record.target_modules, record.first_seen) == (
-        ckpt.fingerprint, 4, 8.0, ["q_proj", "v_proj", "down_proj"], 12.5)
+        ckpt.fingerprint,
+        4,
+        8.0,
+        ["q_proj", "v_proj", "down_proj"],
+        12.5,
+    )
 
 
 def test_slots_get_each_b_times_the_scale_rounded_once_from_the_views(model_config, tmp_path):
@@ -131,7 +145,9 @@ def test_slots_get_each_b_times_the_scale_rounded_once_from_the_views(model_conf
     ckpt = _load(folder, model_config, max_lora_rank=8)
     _, b = ckpt.weights[(1, "v_proj")]
     assert not b.is_contiguous() and ckpt.scale == 7 / 4
-    torch.testing.assert_close(b, state["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        b, state["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"], rtol=0, atol=0
+    )
     for dtype in (torch.bfloat16, torch.float32):
         slots = LoraSlots(model_config, max_loras=2, max_lora_rank=8, dtype=dtype, device="cpu")
         slots.load(1, ckpt)
@@ -164,7 +180,9 @@ def test_adapter_name_segment_and_regex_and_all_linear_targets(adapter, model_co
 
     folder = _copy(adapter[0], tmp_path / "named")
     tensors = load_file(folder / "adapter_model.safetensors")
-    save_file({k.replace(".weight", ".default.weight"): v for k, v in tensors.items()}, folder / "adapter_model.safetensors")
+    save_file(
+        {k.replace(".weight", ".default.weight"): v for k, v in tensors.items()}, folder / "adapter_model.safetensors"
+    )
     cfg = json.loads((folder / "adapter_config.json").read_text())
     cfg["target_modules"] = r"model\.layers\.\d+\.(self_attn\.(q|v)_proj|mlp\.down_proj)"
     (folder / "adapter_config.json").write_text(json.dumps(cfg))
@@ -201,15 +219,27 @@ def test_fingerprint_golden_value(tmp_path):
     from safetensors.torch import save_file
 
     (tmp_path / "adapter_config.json").write_text('{"r": 1, "lora_alpha": 2, "target_modules": ["q_proj"]}')
-    save_file({"b": torch.tensor([[1.0]], dtype=torch.float16), "a": torch.arange(2, dtype=torch.float32).reshape(1, 2)},
-              tmp_path / "adapter_model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {"b": torch.tensor([[1.0]], dtype=torch.float16), "a": torch.arange(2, dtype=torch.float32).reshape(1, 2)},
+        tmp_path / "adapter_model.safetensors",
+        metadata={"format": "pt"},
+    )
+
     def frame(b: bytes) -> bytes:
         return struct.pack(">Q", len(b)) + b
 
-    by_hand = (frame(b"loraledger-adapter-fingerprint/v1")
-               + frame(b'{"lora_alpha":2,"r":1,"target_modules":["q_proj"]}')
-               + frame(b"a") + frame(b"F32") + frame(b"[1,2]") + frame(struct.pack("<2f", 0.0, 1.0))
-               + frame(b"b") + frame(b"F16") + frame(b"[1,1]") + frame(bytes.fromhex("003c")))
+    by_hand = (
+        frame(b"loraledger-adapter-fingerprint/v1")
+        + frame(b'{"lora_alpha":2,"r":1,"target_modules":["q_proj"]}')
+        + frame(b"a")
+        + frame(b"F32")
+        + frame(b"[1,2]")
+        + frame(struct.pack("<2f", 0.0, 1.0))
+        + frame(b"b")
+        + frame(b"F16")
+        + frame(b"[1,1]")
+        + frame(bytes.fromhex("003c"))
+    )
     expected = "a572e2098a67258a5fbbfe71a9c1fc8f2b8a3ac9a4012b5af6d42e8fea7ab4f4"
     assert hashlib.sha256(by_hand).hexdigest() == expected
     assert fingerprint_adapter(str(tmp_path)) == expected == _reference_fingerprint(tmp_path)
@@ -415,7 +445,13 @@ def test_a_header_declaring_huge_tensors_is_refused_before_they_are_read(adapter
     _rewrite(path, header, b"")
     os.truncate(path, path.stat().st_size + begin)  # exactly the declared data section, all holes
     before = _resident_mib()
-    _raises(AdapterShapeError, folder, model_config, name.split(".lora_A")[0].split("model.layers.")[1].split(".")[0], "[4, 536870912]")
+    _raises(
+        AdapterShapeError,
+        folder,
+        model_config,
+        name.split(".lora_A")[0].split("model.layers.")[1].split(".")[0],
+        "[4, 536870912]",
+    )
     assert _resident_mib() - before < 64
 
 
@@ -468,5 +504,7 @@ def test_malformed_per_module_options_are_refused(adapter, model_config, tmp_pat
 
 def test_a_rank_pattern_above_max_lora_rank_is_refused_at_its_module(model_config, tmp_path):
     folder, _ = _save_adapter(tmp_path / "pattern32", r=4, lora_alpha=8, rank_pattern={"q_proj": 32})
-    _raises(AdapterRankError, folder, model_config, "q_proj has rank 32", "max_lora_rank to at least 32", max_lora_rank=16)
+    _raises(
+        AdapterRankError, folder, model_config, "q_proj has rank 32", "max_lora_rank to at least 32", max_lora_rank=16
+    )
     assert _load(folder, model_config, max_lora_rank=32).slot_rank == 32

@@ -131,7 +131,12 @@ def test_cuda_kernels_in_the_whole_forward_emulated(tiny_llama):
     ops = CudaOps("cpu", launcher=EmulatedLauncher(sm_count=4))
     paged = PagedModel(tiny_llama, prepack=False, ops=ops)
     assert paged.slots.ranks.tolist() == [4, 8, 16]
-    prompts = {0: ([1, 5, 9, 200, 33], -1), 1: ([1, 7, 7, 301], 0), 2: ([1, 100, 101, 102, 103, 104], 1), 3: ([1, 42], 2)}
+    prompts = {
+        0: ([1, 5, 9, 200, 33], -1),
+        1: ([1, 7, 7, 301], 0),
+        2: ([1, 100, 101, 102, 103, 104], 1),
+        3: ([1, 42], 2),
+    }
     nxt = [60, 61]
     tables = {sid: paged.new_table(len(p) + len(nxt)) for sid, (p, _) in prompts.items()}
     paged.step([_work(sid, p, 0, tables[sid], slot) for sid, (p, slot) in prompts.items()])
@@ -160,8 +165,14 @@ def _windowed_model(tmp_path, arch: str):
 
     torch.manual_seed(3)
     common = dict(
-        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, max_position_embeddings=64, sliding_window=5, initializer_range=0.1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        sliding_window=5,
+        initializer_range=0.1,
     )
     if arch == "mistral":
         MistralForCausalLM(MistralConfig(num_hidden_layers=2, **common)).save_pretrained(tmp_path)
@@ -200,11 +211,15 @@ def test_layer_windows_from_a_config_without_layer_types():
     from loraledger.gpu.config import ModelConfig
 
     base = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=30, num_attention_heads=4, vocab_size=128)
-    qwen = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 7, "use_sliding_window": True})
+    qwen = ModelConfig.from_dict(
+        {**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 7, "use_sliding_window": True}
+    )
     assert qwen.layer_windows == (None,) * 28 + (7, 7)
     off = ModelConfig.from_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 7})
     assert off.layer_windows == (None,) * 30 and off.sliding_window is None
     mistral = ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 7})
     assert mistral.layer_windows == (7,) * 30
     with pytest.raises(ModelLoadError, match="layer_types must list"):
-        ModelConfig.from_dict({**base, "architectures": ["MistralForCausalLM"], "sliding_window": 7, "layer_types": ["full_attention"]})
+        ModelConfig.from_dict(
+            {**base, "architectures": ["MistralForCausalLM"], "sliding_window": 7, "layer_types": ["full_attention"]}
+        )

@@ -150,10 +150,17 @@ def test_overlapped_steps_take_the_pending_tokens_from_the_device(tiny):
 
 def test_overlapped_launch_rules(tiny_llama):
     runner = _runner(tiny_llama, enable_lora=False)
-    runner.execute(StepPlan(0, seqs=[], new_seqs=[NewSeq(1, SamplingSpec(), [1, 2]), NewSeq(2, SamplingSpec(), [1, 3])]))
-    with pytest.raises(ConfigError, match=r"sequence 1 runs the token the previous step samples \(PENDING_TOKEN\), but step 0, launched before it, did not"):
+    runner.execute(
+        StepPlan(0, seqs=[], new_seqs=[NewSeq(1, SamplingSpec(), [1, 2]), NewSeq(2, SamplingSpec(), [1, 3])])
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"sequence 1 runs the token the previous step samples \(PENDING_TOKEN\), but step 0, launched before it, did not",
+    ):
         runner.launch(StepPlan(1, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
-    first = runner.launch(StepPlan(2, seqs=[SeqWork(1, [1, 2], 0, [0], -1, True), SeqWork(2, [1, 3], 0, [1], -1, True)]))
+    first = runner.launch(
+        StepPlan(2, seqs=[SeqWork(1, [1, 2], 0, [0], -1, True), SeqWork(2, [1, 3], 0, [1], -1, True)])
+    )
     second = runner.launch(StepPlan(3, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
     with pytest.raises(ConfigError, match="finished out of order"):
         runner.finish(second)
@@ -161,7 +168,9 @@ def test_overlapped_launch_rules(tiny_llama):
     assert runner.finish(second).sampled[0].seq_id == 1
     # a step whose launch fails takes its sequences' pending tokens with it: the next step drops them
     with pytest.raises(ConfigError, match="block table"):
-        runner.launch(StepPlan(4, seqs=[SeqWork(1, [PENDING_TOKEN], 3, [], -1, True), SeqWork(2, [9], 2, [1], -1, True)]))
+        runner.launch(
+            StepPlan(4, seqs=[SeqWork(1, [PENDING_TOKEN], 3, [], -1, True), SeqWork(2, [9], 2, [1], -1, True)])
+        )
     after = runner.execute(
         StepPlan(5, seqs=[SeqWork(1, [PENDING_TOKEN], 4, [0, 2], -1, True), SeqWork(2, [token], 2, [1], -1, True)])
     )
@@ -260,7 +269,9 @@ def _tensors_reachable(root: object) -> int:
 def test_close_drops_every_tensor_and_refuses_later_steps(tiny_llama):
     runner = _runner(tiny_llama)
     driver = Driver(runner)
-    driver.generate([[5, 6, 7]], [0], [SamplingSpec()], 2, first_plan_extra={"slot_loads": _loads(tiny_llama, ["all_r8"])})
+    driver.generate(
+        [[5, 6, 7]], [0], [SamplingSpec()], 2, first_plan_extra={"slot_loads": _loads(tiny_llama, ["all_r8"])}
+    )
     execute = runner.execute  # what an anyio worker thread may still hold after the last step
     assert _tensors_reachable(execute) > 20  # weights, KV cache, adapter slots
     runner.close()
@@ -271,8 +282,16 @@ def test_close_drops_every_tensor_and_refuses_later_steps(tiny_llama):
 
 def test_bfloat16_mixed_batch_stays_close_to_fp32_hf(tiny_llama):
     runner = ModelRunner(
-        tiny_llama.model_dir, dtype=torch.bfloat16, device=torch.device("cpu"), ops=TorchOps(), num_kv_blocks=64,
-        block_size=BLOCK_SIZE, max_loras=4, max_lora_rank=16, enable_lora=True, max_num_batched_tokens=256,
+        tiny_llama.model_dir,
+        dtype=torch.bfloat16,
+        device=torch.device("cpu"),
+        ops=TorchOps(),
+        num_kv_blocks=64,
+        block_size=BLOCK_SIZE,
+        max_loras=4,
+        max_lora_rank=16,
+        enable_lora=True,
+        max_num_batched_tokens=256,
     )
     names = ["qv_r4", "all_r8", "ogd_r16_rslora"]
     prompt = [1, 17, 250, 33, 8, 402, 96, 11, 300]
@@ -290,7 +309,15 @@ def test_bfloat16_mixed_batch_stays_close_to_fp32_hf(tiny_llama):
 def test_cuda_graphs_need_a_cuda_device_and_cuda_ops(tiny_llama):
     with pytest.raises(ConfigError, match="CUDA graphs need a CUDA device and CudaOps"):
         ModelRunner(
-            tiny_llama.model_dir, dtype=torch.float32, device=torch.device("cpu"), ops=TorchOps(), num_kv_blocks=16,
-            block_size=BLOCK_SIZE, max_loras=1, max_lora_rank=8, enable_lora=False, max_num_batched_tokens=64,
+            tiny_llama.model_dir,
+            dtype=torch.float32,
+            device=torch.device("cpu"),
+            ops=TorchOps(),
+            num_kv_blocks=16,
+            block_size=BLOCK_SIZE,
+            max_loras=1,
+            max_lora_rank=8,
+            enable_lora=False,
+            max_num_batched_tokens=64,
             cuda_graph_max_batch=8,
         )

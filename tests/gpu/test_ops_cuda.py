@@ -132,9 +132,7 @@ def check_silu_and_mul(ops: CudaOps, device: str, dtype: torch.dtype, tokens: in
     assert_matches("silu_and_mul", out, ORACLE.silu_and_mul(_oracle(x)), dtype)
 
 
-def check_write_kv(
-    ops: CudaOps, device: str, dtype: torch.dtype, tokens: int, block_size: int, hk: int, d: int, index
-):
+def check_write_kv(ops: CudaOps, device: str, dtype: torch.dtype, tokens: int, block_size: int, hk: int, d: int, index):
     g = _gen("write_kv", dtype, tokens, block_size, hk, d, index)
     num_blocks = _cdiv(tokens, block_size) + 2
     k_cache = torch.full((num_blocks, block_size, hk, d), math.nan, dtype=dtype, device=device)

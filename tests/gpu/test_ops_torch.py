@@ -102,7 +102,9 @@ def _naive_attention(q_row, k_cache, v_cache, table, pos, scale, window):
 
 
 def _random_cache(g, num_blocks=24, block_size=4, hk=2, d=8):
-    return torch.randn(num_blocks, block_size, hk, d, generator=g), torch.randn(num_blocks, block_size, hk, d, generator=g)
+    return torch.randn(num_blocks, block_size, hk, d, generator=g), torch.randn(
+        num_blocks, block_size, hk, d, generator=g
+    )
 
 
 def _random_tables(g, seq_lens, block_size, num_blocks, width):
@@ -122,7 +124,9 @@ def test_paged_attention_decode_matches_naive(hq, window):
     seq_lens = [1, 9, 4, 13]
     tables = _random_tables(g, seq_lens, 4, 24, width=6)
     q = torch.randn(4, hq, 8, generator=g)
-    out = OPS.paged_attention_decode(q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), 0.3, window)
+    out = OPS.paged_attention_decode(
+        q, k_cache, v_cache, tables, torch.tensor(seq_lens, dtype=torch.int32), 0.3, window
+    )
     for b, n in enumerate(seq_lens):
         expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, window)
         torch.testing.assert_close(out[b].double(), expect, rtol=1e-5, atol=1e-5)
@@ -158,14 +162,19 @@ def test_per_step_plans_are_reused_per_layer_and_rebuilt_for_a_new_step():
     for q, tables, lens in steps:
         for window in (None, None, 2):  # two "layers", then a sliding-window model's layer
             got = ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
-            torch.testing.assert_close(got, TorchOps().paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window))
+            torch.testing.assert_close(
+                got, TorchOps().paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
+            )
             for b, n in enumerate(lens.tolist()):
                 expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, window)
                 torch.testing.assert_close(got[b].double(), expect, rtol=1e-5, atol=1e-5)
     cache = torch.randn(64, 8, generator=g)
     for positions in (torch.tensor([3, 9]), torch.tensor([3, 9]), torch.tensor([40, 1, 5])):
         for _ in range(2):
-            q, k = torch.randn(positions.shape[0], 4, 8, generator=g), torch.randn(positions.shape[0], 2, 8, generator=g)
+            q, k = (
+                torch.randn(positions.shape[0], 4, 8, generator=g),
+                torch.randn(positions.shape[0], 2, 8, generator=g),
+            )
             q_ref, k_ref = q.clone(), k.clone()
             ops.rotary_embedding(positions, q, k, cache)
             TorchOps().rotary_embedding(positions, q_ref, k_ref, cache)

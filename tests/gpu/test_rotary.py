@@ -36,7 +36,9 @@ def _hf_inv_freq(hf_config) -> torch.Tensor:
 def test_cos_sin_cache_matches_transformers_for_a_saved_config(tmp_path, rope):
     from transformers import LlamaConfig
 
-    hf = LlamaConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=1, vocab_size=10, rope_parameters=dict(rope))
+    hf = LlamaConfig(
+        hidden_size=256, num_attention_heads=4, num_hidden_layers=1, vocab_size=10, rope_parameters=dict(rope)
+    )
     hf.architectures = ["LlamaForCausalLM"]
     hf.save_pretrained(tmp_path)  # transformers 5 writes rope_parameters; ModelConfig must read it back
     cfg = ModelConfig.from_pretrained(tmp_path)
@@ -49,8 +51,15 @@ def test_cos_sin_cache_matches_transformers_for_a_saved_config(tmp_path, rope):
 
 
 def test_legacy_rope_scaling_key_and_unsupported_types():
-    base = dict(architectures=["LlamaForCausalLM"], vocab_size=10, hidden_size=32, intermediate_size=64,
-                num_hidden_layers=1, num_attention_heads=2, rope_theta=10000.0)
+    base = dict(
+        architectures=["LlamaForCausalLM"],
+        vocab_size=10,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        rope_theta=10000.0,
+    )
     plain = build_cos_sin_cache(ModelConfig.from_dict(base), 16)
     linear = build_cos_sin_cache(ModelConfig.from_dict({**base, "rope_scaling": {"type": "linear", "factor": 2.0}}), 16)
     torch.testing.assert_close(linear[4], plain[2])  # linear scaling = positions divided by the factor

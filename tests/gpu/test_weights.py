@@ -99,10 +99,17 @@ def test_config_refuses_query_heads_not_grouped_evenly_over_kv_heads():
     from loraledger.gpu.config import ModelConfig
 
     raw = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 48, "intermediate_size": 96,
-        "num_hidden_layers": 1, "num_attention_heads": 6, "num_key_value_heads": 4,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 64,
+        "hidden_size": 48,
+        "intermediate_size": 96,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 4,
     }
-    with pytest.raises(ModelLoadError, match=r"num_attention_heads \(6\) must be a multiple of num_key_value_heads \(4\)"):
+    with pytest.raises(
+        ModelLoadError, match=r"num_attention_heads \(6\) must be a multiple of num_key_value_heads \(4\)"
+    ):
         ModelConfig.from_dict(raw)
     assert ModelConfig.from_dict({**raw, "num_key_value_heads": 3}).num_key_value_heads == 3
     assert ModelConfig.from_dict({k: v for k, v in raw.items() if k != "num_key_value_heads"}).num_key_value_heads == 6

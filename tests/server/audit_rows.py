@@ -23,7 +23,9 @@ def binding(url: str, request_id: str):
 
 
 def completions(url: str, request_id: str):
-    return query(url, select(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id).order_by(COMPLETIONS.c.completion_index))
+    return query(
+        url, select(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id).order_by(COMPLETIONS.c.completion_index)
+    )
 
 
 def events(url: str, kind: str | None = None, request_id: str | None = None):

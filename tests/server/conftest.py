@@ -32,7 +32,11 @@ def make_keys(path: Path) -> Keys:
         "globex": add_key(path, tenant="globex", adapters=["*_r8"]),
         "limited": add_key(path, tenant="slow", adapters=[BASE], rate_limit="2/minute"),
     }
-    return Keys(**{name: key for name, (_, key) in made.items()}, ids={name: key_id for name, (key_id, _) in made.items()}, file=path)
+    return Keys(
+        **{name: key for name, (_, key) in made.items()},
+        ids={name: key_id for name, (key_id, _) in made.items()},
+        file=path,
+    )
 
 
 def server_config(tiny, tmp: Path, keys: Keys | None, **overrides) -> ServerConfig:
@@ -42,7 +46,10 @@ def server_config(tiny, tmp: Path, keys: Keys | None, **overrides) -> ServerConf
     return ServerConfig(
         engine_args=EngineArgs(**args),
         served_model_name=(BASE,),
-        lora_modules=(LoRAModule("qv_r4", str(tiny.adapters["qv_r4"])), LoRAModule("all_r8", str(tiny.adapters["all_r8"]))),
+        lora_modules=(
+            LoRAModule("qv_r4", str(tiny.adapters["qv_r4"])),
+            LoRAModule("all_r8", str(tiny.adapters["all_r8"])),
+        ),
         api_keys_file=str(keys.file) if keys is not None else None,
         **overrides,
     )

@@ -47,11 +47,17 @@ class LiveServer:
         self.app = build_app(config)
         self.state = self.app.state.server
         self.base_url = f"http://127.0.0.1:{self.port}"
-        uv = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", timeout_graceful_shutdown=config.shutdown_grace_seconds)
+        uv = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            timeout_graceful_shutdown=config.shutdown_grace_seconds,
+        )
         self.server = uvicorn.Server(uv)
         self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         self.thread.start()
         wait_healthy(self.base_url)
         return self
@@ -72,12 +78,22 @@ class ServerProcess:
     def __init__(self, args: list[str], *, log: Path, env: dict | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.args = [sys.executable, "-m", "loraledger.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.args = [
+            sys.executable,
+            "-m",
+            "loraledger.cli",
+            "serve",
+            *args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self.log = log
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         self._out = open(self.log, "wb")
         self.proc = subprocess.Popen(self.args, stdout=self._out, stderr=subprocess.STDOUT, env=self.env)
         wait_healthy(self.base_url, timeout=120, proc=self.proc)

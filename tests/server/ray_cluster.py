@@ -28,7 +28,9 @@ class RayServe:
         # a short folder: Ray's unix sockets live under it, and their paths may not exceed 107 bytes
         self.tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
         self.env = {
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),  # this checkout's code
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+            ),  # this checkout's code
             "LORALEDGER_HOME": os.environ["LORALEDGER_HOME"],
             "OMP_NUM_THREADS": "1",
             "RAY_TMPDIR": self.tmp,
@@ -36,7 +38,7 @@ class RayServe:
             **(env or {}),
         }
 
-    def __enter__(self) -> "RayServe":
+    def __enter__(self) -> RayServe:
         import ray
         from ray import serve
 
@@ -54,7 +56,11 @@ class RayServe:
             serve.start(http_options={"host": "127.0.0.1", "port": self.port}, detached=False)
             parsed = RayServeArgs.parse(self.args)
             replica = EngineReplica.options(num_replicas=self.replicas, ray_actor_options={"num_cpus": 1})
-            serve.run(Router.options(ray_actor_options={"num_cpus": 0.5}).bind(replica.bind(parsed), parsed), name=APP, route_prefix="/")
+            serve.run(
+                Router.options(ray_actor_options={"num_cpus": 0.5}).bind(replica.bind(parsed), parsed),
+                name=APP,
+                route_prefix="/",
+            )
             self.wait_healthy()
         except BaseException:
             self.__exit__(None, None, None)

@@ -27,7 +27,9 @@ def adapter_fingerprint(url: str, name: str) -> str:
 
 
 def test_completion_and_chat_are_bound_to_the_key_and_on_record(live, client, keys):
-    r = client.completions.create(model="qv_r4", prompt="hello there", max_tokens=5, temperature=0, extra_headers={"X-Request-Id": "client-42"})
+    r = client.completions.create(
+        model="qv_r4", prompt="hello there", max_tokens=5, temperature=0, extra_headers={"X-Request-Id": "client-42"}
+    )
     assert r.object == "text_completion" and r.model == "qv_r4" and len(r.choices) == 1
     assert r.usage.completion_tokens == 5 and r.usage.total_tokens == r.usage.prompt_tokens + 5
     row = binding(live.audit_url, r.id)
@@ -40,7 +42,9 @@ def test_completion_and_chat_are_bound_to_the_key_and_on_record(live, client, ke
     [admitted] = events(live.audit_url, EventKind.REQUEST_ADMITTED, r.id)
     assert admitted.payload["binding"]["caller_request_id"] == "client-42" and "caller" not in admitted.payload
 
-    c = client.chat.completions.create(model=BASE, messages=CHAT, max_completion_tokens=4, temperature=0, user="end-user-7")
+    c = client.chat.completions.create(
+        model=BASE, messages=CHAT, max_completion_tokens=4, temperature=0, user="end-user-7"
+    )
     assert c.object == "chat.completion" and c.choices[0].message.role == "assistant"
     row = binding(live.audit_url, c.id)
     assert row.adapter_fingerprint is None and row.tenant == "acme"
@@ -66,7 +70,9 @@ def test_an_x_request_id_is_the_caller_id_reusable_once_its_request_finished(liv
     headers = {"Authorization": f"Bearer {keys.acme}", "X-Request-Id": "dup-1"}
     body = {"model": BASE, "prompt": "count to a hundred", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
     with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{live.base_url}/v1/completions", json={**body, "stream": True}, headers=headers) as r:
+        with http.stream(
+            "POST", f"{live.base_url}/v1/completions", json={**body, "stream": True}, headers=headers
+        ) as r:
             lines = r.iter_lines()
             first = json.loads(next(line for line in lines if line.startswith("data: "))[6:])["id"]
             clash = http.post(f"{live.base_url}/v1/completions", json={**body, "max_tokens": 1}, headers=headers)
@@ -78,7 +84,9 @@ def test_an_x_request_id_is_the_caller_id_reusable_once_its_request_finished(liv
     assert again.status_code == 200 and again.headers["x-request-id"] == "dup-1"
     second = again.json()["id"]
     assert second != first
-    assert binding(live.audit_url, first).caller_request_id == binding(live.audit_url, second).caller_request_id == "dup-1"
+    assert (
+        binding(live.audit_url, first).caller_request_id == binding(live.audit_url, second).caller_request_id == "dup-1"
+    )
 
 
 def test_streaming_n_logprobs_and_usage_match_the_unstreamed_request(client, live):
@@ -112,7 +120,14 @@ def test_streaming_n_logprobs_and_usage_match_the_unstreamed_request(client, liv
 def test_chat_streaming_with_role_chunk_logprobs_and_usage(client):
     content, roles, usage, logprobs = "", [], None, 0
     stream = client.chat.completions.create(
-        model="qv_r4", messages=CHAT, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3, stream=True, stream_options={"include_usage": True}
+        model="qv_r4",
+        messages=CHAT,
+        max_tokens=5,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     for chunk in stream:
         if chunk.usage is not None:
@@ -143,7 +158,13 @@ def test_vllm_extras_in_extra_body_reach_the_sampling_params(client, live):
     r = client.completions.create(model=BASE, prompt="x y", max_tokens=3, temperature=0.5,
                                   extra_body={"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 3, "ignore_eos": True})  # fmt: skip
     params = binding(live.audit_url, r.id).sampling_params
-    assert (params["top_k"], params["min_p"], params["repetition_penalty"], params["min_tokens"], params["ignore_eos"]) == (5, 0.1, 1.2, 3, True)
+    assert (
+        params["top_k"],
+        params["min_p"],
+        params["repetition_penalty"],
+        params["min_tokens"],
+        params["ignore_eos"],
+    ) == (5, 0.1, 1.2, 3, True)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -187,20 +208,38 @@ def test_missing_and_bad_keys_are_401_and_counted(live, keys):
 def test_a_model_the_key_may_not_use_is_403_and_on_record(live, keys, client):
     for model in ("all_r8", "does-not-exist"):  # whether it exists or not: a key learns nothing about other models
         with pytest.raises(openai.PermissionDeniedError, match=f"may not use model `{model}`"):
-            client.completions.create(model=model, prompt="x", max_tokens=1, extra_headers={"X-Request-Id": f"denied-{model}"})
+            client.completions.create(
+                model=model, prompt="x", max_tokens=1, extra_headers={"X-Request-Id": f"denied-{model}"}
+            )
     with openai_client(live, keys.globex) as globex, pytest.raises(openai.PermissionDeniedError):
         globex.chat.completions.create(model=BASE, messages=CHAT)
     denied = [e.payload for e in events(live.audit_url, EventKind.ACCESS_DENIED)]
-    assert {"tenant": "acme", "key_id": keys.ids["acme"], "adapter": "all_r8", "route": "/v1/completions", "caller_request_id": "denied-all_r8"} in denied
-    assert {"tenant": "globex", "key_id": keys.ids["globex"], "adapter": BASE, "route": "/v1/chat/completions"} in denied
+    assert {
+        "tenant": "acme",
+        "key_id": keys.ids["acme"],
+        "adapter": "all_r8",
+        "route": "/v1/completions",
+        "caller_request_id": "denied-all_r8",
+    } in denied
+    assert {
+        "tenant": "globex",
+        "key_id": keys.ids["globex"],
+        "adapter": BASE,
+        "route": "/v1/chat/completions",
+    } in denied
     assert all(e.request_id is None for e in events(live.audit_url, EventKind.ACCESS_DENIED))  # no binding
-    assert not query(live.audit_url, select(REQUESTS).where(REQUESTS.c.lora_name == "all_r8", REQUESTS.c.tenant == "acme"))
+    assert not query(
+        live.audit_url, select(REQUESTS).where(REQUESTS.c.lora_name == "all_r8", REQUESTS.c.tenant == "acme")
+    )
 
 
 def test_the_rate_limit_is_429_with_retry_after(live, keys):
     url = f"{live.base_url}/v1/completions"
     headers = {"Authorization": f"Bearer {keys.limited}"}
-    codes = [httpx.post(url, json={"model": BASE, "prompt": "x", "max_tokens": 1}, headers=headers).status_code for _ in range(2)]
+    codes = [
+        httpx.post(url, json={"model": BASE, "prompt": "x", "max_tokens": 1}, headers=headers).status_code
+        for _ in range(2)
+    ]
     assert codes == [200, 200]
     r = httpx.post(url, json={"model": BASE, "prompt": "x", "max_tokens": 1}, headers=headers)
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1 and _error(r)["code"] == "rate_limit_exceeded"
@@ -208,7 +247,11 @@ def test_the_rate_limit_is_429_with_retry_after(live, keys):
 
 def test_an_oversized_body_is_413(live, keys):
     body = json.dumps({"model": BASE, "prompt": "x" * (9 << 20)})
-    r = httpx.post(f"{live.base_url}/v1/completions", content=body, headers={"Authorization": f"Bearer {keys.acme}", "Content-Type": "application/json"})
+    r = httpx.post(
+        f"{live.base_url}/v1/completions",
+        content=body,
+        headers={"Authorization": f"Bearer {keys.acme}", "Content-Type": "application/json"},
+    )
     assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
 
 
@@ -255,7 +298,9 @@ def test_models_lists_what_the_key_may_use_as_vllm_does(live, keys, client):
     with openai_client(live, keys.admin) as admin:
         cards = {m.id: m for m in admin.models.list().data}
     assert cards[BASE].model_extra["parent"] is None and cards[BASE].model_extra["root"] == str(live.tiny.model_dir)
-    assert cards["qv_r4"].model_extra["parent"] == BASE and cards["qv_r4"].model_extra["root"] == str(live.tiny.adapters["qv_r4"])
+    assert cards["qv_r4"].model_extra["parent"] == BASE and cards["qv_r4"].model_extra["root"] == str(
+        live.tiny.adapters["qv_r4"]
+    )
     assert cards["qv_r4"].model_extra["max_model_len"] == 256
 
 
@@ -279,7 +324,9 @@ def test_only_admin_keys_load_and_unload_adapters_and_a_loaded_one_is_on_record_
     assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "fresh_r8"}, headers=admin).status_code == 404
     with openai_client(live, keys.globex) as globex, pytest.raises(openai.NotFoundError):
         globex.completions.create(model="fresh_r8", prompt="x", max_tokens=2)
-    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "broken", "lora_path": "/no/such/folder"}, headers=admin)
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "broken", "lora_path": "/no/such/folder"}, headers=admin
+    )
     assert r.status_code == 400 and "adapter" in _error(r)["message"]
 
 
@@ -294,7 +341,9 @@ def test_tokenize_and_detokenize(live, keys):
     assert chat["tokens"] == tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
     back = httpx.post(f"{live.base_url}/detokenize", json={"model": BASE, "tokens": r["tokens"]}, headers=h).json()
     assert back["prompt"] == tok.decode(r["tokens"])
-    assert httpx.post(f"{live.base_url}/tokenize", json={"model": "all_r8", "prompt": "x"}, headers=h).status_code == 403
+    assert (
+        httpx.post(f"{live.base_url}/tokenize", json={"model": "all_r8", "prompt": "x"}, headers=h).status_code == 403
+    )
 
 
 def test_health_version_and_metrics_in_vllms_names(live, client):
@@ -305,15 +354,26 @@ def test_health_version_and_metrics_in_vllms_names(live, client):
     client.completions.create(model="qv_r4", prompt="x", max_tokens=2)
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{live.base_url}/metrics").text)}
     [info] = families["vllm:lora_requests_info"].samples
-    assert set(info.labels) == {"running_lora_adapters", "waiting_lora_adapters", "max_lora"} and info.labels["max_lora"] == "2"
+    assert (
+        set(info.labels) == {"running_lora_adapters", "waiting_lora_adapters", "max_lora"}
+        and info.labels["max_lora"] == "2"
+    )
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
         [sample] = families[name].samples
         assert sample.labels == {"model_name": BASE} and sample.value >= 0
-    ok = {s.labels["adapter"]: s.value for s in families["loraledger_requests"].samples if s.labels.get("outcome") == "ok"}
+    ok = {
+        s.labels["adapter"]: s.value for s in families["loraledger_requests"].samples if s.labels.get("outcome") == "ok"
+    }
     assert ok["qv_r4"] >= 1
     assert any(s.labels == {"adapter": "qv_r4", "where": "host"} for s in families["loraledger_adapter_loads"].samples)
-    assert any(s.labels == {"adapter": "qv_r4", "where": "device"} for s in families["loraledger_adapter_loads"].samples)
-    ttft = {s.labels["adapter"]: s.value for s in families["loraledger_time_to_first_token_seconds"].samples if s.name.endswith("_count")}
+    assert any(
+        s.labels == {"adapter": "qv_r4", "where": "device"} for s in families["loraledger_adapter_loads"].samples
+    )
+    ttft = {
+        s.labels["adapter"]: s.value
+        for s in families["loraledger_time_to_first_token_seconds"].samples
+        if s.name.endswith("_count")
+    }
     assert ttft["qv_r4"] >= 1
     assert "loraledger_e2e_request_latency_seconds" in families and "loraledger_generation_tokens" in families
     for name in ("loraledger_audit_queue_depth", "loraledger_audit_write_failures", "loraledger_audit_store_up"):
@@ -321,9 +381,18 @@ def test_health_version_and_metrics_in_vllms_names(live, client):
 
 
 def test_a_client_gone_mid_stream_aborts_its_request_on_record(live, keys):
-    body = {"model": "qv_r4", "prompt": "tell me a long story", "max_tokens": 200, "ignore_eos": True, "stream": True, "temperature": 0}
+    body = {
+        "model": "qv_r4",
+        "prompt": "tell me a long story",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0,
+    }
     with httpx.Client(timeout=60) as http:
-        with http.stream("POST", f"{live.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {keys.acme}"}) as r:
+        with http.stream(
+            "POST", f"{live.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {keys.acme}"}
+        ) as r:
             lines = r.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             rid = json.loads(first[6:])["id"]
@@ -342,11 +411,22 @@ def test_every_greedy_output_equals_llm_generate_and_the_log_verifies(live, clie
 
     prompts = ["the quick brown fox", "SELECT name FROM", "once upon a time"]
     models = [BASE, "qv_r4"]
-    served = {(m, p): client.completions.create(model=m, prompt=p, max_tokens=8, temperature=0).choices[0].text for m in models for p in prompts}
-    chats = {m: client.chat.completions.create(model=m, messages=CHAT, max_tokens=8, temperature=0).choices[0].message.content for m in models}
+    served = {
+        (m, p): client.completions.create(model=m, prompt=p, max_tokens=8, temperature=0).choices[0].text
+        for m in models
+        for p in prompts
+    }
+    chats = {
+        m: client.chat.completions.create(model=m, messages=CHAT, max_tokens=8, temperature=0)
+        .choices[0]
+        .message.content
+        for m in models
+    }
     tiny = live.tiny
     qv = LoRARequest("qv_r4", 1, str(tiny.adapters["qv_r4"]))
-    with LLM(model=str(tiny.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+    with LLM(
+        model=str(tiny.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None
+    ) as llm:
         params = SamplingParams(temperature=0, max_tokens=8)
         for m in models:
             lora = qv if m == "qv_r4" else None
@@ -376,12 +456,25 @@ def test_load_inplace_reloads_a_loaded_adapter_from_its_new_folder(live, keys):
 
     url, admin = live.base_url, {"Authorization": f"Bearer {keys.admin}"}
     first, second = str(live.tiny.adapters["all_r8"]), str(live.tiny.adapters["ogd_r16_rslora"])
-    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "inplace_r8", "lora_path": first}, headers=admin).status_code == 200
+    assert (
+        httpx.post(
+            f"{url}/v1/load_lora_adapter", json={"lora_name": "inplace_r8", "lora_path": first}, headers=admin
+        ).status_code
+        == 200
+    )
     with openai_client(live, keys.globex) as globex:  # "*_r8" covers it
-        assert globex.completions.create(model="inplace_r8", prompt="x", max_tokens=2).system_fingerprint == fingerprint_adapter(first)
+        assert globex.completions.create(
+            model="inplace_r8", prompt="x", max_tokens=2
+        ).system_fingerprint == fingerprint_adapter(first)
         body = {"lora_name": "inplace_r8", "lora_path": second, "load_inplace": True}
         r = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=admin)
         assert r.status_code == 200, r.text
-        assert globex.completions.create(model="inplace_r8", prompt="x", max_tokens=2).system_fingerprint == fingerprint_adapter(second)
-        assert globex.completions.create(model="inplace_r8", prompt="y", max_tokens=2).system_fingerprint == fingerprint_adapter(second)
-    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "inplace_r8"}, headers=admin).status_code == 200
+        assert globex.completions.create(
+            model="inplace_r8", prompt="x", max_tokens=2
+        ).system_fingerprint == fingerprint_adapter(second)
+        assert globex.completions.create(
+            model="inplace_r8", prompt="y", max_tokens=2
+        ).system_fingerprint == fingerprint_adapter(second)
+    assert (
+        httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "inplace_r8"}, headers=admin).status_code == 200
+    )

@@ -16,7 +16,10 @@ def make_app(seen: dict) -> FastAPI:
     @app.post("/echo")
     async def echo(request: Request):
         body = await request.json()
-        return JSONResponse({"got": body, "auth": request.headers.get("authorization"), "q": request.url.query}, headers={"x-served": "yes"})
+        return JSONResponse(
+            {"got": body, "auth": request.headers.get("authorization"), "q": request.url.query},
+            headers={"x-served": "yes"},
+        )
 
     @app.get("/stream")
     async def stream():
@@ -51,7 +54,11 @@ async def test_a_request_is_served_whole_with_its_headers_and_body():
     start, *bodies = await collect(make_app({}), request)
     assert isinstance(start, HttpResponseStart) and start.status == 200 and (b"x-served", b"yes") in start.headers
     assert all(isinstance(b, HttpBody) for b in bodies) and not bodies[-1].more
-    assert msgspec.json.decode(b"".join(b.data for b in bodies)) == {"got": {"model": "sql"}, "auth": "Bearer k", "q": "a=1"}
+    assert msgspec.json.decode(b"".join(b.data for b in bodies)) == {
+        "got": {"model": "sql"},
+        "auth": "Bearer k",
+        "q": "a=1",
+    }
 
 
 async def test_a_stream_is_relayed_as_it_is_sent_and_a_caller_who_leaves_cancels_it():
@@ -73,5 +80,9 @@ async def test_an_app_failure_before_its_response_is_a_500_error_object():
 def test_the_messages_cross_a_process_boundary_unchanged():
     import pickle
 
-    for message in (HttpRequest(method="GET", path="/x", body=b"\x00"), HttpResponseStart(status=201, headers=((b"a", b"b"),)), HttpBody(data=b"z", more=True)):
+    for message in (
+        HttpRequest(method="GET", path="/x", body=b"\x00"),
+        HttpResponseStart(status=201, headers=((b"a", b"b"),)),
+        HttpBody(data=b"z", more=True),
+    ):
         assert pickle.loads(pickle.dumps(message)) == message

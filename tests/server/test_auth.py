@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import hashlib
-import tomllib
 
 import pytest
+import tomllib
 
 from loraledger.cli import main
 from loraledger.errors import ConfigError
@@ -20,7 +20,13 @@ def test_add_key_stores_only_the_hash_and_the_ring_finds_it(tmp_path):
     assert key not in text and hashlib.sha256(key.encode()).hexdigest() in text
     assert path.stat().st_mode & 0o777 == 0o600
     [entry] = read_keys_file(path)
-    assert (entry.key_id, entry.tenant, entry.adapters, entry.role, str(entry.rate_limit)) == (key_id, "acme", ("sql", "support-*"), "user", "10/second")
+    assert (entry.key_id, entry.tenant, entry.adapters, entry.role, str(entry.rate_limit)) == (
+        key_id,
+        "acme",
+        ("sql", "support-*"),
+        "user",
+        "10/second",
+    )
     ring = KeyRing(path)
     assert ring.authenticate(key) == entry and ring.authenticate(key + "x") is None and ring.authenticate("") is None
 
@@ -86,5 +92,7 @@ def test_keys_add_prints_the_key_once_and_serve_refuses_an_open_address(tmp_path
     assert entry["adapters"] == ["sql", "support"] and key not in err and entry["id"] in err
     assert main(["keys", "list", "--file", str(path)]) == 0
     assert key not in capsys.readouterr().out
-    code = main(["serve", str(tiny_llama.model_dir), "--host", "0.0.0.0", "--audit-url", f"sqlite:///{tmp_path / 'a.db'}"])
+    code = main(
+        ["serve", str(tiny_llama.model_dir), "--host", "0.0.0.0", "--audit-url", f"sqlite:///{tmp_path / 'a.db'}"]
+    )
     assert code == 2 and "--insecure-no-auth" in capsys.readouterr().err

@@ -5,7 +5,6 @@ on record under the right tenant, the rest is on record as aborted, the process 
 from __future__ import annotations
 
 import json
-
 import random
 import signal
 import time
@@ -22,11 +21,18 @@ from tests.server.audit_rows import completions, query
 from tests.server.live import ServerProcess
 
 # tenant -> models its key may use (the base model is served as "tiny")
-TENANTS = {"acme": ["tiny", "qv_r4"], "globex": ["all_r8", "ogd_r16_rslora"], "initech": ["*"], "umbrella": ["qv_r4", "ogd_r16_rslora"]}
+TENANTS = {
+    "acme": ["tiny", "qv_r4"],
+    "globex": ["all_r8", "ogd_r16_rslora"],
+    "initech": ["*"],
+    "umbrella": ["qv_r4", "ogd_r16_rslora"],
+}
 MODELS = ["tiny", "qv_r4", "all_r8", "ogd_r16_rslora"]
 
 
-async def stream_one(http: httpx.AsyncClient, url: str, key: str, model: str, max_tokens: int, leave_after: int | None, started=None) -> dict:
+async def stream_one(
+    http: httpx.AsyncClient, url: str, key: str, model: str, max_tokens: int, leave_after: int | None, started=None
+) -> dict:
     """One streaming completion; leave_after: close the connection after that many chunks. Returns what the client saw."""
     body = {"model": model, "prompt": f"story {random.random()}", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
             "temperature": 0.8, "stream_options": {"include_usage": True}}  # fmt: skip
@@ -87,7 +93,11 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
 
             async def run(i: int) -> None:
                 tenant, model, leave = plan[i]
-                results[i] = {**await stream_one(http, url, keys[tenant][1], model, 24, leave), "tenant": tenant, "model": model}
+                results[i] = {
+                    **await stream_one(http, url, keys[tenant][1], model, 24, leave),
+                    "tenant": tenant,
+                    "model": model,
+                }
 
             with anyio.fail_after(240):
                 async with anyio.create_task_group() as tg:
@@ -114,7 +124,9 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
                 tenant = list(TENANTS)[i % len(TENANTS)]
                 model = "qv_r4" if tenant != "globex" else "all_r8"
                 try:
-                    seen = await stream_one(http, url, keys[tenant][1], model, 3 if i % 3 == 0 else 240, None, one_started)
+                    seen = await stream_one(
+                        http, url, keys[tenant][1], model, 3 if i % 3 == 0 else 240, None, one_started
+                    )
                 except httpx.HTTPError:  # the server closed the connection at the end of the grace period
                     seen = {"id": None, "done": False}
                 long_results.append({**seen, "tenant": tenant})
@@ -146,7 +158,9 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
         assert ends[r["id"]] == EventKind.REQUEST_FINISHED
         [record] = completions(url_db, r["id"])
         assert record.generated_token_count == r["tokens"]
-        if "\ufffd" not in record.text:  # text that is not valid UTF-8 may be split into U+FFFD differently as it streams
+        if (
+            "\ufffd" not in record.text
+        ):  # text that is not valid UTF-8 may be split into U+FFFD differently as it streams
             assert record.text == r["text"]
     for r in left:
         assert ends[r["id"]] == EventKind.REQUEST_ABORTED and on_record[r["id"]].tenant == r["tenant"]
@@ -160,4 +174,3 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
     with AuditLog(url_db) as log:
         result = log.verify()
     assert result.ok, result.problems
-

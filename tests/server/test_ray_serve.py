@@ -45,7 +45,9 @@ def ask(client: openai.OpenAI, model: str, prompt: str, stream: bool, max_tokens
         r = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
         return r.id, r.choices[0].text
     rid, text, finished = None, "", False
-    for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True):
+    for chunk in client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True
+    ):
         rid = chunk.id
         text += "".join(c.text for c in chunk.choices)
         finished = finished or any(c.finish_reason for c in chunk.choices)
@@ -63,7 +65,10 @@ def instance_columns(url: str) -> dict[str, bool]:
     engine = make_engine(url)
     try:
         inspector = sa_inspect(engine)
-        return {t: any(c["name"] == "instance_id" for c in inspector.get_columns(t)) for t in ("requests", "completions", "events")}
+        return {
+            t: any(c["name"] == "instance_id" for c in inspector.get_columns(t))
+            for t in ("requests", "completions", "events")
+        }
     finally:
         engine.dispose()
 
@@ -71,10 +76,14 @@ def instance_columns(url: str) -> dict[str, bool]:
 def assert_on_record(url: str, answered: dict[str, str]) -> None:
     """Every response the client received is on record: its binding and its completion text, and with several
     engines on one log, the instance that served it."""
-    rows = query(url, select(COMPLETIONS.c.request_id, COMPLETIONS.c.text).where(COMPLETIONS.c.request_id.in_(list(answered))))
+    rows = query(
+        url, select(COMPLETIONS.c.request_id, COMPLETIONS.c.text).where(COMPLETIONS.c.request_id.in_(list(answered)))
+    )
     assert {r.request_id: r.text for r in rows} == answered
     if instance_columns(url)["requests"]:
-        bindings = query(url, select(REQUESTS.c.request_id, REQUESTS.c.instance_id).where(REQUESTS.c.request_id.in_(list(answered))))
+        bindings = query(
+            url, select(REQUESTS.c.request_id, REQUESTS.c.instance_id).where(REQUESTS.c.request_id.in_(list(answered)))
+        )
         assert len(bindings) == len(answered) and all(b.instance_id for b in bindings)
         assert len({b.instance_id for b in bindings}) >= 2, "two replicas served, each under its own instance id"
 
@@ -99,16 +108,24 @@ def single_engine_texts(tiny_llama, tmp_path) -> dict[tuple[str, str], str]:
         served_model_name=(BASE,),
         lora_modules=tuple(LoRAModule(name, str(tiny_llama.adapters[name])) for name in ADAPTERS),
     )
-    with LiveServer(config) as single, openai.OpenAI(base_url=f"{single.base_url}/v1", api_key="none", max_retries=0, timeout=60) as client:
+    with (
+        LiveServer(config) as single,
+        openai.OpenAI(base_url=f"{single.base_url}/v1", api_key="none", max_retries=0, timeout=60) as client,
+    ):
         return {(m, p): ask(client, m, p, stream=False)[1] for m in MODELS for p in PROMPTS[:2]}
 
 
 def test_two_replicas_serve_like_one_engine_and_a_killed_one_loses_nothing_released(deployment, tiny_llama, tmp_path):
     args, key, narrow = deployment
     expected = single_engine_texts(tiny_llama, tmp_path)
-    with RayServe(args, replicas=2) as cluster, openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=key, max_retries=0, timeout=60) as client:
+    with (
+        RayServe(args, replicas=2) as cluster,
+        openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=key, max_retries=0, timeout=60) as client,
+    ):
         # mixed adapters, concurrent, half of them streamed
-        cases = [(m, p, i % 2 == 1) for i, (m, p) in enumerate((m, p) for p in PROMPTS[:2] for m in MODELS for _ in range(2))]
+        cases = [
+            (m, p, i % 2 == 1) for i, (m, p) in enumerate((m, p) for p in PROMPTS[:2] for m in MODELS for _ in range(2))
+        ]
         with ThreadPoolExecutor(6) as pool:
             got = list(pool.map(lambda c: (c, ask(client, *c)), cases))
         for (model, prompt, stream), (_, text) in got:
@@ -116,12 +133,20 @@ def test_two_replicas_serve_like_one_engine_and_a_killed_one_loses_nothing_relea
         answered = {rid: text for _, (rid, text) in got}
 
         with pytest.raises(openai.PermissionDeniedError):  # the replicas check keys exactly as `loraledger serve` does
-            openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=narrow, max_retries=0).completions.create(model="all_r8", prompt="x", max_tokens=1)
+            openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=narrow, max_retries=0).completions.create(
+                model="all_r8", prompt="x", max_tokens=1
+            )
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="not-a-key", max_retries=0).completions.create(model="qv_r4", prompt="x", max_tokens=1)
+            openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="not-a-key", max_retries=0).completions.create(
+                model="qv_r4", prompt="x", max_tokens=1
+            )
         with pytest.raises(openai.NotFoundError, match="no adapter folder"):
             client.completions.create(model="no_such_adapter", prompt="x", max_tokens=1)
-        refused = httpx.post(f"{cluster.base_url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"}, headers={"Authorization": f"Bearer {key}"})
+        refused = httpx.post(
+            f"{cluster.base_url}/v1/load_lora_adapter",
+            json={"lora_name": "x", "lora_path": "/x"},
+            headers={"Authorization": f"Bearer {key}"},
+        )
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "adapters_from_folder"
         assert BASE in {m.id for m in client.models.list()}
 

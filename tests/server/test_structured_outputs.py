@@ -17,7 +17,10 @@ from tests.server.conftest import BASE
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,5}$"}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,5}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
     "required": ["name", "age"],
     "additionalProperties": False,
 }
@@ -33,7 +36,10 @@ def test_response_format_json_schema_through_the_openai_client(client, live):
     assert choice.finish_reason == "stop", repr(choice.message.content)
     jsonschema.validate(json.loads(choice.message.content), SCHEMA)
     row = binding(live.audit_url, r.id)
-    assert (row.constraint_kind, row.constraint_sha256) == ("json", canonical_constraint(StructuredOutputsParams(json=SCHEMA)).sha256)
+    assert (row.constraint_kind, row.constraint_sha256) == (
+        "json",
+        canonical_constraint(StructuredOutputsParams(json=SCHEMA)).sha256,
+    )
 
 
 def test_json_object_structured_outputs_and_guided_fields(client, live):
@@ -70,4 +76,6 @@ def test_bad_constraints_are_400s_naming_the_problem(live, keys, extra, says):
 
 def test_the_openai_client_error_type(client):
     with pytest.raises(openai.BadRequestError, match="does not compile"):
-        client.completions.create(model=BASE, prompt="x", max_tokens=2, extra_body={"guided_grammar": "root ::= nowhere"})
+        client.completions.create(
+            model=BASE, prompt="x", max_tokens=2, extra_body={"guided_grammar": "root ::= nowhere"}
+        )

@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import exc as sa_exc, func, select
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, select
 
 from loraledger.errors import AuditIntegrityError, AuditSchemaError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store import audit_store as audit_store_module

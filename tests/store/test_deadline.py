@@ -63,7 +63,9 @@ def test_a_hung_postgres_is_unreachable_within_the_deadline_and_back_after(pg_db
             with pytest.raises(AuditUnavailableError):
                 AuditStore(proxied, timeout=TIMEOUT).open()
             opening = time.monotonic() - started
-            print(f"hung PostgreSQL: write refused after {pooled:.2f} s, a read after {fresh:.2f} s, open after {opening:.2f} s")
+            print(
+                f"hung PostgreSQL: write refused after {pooled:.2f} s, a read after {fresh:.2f} s, open after {opening:.2f} s"
+            )
             assert pooled < TIMEOUT + SLACK
             assert fresh < max(TIMEOUT, PG_CONNECT_FLOOR) + SLACK
             assert opening < max(TIMEOUT, PG_CONNECT_FLOOR) + SLACK

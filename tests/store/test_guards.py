@@ -6,13 +6,14 @@ import sqlite3
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, exc as sa_exc, insert, inspect, select
+from sqlalchemy import Engine, insert, inspect, select
+from sqlalchemy import exc as sa_exc
 
 from loraledger.store.audit_store import COMPLETIONS, AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import PG_FUNCTIONS, guards_present
-from loraledger.store.models import AUDIT_TABLES
 from loraledger.store.instances import this_instance
+from loraledger.store.models import AUDIT_TABLES
 from loraledger.store.rows import completion_row
 from tests.db_fixtures import FP_A, FP_B, make_completion, sample_batch
 

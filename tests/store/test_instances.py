@@ -136,7 +136,9 @@ def test_process_keys_tell_gone_processes_only_on_their_own_machine():
     assert process_identity.certainly_gone("here", key)
     machine = key.rsplit("/", 2)[0]
     assert process_identity.certainly_gone("dead", f"{machine}/{2**22 + 12345}/1")  # no such pid
-    assert not process_identity.certainly_gone("parent", f"{machine}/{os.getppid()}/{process_identity._start_ticks(os.getppid())}")
+    assert not process_identity.certainly_gone(
+        "parent", f"{machine}/{os.getppid()}/{process_identity._start_ticks(os.getppid())}"
+    )
     assert not process_identity.certainly_gone("far", ELSEWHERE) and not process_identity.certainly_gone("none", None)
 
 

@@ -12,10 +12,9 @@ from loraledger.store import audit_store
 from loraledger.store.audit_store import EVENTS, REQUESTS, write_batch
 from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import guards_present
-from loraledger.store.models import Base
 from loraledger.store.migrate import _scripts, alembic_config, current_revision, ensure_schema, head_revision, upgrade
+from loraledger.store.models import Base
 from loraledger.store.records import EventKind
-from tests.db_fixtures import sample_batch
 
 EARLIER = [script.revision for script in _scripts().walk_revisions() if script.revision != head_revision()]
 # columns a revision added: a database at an earlier revision is written the way loraledger wrote it then
@@ -102,8 +101,12 @@ def test_upgrade_from_every_earlier_revision_keeps_the_rows(db_url, start, monke
         assert guards_present(conn) == []
         assert conn.execute(select(func.count()).select_from(REQUESTS)).scalar_one() == len(synth.requests)
         assert set(conn.execute(select(REQUESTS.c.key_id)).scalars()) == {None}  # rows on record before 0005
-        if "0006_request_identity" in _revisions_after(start):  # rows on record before 0006: request_id is the caller's id
-            assert set(conn.execute(select(REQUESTS.c.caller_request_id, REQUESTS.c.chat_template_sha256))) == {(None, None)}
+        if "0006_request_identity" in _revisions_after(
+            start
+        ):  # rows on record before 0006: request_id is the caller's id
+            assert set(conn.execute(select(REQUESTS.c.caller_request_id, REQUESTS.c.chat_template_sha256))) == {
+                (None, None)
+            }
         assert set(conn.execute(select(REQUESTS.c.constraint_sha256)).scalars()) == {None}  # and before 0008
     ensure_schema(engine, db_url)
     engine.dispose()
@@ -183,7 +186,9 @@ class _PreChainStore:
     def __init__(self, engine, monkeypatch: pytest.MonkeyPatch):
         self._store = _StoreAsOf(engine, "0003_audit_views", monkeypatch)
         insert_adapters = audit_store._insert_adapters
-        monkeypatch.setattr(audit_store, "_insert_adapters", lambda conn, records: (insert_adapters(conn, records), [])[1])
+        monkeypatch.setattr(
+            audit_store, "_insert_adapters", lambda conn, records: (insert_adapters(conn, records), [])[1]
+        )
 
     def write(self, batch):
         return self._store.write(batch)
@@ -253,9 +258,8 @@ def _kinds(engine) -> list[str]:
 
 
 def test_0007_a_log_from_0005_verifies_and_engine_instances_write_on_after_it(db_url, monkeypatch):
-    from tests.audit.synth import build_log
-
     from loraledger.store.instances import this_instance
+    from tests.audit.synth import build_log
 
     assert upgrade(db_url, "0005_key_id") == "0005_key_id"
     engine = make_engine(db_url)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import exc as sa_exc, insert, select, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session
 
 from loraledger.store.models import Base, Completion, Request, utc_from_unix

@@ -18,11 +18,17 @@ def test_a_new_adapter_row_is_registered_before_the_events_that_name_it(audit_st
         events = conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all()
         row = conn.execute(select(ADAPTERS)).one()
     first = events[0]
-    assert [e.kind for e in events] == [EventKind.ADAPTER_REGISTERED, EventKind.REQUEST_ADMITTED, EventKind.REQUEST_FINISHED]
+    assert [e.kind for e in events] == [
+        EventKind.ADAPTER_REGISTERED,
+        EventKind.REQUEST_ADMITTED,
+        EventKind.REQUEST_FINISHED,
+    ]
     assert first.dedup_key == registration_key(FP_A) and first.request_id is None
     assert first.at.timestamp() == row.first_seen.timestamp()
     # the payload is the row, every column, as read back
-    assert first.payload["adapter"] == registered_form(dict(row._mapping)) == registered_form(adapter_row(make_adapter()))
+    assert (
+        first.payload["adapter"] == registered_form(dict(row._mapping)) == registered_form(adapter_row(make_adapter()))
+    )
     assert first.payload["adapter_sha256"] == digest(first.payload["adapter"])
 
 
@@ -33,6 +39,9 @@ def test_an_adapter_is_registered_once_whatever_name_it_comes_back_under(audit_s
         events = conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all()
         assert conn.execute(unregistered(ADAPTERS, EVENTS)).all() == []
         names = dict(conn.execute(select(ADAPTERS.c.fingerprint, ADAPTERS.c.name)).all())
-    assert [(e.payload["adapter"]["fingerprint"], e.payload["adapter"]["name"]) for e in events] == [(FP_A, "alpha"), (FP_B, "beta")]
+    assert [(e.payload["adapter"]["fingerprint"], e.payload["adapter"]["name"]) for e in events] == [
+        (FP_A, "alpha"),
+        (FP_B, "beta"),
+    ]
     assert names == {FP_A: "alpha", FP_B: "beta"}  # the first row of a fingerprint stays, as its event says
     assert events[0].at.timestamp() == T0

@@ -25,9 +25,16 @@ def log_problems(url: str, admitted: set[str], released: Mapping[str, int]) -> l
         with store.engine.connect() as conn:
             caller = func.coalesce(REQUESTS.c.caller_request_id, REQUESTS.c.request_id)
             callers = dict(conn.execute(select(REQUESTS.c.request_id, caller)).all())
-            wanted = {rid: params.get("n", 1) for rid, params in conn.execute(select(caller, REQUESTS.c.sampling_params))}
+            wanted = {
+                rid: params.get("n", 1) for rid, params in conn.execute(select(caller, REQUESTS.c.sampling_params))
+            }
             rows = Counter(callers.get(key, key) for (key,) in conn.execute(select(COMPLETIONS.c.request_id)))
-            ends = [(kind, callers.get(key, key)) for kind, key in conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.kind.in_(END_KINDS)))]
+            ends = [
+                (kind, callers.get(key, key))
+                for kind, key in conn.execute(
+                    select(EVENTS.c.kind, EVENTS.c.request_id).where(EVENTS.c.kind.in_(END_KINDS))
+                )
+            ]
         chain = store.first_break()
     ended = Counter(rid for _, rid in ends)
     with_rows = {rid for kind, rid in ends if kind in WITH_COMPLETIONS}
@@ -36,7 +43,9 @@ def log_problems(url: str, admitted: set[str], released: Mapping[str, int]) -> l
         problems.append(f"{rid}: admitted (add_request returned) but has no requests row")
     for rid, n in sorted(released.items()):
         if rows[rid] != n or rid not in finished:
-            problems.append(f"{rid}: released with {n} completion(s) but the log has {rows[rid]} row(s), finished event: {rid in finished}")
+            problems.append(
+                f"{rid}: released with {n} completion(s) but the log has {rows[rid]} row(s), finished event: {rid in finished}"
+            )
     for rid in sorted(rows.keys() - with_rows):
         problems.append(f"{rid}: {rows[rid]} completions row(s) but no finished/aborted event (a partial write)")
     for rid in sorted(with_rows - rows.keys()):
@@ -59,7 +68,11 @@ def restart_problems(url: str, model_dir: str | Path) -> tuple[list[str], list[s
     with AuditStore(url) as store:
         with store.engine.connect() as conn:  # worked out here, not with the store's own query under test
             bound = set(conn.execute(select(REQUESTS.c.request_id)).scalars())
-            ended = set(conn.execute(select(EVENTS.c.request_id).where(EVENTS.c.kind.in_((*END_KINDS, EventKind.REQUEST_INTERRUPTED)))).scalars())
+            ended = set(
+                conn.execute(
+                    select(EVENTS.c.request_id).where(EVENTS.c.kind.in_((*END_KINDS, EventKind.REQUEST_INTERRUPTED)))
+                ).scalars()
+            )
         unfinished = bound - ended
         since = store.head().sequence
     engine = LLMEngine(EngineArgs(model=str(model_dir), block_size=4, audit_url=url))
@@ -69,14 +82,18 @@ def restart_problems(url: str, model_dir: str | Path) -> tuple[list[str], list[s
         engine.close()
     with AuditStore(url) as store:
         with store.engine.connect() as conn:
-            new = list(conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).where(EVENTS.c.seq > since)))
+            new = list(
+                conn.execute(select(EVENTS.c.kind, EVENTS.c.request_id, EVENTS.c.payload).where(EVENTS.c.seq > since))
+            )
         left = store.unfinished_requests()
         chain = store.first_break()
     problems: list[str] = []
     marked = Counter(rid for kind, rid, _ in new if kind == EventKind.REQUEST_INTERRUPTED)
     recovered = [payload for kind, _, payload in new if kind == EventKind.ENGINE_RECOVERED]
     if set(interrupted) != unfinished or len(interrupted) != len(unfinished):
-        problems.append(f"engine.interrupted is {sorted(interrupted)}, the unfinished requests were {sorted(unfinished)}")
+        problems.append(
+            f"engine.interrupted is {sorted(interrupted)}, the unfinished requests were {sorted(unfinished)}"
+        )
     if set(marked) != unfinished or any(c != 1 for c in marked.values()):
         problems.append(f"request_interrupted events for {dict(marked)}, expected one each for {sorted(unfinished)}")
     if unfinished and (len(recovered) != 1 or set(recovered[0].get("interrupted", ())) != unfinished):

@@ -48,7 +48,12 @@ def parse_run_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=1_000_000, help="stop (DONE) after this many")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--long", action="store_true", help="greedy requests of --max-tokens tokens each (EOS ignored)")
-    p.add_argument("--commit-delay-ms", type=float, default=0.0, help="hold every audit transaction open this long before it commits")
+    p.add_argument(
+        "--commit-delay-ms",
+        type=float,
+        default=0.0,
+        help="hold every audit transaction open this long before it commits",
+    )
     p.add_argument("--lease-seconds", type=float, default=30.0, help="EngineArgs.audit_lease_seconds")
     p.add_argument("--out", default=None, help="print to this file instead of stdout")
     return p.parse_args(argv)
@@ -108,7 +113,11 @@ def run(argv: list[str]) -> int:
     rng = random.Random(args.seed)
     submitted = 0
     while True:
-        while not stopping.is_set() and submitted < args.requests and engine.get_num_unfinished_requests() < args.in_flight:
+        while (
+            not stopping.is_set()
+            and submitted < args.requests
+            and engine.get_num_unfinished_requests() < args.in_flight
+        ):
             rid = f"{args.prefix}-{submitted}"
             n = 1 if args.long else rng.choice((1, 1, 2))
             params = SamplingParams(
@@ -167,10 +176,10 @@ def fork_run(argv: list[str]) -> None:
 
 
 def zygote(model_dir: str) -> int:
-    from loraledger.engine_setup import load_tokenizer
     import loraledger  # noqa: F401  (the imports are the point: every run forks with them done)
     import loraledger.gpu.model_runner  # noqa: F401
     import loraledger.store.migrate  # noqa: F401
+    from loraledger.engine_setup import load_tokenizer
 
     load_tokenizer(model_dir)  # pulls in the rest of transformers' lazily imported modules
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runs are reaped by the kernel: a killed one leaves no zombie

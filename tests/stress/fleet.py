@@ -27,7 +27,9 @@ class FleetRun:
     @property
     def lines(self) -> list[str]:
         text = self.out.read_text()
-        return text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]  # a line being written is not one yet
+        return (
+            text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
+        )  # a line being written is not one yet
 
     def words(self, word: str) -> list[str]:
         return [line.partition(" ")[2] for line in self.lines if line.split(" ", 1)[0] == word]
@@ -37,9 +39,13 @@ class FleetRun:
         deadline = time.monotonic() + timeout
         while len(found := self.words(word)) < times:
             if self.words("EXIT") and word != "EXIT":
-                raise ChildError(f"{self.out.name}: the engine process ended before {times}x {word}: {self.lines[-3:]}{self._zygote.tail()}")
+                raise ChildError(
+                    f"{self.out.name}: the engine process ended before {times}x {word}: {self.lines[-3:]}{self._zygote.tail()}"
+                )
             if time.monotonic() > deadline:
-                raise ChildError(f"{self.out.name}: no {times}x {word} within {timeout:.0f}s: {self.lines[-3:]}{self._zygote.tail()}")
+                raise ChildError(
+                    f"{self.out.name}: no {times}x {word} within {timeout:.0f}s: {self.lines[-3:]}{self._zygote.tail()}"
+                )
             time.sleep(POLL_S)
         return found
 

@@ -31,7 +31,11 @@ from tests.stress.checks import log_problems, restart_problems
 from tests.stress.zygote import ChildError, EngineRun, Zygote, parse_lines, run_argv
 
 KILL_MODES = ("admitted", "released", "timer")
-COMMIT_DELAYS_MS = (0.0, 0.0, 20.0)  # one round in three holds its audit transactions open, so that kills land inside them
+COMMIT_DELAYS_MS = (
+    0.0,
+    0.0,
+    20.0,
+)  # one round in three holds its audit transactions open, so that kills land inside them
 
 
 @dataclass
@@ -146,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--url", help="audit database URL (default: a SQLite file in a temporary folder)")
     p.add_argument("--model", help="model folder (default: build a tiny Llama with three adapters)")
-    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="with --model: an adapter to serve (repeatable)")
+    p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="with --model: an adapter to serve (repeatable)",
+    )
     p.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="loraledger-kill9-"))
@@ -160,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     url = args.url or f"sqlite:///{workdir / 'audit.sqlite3'}"
     print(f"kill -9 stress: {args.rounds} rounds, seed {args.seed}, database {url}, work folder {workdir}", flush=True)
     with Zygote(model_dir, workdir / "engine.stderr") as zygote:
-        summary = run_rounds(zygote, model_dir, loras, url, rounds=args.rounds, seed=args.seed, log=lambda line: print(line, flush=True))
+        summary = run_rounds(
+            zygote, model_dir, loras, url, rounds=args.rounds, seed=args.seed, log=lambda line: print(line, flush=True)
+        )
     print(summary.render().splitlines()[-1 - len(summary.problems)])
     for problem in summary.problems:
         print(problem)

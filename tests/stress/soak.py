@@ -119,21 +119,41 @@ def run_soak(
     seed: int = 0,
     log=lambda line: None,
 ) -> SoakResult:
-    args = argparse.Namespace(requests=requests, concurrency=concurrency, warmup=warmup, prefix_caching=prefix_caching, seed=seed)
+    args = argparse.Namespace(
+        requests=requests, concurrency=concurrency, warmup=warmup, prefix_caching=prefix_caching, seed=seed
+    )
     return anyio.run(_soak, args, model_dir, audit_url, log)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.stress.soak", description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000, help="requests measured after the warm-up (default 20000)")
+    parser.add_argument(
+        "--requests", type=int, default=20_000, help="requests measured after the warm-up (default 20000)"
+    )
     parser.add_argument("--concurrency", type=int, default=1_000, help="requests in flight per round (default 1000)")
-    parser.add_argument("--warmup", type=int, default=8_000, help="requests run before the baseline is taken (default 8000)")
-    parser.add_argument("--audit", choices=("off", "sqlite"), default="off", help="audit log: off, or a SQLite file in a temporary folder (default off)")
-    parser.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", help="turn prefix caching off")
-    parser.add_argument("--model", type=Path, default=None, help="model folder (default: build the tiny test model in a temporary folder)")
+    parser.add_argument(
+        "--warmup", type=int, default=8_000, help="requests run before the baseline is taken (default 8000)"
+    )
+    parser.add_argument(
+        "--audit",
+        choices=("off", "sqlite"),
+        default="off",
+        help="audit log: off, or a SQLite file in a temporary folder (default off)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching", dest="prefix_caching", action="store_false", help="turn prefix caching off"
+    )
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder (default: build the tiny test model in a temporary folder)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-growth-mib", type=float, default=20.0, help="exit 1 above this growth after warm-up (default 20)")
+    parser.add_argument(
+        "--max-growth-mib", type=float, default=20.0, help="exit 1 above this growth after warm-up (default 20)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -146,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
 
             model_dir = build_tiny_model(Path(tmp), "llama", seed=1).model_dir
         audit_url = None if args.audit == "off" else f"sqlite:///{tmp}/audit.sqlite3"
-        print(f"soak: {args.requests} requests, {args.concurrency} at a time, audit {args.audit}, "
-              f"prefix caching {'on' if args.prefix_caching else 'off'}, model {model_dir}", flush=True)
+        print(
+            f"soak: {args.requests} requests, {args.concurrency} at a time, audit {args.audit}, "
+            f"prefix caching {'on' if args.prefix_caching else 'off'}, model {model_dir}",
+            flush=True,
+        )
         result = run_soak(
             model_dir,
             requests=args.requests,
@@ -158,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             log=lambda line: print(line, flush=True),
         )
-    print(f"resident after warm-up ({args.warmup} requests): {result.warm_mib:.1f} MiB; at the end: {result.end_mib:.1f} MiB; "
-          f"growth {result.growth_mib:+.1f} MiB over {args.requests} requests ({result.seconds:.0f} s)")
+    print(
+        f"resident after warm-up ({args.warmup} requests): {result.warm_mib:.1f} MiB; at the end: {result.end_mib:.1f} MiB; "
+        f"growth {result.growth_mib:+.1f} MiB over {args.requests} requests ({result.seconds:.0f} s)"
+    )
     return 0 if result.growth_mib <= args.max_growth_mib else 1
 
 

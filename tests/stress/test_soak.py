@@ -15,9 +15,24 @@ MAX_GROWTH_MIB = 100
 
 
 def test_resident_memory_stays_flat_over_thousands_of_requests(tiny_llama):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    argv = [sys.executable, "-m", "tests.stress.soak", "--model", str(tiny_llama.model_dir), "--warmup", "1000", "--requests", "3000",
-            "--concurrency", "500", "--max-growth-mib", str(MAX_GROWTH_MIB)]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.stress.soak",
+        "--model",
+        str(tiny_llama.model_dir),
+        "--warmup",
+        "1000",
+        "--requests",
+        "3000",
+        "--concurrency",
+        "500",
+        "--max-growth-mib",
+        str(MAX_GROWTH_MIB),
+    ]
     done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     summary = [line for line in done.stdout.splitlines() if line.startswith(("round", "resident"))]
     assert done.returncode == 0, "\n".join(summary) or done.stderr[-3000:]

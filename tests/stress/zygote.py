@@ -41,7 +41,16 @@ class Zygote:
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "w")
         argv = [sys.executable, "-m", "tests.stress.engine_child", "--zygote", "--model", str(model_dir)]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1, cwd=REPO_ROOT, env=env)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            cwd=REPO_ROOT,
+            env=env,
+        )
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._ready = False
         threading.Thread(target=self._read, daemon=True).start()
@@ -130,11 +139,15 @@ class EngineRun:
         deadline = time.monotonic() + timeout
         while self.count(word) < times:
             if self.exited:
-                raise ChildError(f"the engine process ended before {times}x {word}: {self.lines[-3:]}{self._zygote.tail()}")
+                raise ChildError(
+                    f"the engine process ended before {times}x {word}: {self.lines[-3:]}{self._zygote.tail()}"
+                )
             try:
                 self._next(deadline - time.monotonic())
             except queue.Empty:
-                raise ChildError(f"no {times}x {word} from the engine process within {timeout:.0f}s{self._zygote.tail()}") from None
+                raise ChildError(
+                    f"no {times}x {word} from the engine process within {timeout:.0f}s{self._zygote.tail()}"
+                ) from None
 
     def read_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -183,7 +196,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def run_argv(model_dir: str | Path, loras: Mapping[str, str | Path], url: str, prefix: str, *, seed: int, extra: Sequence[str] = ()) -> list[str]:
+def run_argv(
+    model_dir: str | Path,
+    loras: Mapping[str, str | Path],
+    url: str,
+    prefix: str,
+    *,
+    seed: int,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The arguments of one engine run (see tests.stress.engine_child)."""
     argv = ["--model", str(model_dir), "--url", url, "--prefix", prefix, "--seed", str(seed)]
     for name, path in loras.items():
