@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Fetch, into .whl/, the wheels bench/device_run.sh installs on a GPU machine that has no network: the
+# project's own dependencies that the device image (CUDA PyTorch, CuPy, transformers, peft) lacks, at
+# the versions this environment has, for CPython 3.12 on x86-64 Linux.
+set -eu
+py=${PYTHON:-python3}
+mkdir -p .whl
+pins=$("$py" -m pip freeze | grep -i -E '^(alembic|annotated-types|apache-tvm-ffi|cffi|cryptography|greenlet|mako|msgspec|platformdirs|psycopg|psycopg-binary|pydantic|pydantic_core|sqlalchemy|structlog|typing-inspection|xgrammar)==')
+for pin in $pins; do
+    "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$pin"
+done
+ls .whl
