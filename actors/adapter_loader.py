@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskStatus
@@ -33,6 +35,9 @@ from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
 from loraledger.logging import get_logger
 from loraledger.lora_request import LoRARequest
+from loraledger.sources import HubSettings, resolve
+from loraledger.sources.engine_sources import adapter_settings
+from loraledger.sources.fileset import ADAPTER
 from loraledger.store.records import EventKind, EventRecord
 
 # resumed requests' adapters not registered here take ids down from here: far from the ids callers count up from 1
@@ -60,6 +65,7 @@ class AdapterLoader:
         max_cpu_loras: int,
         max_loras: int,
         base_model_fingerprint: str,
+        hub_settings: Callable[[], HubSettings] | None = None,  # how Hub adapters are fetched (read at each load)
     ) -> None:
         self._inbox = inbox
         self._audit = audit
@@ -69,6 +75,7 @@ class AdapterLoader:
         self._capacity = max_cpu_loras
         self._max_loras = max_loras
         self._base_fp = base_model_fingerprint
+        self._hub_settings = hub_settings or _default_hub_settings
         self._registry: dict[int, LoRARequest] = {}  # lora_int_id -> first LoRARequest seen
         self._names: dict[str, int] = {}
         self._cache: OrderedDict[int, LoraCheckpoint] = OrderedDict()  # host LRU, most recent last
@@ -192,15 +199,7 @@ class AdapterLoader:
     async def _read(self, lora: LoRARequest) -> LoraCheckpoint:
         started = time.perf_counter()
         try:
-            ckpt = await _in_worker(
-                lambda: load_lora_checkpoint(
-                    lora.lora_path,
-                    lora_name=lora.lora_name,
-                    lora_int_id=lora.lora_int_id,
-                    model_config=self._model_config,
-                    max_lora_rank=self._max_lora_rank,
-                )
-            )
+            ckpt = await _in_worker(lambda: self._read_source(lora))
         except LoraLedgerError:
             raise
         except Exception as exc:  # an error load_lora_checkpoint does not type yet: still the adapter's problem
@@ -218,6 +217,18 @@ class AdapterLoader:
             seconds=round(time.perf_counter() - started, 4),
         )
         return ckpt
+
+    def _read_source(self, lora: LoRARequest) -> LoraCheckpoint:
+        """In a worker: lora_path resolved (a Hub repo id fetched, under its deadline and size limit), then read."""
+        source = resolve(lora.lora_path, kind=ADAPTER, settings=self._hub_settings())
+        ckpt = load_lora_checkpoint(
+            source.folder,
+            lora_name=lora.lora_name,
+            lora_int_id=lora.lora_int_id,
+            model_config=self._model_config,
+            max_lora_rank=self._max_lora_rank,
+        )
+        return dataclasses.replace(ckpt, path=lora.lora_path, source=source)
 
     async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
         self._cache[lora.lora_int_id] = ckpt
@@ -319,6 +330,13 @@ class AdapterLoader:
             return
         self._pinned.add(int_id)
         await answer(reply, self._registry[int_id])
+
+
+def _default_hub_settings() -> HubSettings:
+    """EngineArgs' defaults for adapter downloads (lora_download_timeout, max_lora_download_bytes)."""
+    from loraledger.engine_args import EngineArgs
+
+    return adapter_settings(EngineArgs(model="-"))
 
 
 async def _in_worker(load):

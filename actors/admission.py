@@ -43,6 +43,7 @@ from loraledger.errors import (
     PromptTooLongError,
 )
 from loraledger.logging import get_logger, request_logger
+from loraledger.sources.engine_sources import adapter_fields
 from loraledger.store.canonical import digest
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.structured_outputs import canonical_constraint
@@ -419,6 +420,7 @@ class Admission:
             constraint_text=recordable(constraint.canonical)
             if constraint is not None and self._audit_prompts == "text"
             else None,
+            **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
         if msg.user is not None:

@@ -52,6 +52,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,6 +66,7 @@ from loraledger.errors import (
 )
 from loraledger.gpu.config import LORA_TARGETS, ModelConfig
 from loraledger.gpu.lora_slots import SlotStacks, stack_for_slots
+from loraledger.sources.engine_sources import adapter_fields
 from loraledger.store.records import AdapterRecord
 
 CONFIG_FILE = "adapter_config.json"
@@ -116,6 +118,7 @@ class LoraCheckpoint:
     # PEFT's rank_pattern / alpha_pattern: each (layer, module)'s own scale where it differs from `scale`
     module_scales: Mapping[tuple[int, str], float] = dataclasses.field(default_factory=dict)
     max_rank: int = 0  # the largest rank of any module (rank_pattern may exceed r); 0: `rank`
+    source: Any = None  # loraledger.sources.Source: the Hub repo, revision and commit it was read from (None: a folder)
 
     @property
     def slot_rank(self) -> int:
@@ -134,6 +137,7 @@ class LoraCheckpoint:
             base_model_fingerprint=base_model_fingerprint,
             use_rslora=self.use_rslora,
             first_seen=first_seen,
+            **adapter_fields(self.source),
         )
 
 

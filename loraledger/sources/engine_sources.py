@@ -1,0 +1,56 @@
+"""What an engine reads from where: its model and tokenizer (resolved once, at start) and the Hub settings of each."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loraledger.sources.fileset import MODEL, TOKENIZER
+from loraledger.sources.hub_settings import HubSettings
+from loraledger.sources.source import Source, resolve
+
+
+def model_settings(args) -> HubSettings:
+    """The Hub settings a model or tokenizer download runs under (EngineArgs: download_*)."""
+    return HubSettings.from_env(
+        timeout=args.download_timeout, max_bytes=args.max_download_bytes, cache_dir=args.download_dir
+    )
+
+
+def adapter_settings(args) -> HubSettings:
+    """The Hub settings an adapter download runs under (EngineArgs: lora_download_timeout, max_lora_download_bytes)."""
+    return HubSettings.from_env(
+        timeout=args.lora_download_timeout, max_bytes=args.max_lora_download_bytes, cache_dir=args.download_dir
+    )
+
+
+def resolve_model(args) -> tuple[Source, Source | None]:
+    """The model's Source and the tokenizer's (None with skip_tokenizer_init; the model's own when it is the same
+    name at the same revision, so both are read from one commit). Blocks: run it off the event loop."""
+    model = resolve(str(args.model), revision=args.revision, kind=MODEL, settings=model_settings(args))
+    if args.skip_tokenizer_init:
+        return model, None
+    revision = args.tokenizer_revision_resolved
+    if args.tokenizer_path == str(args.model) and revision == args.revision:
+        return model, model
+    tokenizer = resolve(args.tokenizer_path, revision=revision, kind=TOKENIZER, settings=model_settings(args))
+    return model, tokenizer
+
+
+def instance_fields(model: Source, tokenizer: Source | None) -> dict[str, Any]:
+    """The `instances` columns that say where the engine's model and tokenizer came from."""
+    out: dict[str, Any] = {}
+    for what, source in (("model", model), ("tokenizer", tokenizer)):
+        out[what] = None if source is None else source.name
+        out[f"{what}_repo_id"] = None if source is None else source.repo_id
+        out[f"{what}_revision"] = None if source is None else source.revision
+        out[f"{what}_commit_sha"] = None if source is None else source.commit
+    return out
+
+
+def adapter_fields(source: Source | None, prefix: str = "") -> dict[str, Any]:
+    """An adapter's source as the `adapters` columns (prefix "") or the `requests` columns (prefix "adapter_")."""
+    return {
+        f"{prefix}repo_id": None if source is None else source.repo_id,
+        f"{prefix}revision": None if source is None else source.revision,
+        f"{prefix}commit_sha": None if source is None else source.commit,
+    }

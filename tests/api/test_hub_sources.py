@@ -1,0 +1,126 @@
+"""Models and adapters named by Hub repo ids, end to end through the engine, against tests/fake_hub.py: the outputs
+equal the same run from folders, and the commits read are on record, under the chain."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from loraledger import LLM, LoRARequest, SamplingParams
+from loraledger.audit import AuditLog
+from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.sources import HubNotFoundError, HubOfflineError
+from loraledger.store.audit_store import ADAPTERS, REQUESTS, AuditStore
+from loraledger.store.models import Instance
+from tests.api.conftest import random_prompts
+from tests.audit.tampering import tamper
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+PROMPTS = random_prompts(2, seed=7)
+
+
+def run(model: str, loras: list[LoRARequest | None], url: str | None, **extra) -> list[list[int]]:
+    with LLM(model=model, enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=url, **extra) as llm:
+        prompts = [{"prompt_token_ids": p} for p in PROMPTS for _ in loras]
+        outs = llm.generate(prompts, GREEDY, lora_request=[lora for _ in PROMPTS for lora in loras], use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def rows(url: str) -> dict[str, list]:
+    with AuditStore(url) as store, store.engine.connect() as conn:
+        return {
+            "adapters": conn.execute(select(ADAPTERS).order_by(ADAPTERS.c.first_seen)).all(),
+            "requests": conn.execute(select(REQUESTS).where(REQUESTS.c.lora_name.is_not(None))).all(),
+            "instances": conn.execute(select(Instance.__table__)).all(),
+        }
+
+
+@pytest.fixture
+def hub(fake_hub, tiny_llama):
+    fake_hub.model_sha = fake_hub.push("org/tiny", tiny_llama.model_dir)
+    fake_hub.adapter_sha = fake_hub.push("org/qv", tiny_llama.adapters["qv_r4"])
+    return fake_hub
+
+
+def test_hub_ids_run_as_the_folders_do_and_the_commits_are_on_record(hub, tiny_llama, tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    folders = run(str(tiny_llama.model_dir), [None, LoRARequest("qv", 1, str(tiny_llama.adapters["qv_r4"]))], None)
+    assert run("org/tiny", [None, LoRARequest("qv", 1, "org/qv")], url) == folders
+    log = rows(url)
+    (instance,) = log["instances"]
+    assert (instance.model, instance.model_repo_id, instance.model_revision, instance.model_commit_sha) == (
+        "org/tiny",
+        "org/tiny",
+        "main",
+        hub.model_sha,
+    )
+    assert (instance.tokenizer_repo_id, instance.tokenizer_commit_sha) == ("org/tiny", hub.model_sha)
+    (adapter,) = log["adapters"]
+    assert adapter.fingerprint == fingerprint_adapter(str(tiny_llama.adapters["qv_r4"]))  # the bytes loaded
+    assert (adapter.path, adapter.repo_id, adapter.revision, adapter.commit_sha) == (
+        "org/qv",
+        "org/qv",
+        "main",
+        hub.adapter_sha,
+    )
+    assert {(r.adapter_repo_id, r.adapter_revision, r.adapter_commit_sha) for r in log["requests"]} == {
+        ("org/qv", "main", hub.adapter_sha)
+    }
+
+    # offline, from the cache the first run filled: the same outputs, no request to the Hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    asked = hub.requests.total()
+    assert run("org/tiny", [None, LoRARequest("qv", 1, "org/qv")], url) == folders
+    assert hub.requests.total() == asked
+    with pytest.raises(HubOfflineError):
+        run("org/tiny", [LoRARequest("other", 2, "org/not-cached")], None)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    # a new commit on main with new weights: a new fingerprint and a new adapters row; the old one pinned by sha
+    new_sha = hub.push("org/qv", tiny_llama.adapters["all_r8"])
+    pinned = LoRARequest("qv-then", 2, f"org/qv@{hub.adapter_sha}")
+    run("org/tiny", [LoRARequest("qv", 1, "org/qv"), pinned], url)
+    log = rows(url)
+    assert [(a.commit_sha, a.revision) for a in log["adapters"]] == [(hub.adapter_sha, "main"), (new_sha, "main")]
+    assert log["adapters"][1].fingerprint == fingerprint_adapter(str(tiny_llama.adapters["all_r8"]))
+    by_commit = {(r.lora_path, r.adapter_revision, r.adapter_commit_sha) for r in log["requests"]}
+    assert (f"org/qv@{hub.adapter_sha}", hub.adapter_sha, hub.adapter_sha) in by_commit
+    assert ("org/qv", "main", new_sha) in by_commit
+    with AuditLog(url) as audit:
+        assert audit.verify().ok
+
+
+@pytest.mark.parametrize(
+    "table, column, key",
+    [
+        ("adapters", "commit_sha", "fingerprint"),
+        ("requests", "adapter_commit_sha", "request_id"),
+        ("instances", "model_commit_sha", "instance_id"),
+        ("adapters", "revision", "fingerprint"),
+    ],
+)
+def test_verify_finds_a_rewritten_commit(hub, tmp_path, table, column, key):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    run("org/tiny", [LoRARequest("qv", 1, "org/qv")], url)
+    tamper(url, f"UPDATE {table} SET {column} = :forged", forged="f" * 40)
+    with AuditLog(url) as audit:
+        result = audit.verify()
+    assert not result.ok
+    assert any(p.table == table and column in p.message for p in result.problems), result.problems
+
+
+def test_a_bad_repo_fails_its_request_and_the_engine_goes_on(hub, tiny_llama):
+    with LLM(model="org/tiny", enable_lora=True, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+        with pytest.raises(HubNotFoundError, match="org/missing"):
+            llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, lora_request=LoRARequest("x", 1, "org/missing"))
+        (out,) = llm.generate([{"prompt_token_ids": PROMPTS[0]}], GREEDY, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_a_model_revision_is_resolved_and_a_tokenizer_revision_follows_it(hub, tiny_llama, tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    tagged = hub.push("org/tiny", tiny_llama.model_dir, branch="v1")
+    run("org/tiny", [None], url, revision="v1")
+    (instance,) = rows(url)["instances"]
+    assert (instance.model_revision, instance.model_commit_sha) == ("v1", tagged)
+    assert (instance.tokenizer_revision, instance.tokenizer_commit_sha) == ("v1", tagged)
