@@ -3,11 +3,15 @@ equal the same run from folders, and the commits read are on record, under the c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import select
 
 from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger.audit import AuditLog
+from loraledger.audit.report import write_report
+from loraledger.cli import main
 from loraledger.gpu.lora_checkpoint import fingerprint_adapter
 from loraledger.sources import HubNotFoundError, HubOfflineError
 from loraledger.store.audit_store import ADAPTERS, REQUESTS, AuditStore
@@ -88,6 +92,30 @@ def test_hub_ids_run_as_the_folders_do_and_the_commits_are_on_record(hub, tiny_l
     assert ("org/qv", "main", new_sha) in by_commit
     with AuditLog(url) as audit:
         assert audit.verify().ok
+
+
+def test_audit_show_adapters_instances_and_report_name_the_commits(hub, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    run("org/tiny", [LoRARequest("qv", 1, "org/qv")], url)
+    request = rows(url)["requests"][0]
+    assert main(["audit", "show", request.request_id, "--url", url]) == 0
+    shown = capsys.readouterr().out
+    assert f"model         org/tiny @ main, commit {hub.model_sha}" in shown
+    assert f"adapter from  org/qv @ main, commit {hub.adapter_sha}" in shown
+    assert main(["audit", "adapters", "--url", url, "--format", "jsonl"]) == 0
+    (listed,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert (listed["repo_id"], listed["revision"], listed["commit_sha"]) == ("org/qv", "main", hub.adapter_sha)
+    assert main(["audit", "instances", "--url", url, "--format", "jsonl"]) == 0
+    (instance,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert instance["model_commit_sha"] == hub.model_sha
+    with AuditLog(url) as audit:
+        manifest = write_report(
+            audit, tmp_path / "bundle", since="2000-01-01", until="2100-01-01", fmt="jsonl", unsigned=True, progress=False
+        )
+    assert [m["model_commit_sha"] for m in manifest["sources"]["instances"]] == [hub.model_sha]
+    assert [a["commit_sha"] for a in manifest["sources"]["adapters"]] == [hub.adapter_sha]
+    exported = (tmp_path / "bundle" / "requests.jsonl").read_text().splitlines()
+    assert json.loads(exported[0])["adapter_commit_sha"] == hub.adapter_sha
 
 
 @pytest.mark.parametrize(
