@@ -76,6 +76,7 @@ class AdapterLoader:
         self._max_loras = max_loras
         self._base_fp = base_model_fingerprint
         self._hub_settings = hub_settings or _default_hub_settings
+        self._commits: dict[tuple[int, str], str] = {}  # (lora_int_id, lora_path) -> the Hub commit it was read at
         self._registry: dict[int, LoRARequest] = {}  # lora_int_id -> first LoRARequest seen
         self._names: dict[str, int] = {}
         self._cache: OrderedDict[int, LoraCheckpoint] = OrderedDict()  # host LRU, most recent last
@@ -199,7 +200,9 @@ class AdapterLoader:
     async def _read(self, lora: LoRARequest) -> LoraCheckpoint:
         started = time.perf_counter()
         try:
-            ckpt = await _in_worker(lambda: self._read_source(lora))
+            # read again after an eviction: the commit first resolved, unless the caller asked to reload it in place
+            earlier = None if lora.load_inplace else self._commits.get((lora.lora_int_id, lora.lora_path))
+            ckpt = await _in_worker(lambda: self._read_source(lora, earlier))
         except LoraLedgerError:
             raise
         except Exception as exc:  # an error load_lora_checkpoint does not type yet: still the adapter's problem
@@ -218,9 +221,9 @@ class AdapterLoader:
         )
         return ckpt
 
-    def _read_source(self, lora: LoRARequest) -> LoraCheckpoint:
+    def _read_source(self, lora: LoRARequest, earlier: str | None) -> LoraCheckpoint:
         """In a worker: lora_path resolved (a Hub repo id fetched, under its deadline and size limit), then read."""
-        source = resolve(lora.lora_path, kind=ADAPTER, settings=self._hub_settings())
+        source = resolve(lora.lora_path, kind=ADAPTER, settings=self._hub_settings(), at_commit=earlier)
         ckpt = load_lora_checkpoint(
             source.folder,
             lora_name=lora.lora_name,
@@ -232,6 +235,8 @@ class AdapterLoader:
 
     async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
         self._cache[lora.lora_int_id] = ckpt
+        if ckpt.source is not None and ckpt.source.commit is not None:
+            self._commits[(lora.lora_int_id, lora.lora_path)] = ckpt.source.commit
         self.stats.loads[lora.lora_name] += 1
         await self._evict_over_capacity()
         if self._audit is not None:
@@ -311,6 +316,7 @@ class AdapterLoader:
         if self._names.get(lora.lora_name) == int_id:
             del self._names[lora.lora_name]
         self._pinned.discard(int_id)
+        self._commits.pop((int_id, lora.lora_path), None)
         ckpt = self._cache.pop(int_id, None)
         if ckpt is not None:
             try:

@@ -51,12 +51,15 @@ def parse_pinned(name: str) -> tuple[str, str | None] | None:
     return repo, (revision if at else None)
 
 
-def resolve(name: str, *, revision: str | None = None, kind: str, settings: HubSettings) -> Source:
+def resolve(
+    name: str, *, revision: str | None = None, kind: str, settings: HubSettings, at_commit: str | None = None
+) -> Source:
     """The Source of `name`: the folder when it exists, else the Hub repo it names (downloaded, or from the cache
     offline), else the name as a folder (its reader reports it missing). Blocks: call it off the event loop.
 
     revision: the revision to resolve a repo id at (EngineArgs.revision / tokenizer_revision); a revision pinned in
-    the name (`org/name@rev`) must agree with it."""
+    the name (`org/name@rev`) must agree with it. at_commit: read that commit (the one an earlier load of the same
+    name resolved to), still recording the revision asked for: a branch that moved does not change what is served."""
     if Path(name).expanduser().exists():
         return Source.local(name)
     parsed = parse_pinned(name)
@@ -66,5 +69,5 @@ def resolve(name: str, *, revision: str | None = None, kind: str, settings: HubS
     if pinned is not None and revision is not None and pinned != revision:
         raise ConfigError(f"{name!r} pins revision {pinned!r} but revision={revision!r} was given too; give one")
     asked = pinned or revision or DEFAULT_REVISION
-    folder, commit = hub_fetch.fetch(repo_id, asked, kind, settings)
+    folder, commit = hub_fetch.fetch(repo_id, at_commit or asked, kind, settings)
     return Source(name=name, folder=str(folder), repo_id=repo_id, revision=asked, commit=commit)

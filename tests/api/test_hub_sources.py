@@ -110,7 +110,13 @@ def test_audit_show_adapters_instances_and_report_name_the_commits(hub, tmp_path
     assert instance["model_commit_sha"] == hub.model_sha
     with AuditLog(url) as audit:
         manifest = write_report(
-            audit, tmp_path / "bundle", since="2000-01-01", until="2100-01-01", fmt="jsonl", unsigned=True, progress=False
+            audit,
+            tmp_path / "bundle",
+            since="2000-01-01",
+            until="2100-01-01",
+            fmt="jsonl",
+            unsigned=True,
+            progress=False,
         )
     assert [m["model_commit_sha"] for m in manifest["sources"]["instances"]] == [hub.model_sha]
     assert [a["commit_sha"] for a in manifest["sources"]["adapters"]] == [hub.adapter_sha]
