@@ -158,3 +158,31 @@ def test_a_model_revision_is_resolved_and_a_tokenizer_revision_follows_it(hub, t
     (instance,) = rows(url)["instances"]
     assert (instance.model_revision, instance.model_commit_sha) == ("v1", tagged)
     assert (instance.tokenizer_revision, instance.tokenizer_commit_sha) == ("v1", tagged)
+
+
+def test_an_adapter_read_again_after_eviction_stays_at_its_commit_until_reloaded_in_place(hub, tiny_llama, tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    other = LoRARequest("other", 2, str(tiny_llama.adapters["ogd_r16_rslora"]))
+    qv = LoRARequest("qv", 1, "org/qv")
+    one = [{"prompt_token_ids": PROMPTS[0]}]
+    with LLM(model="org/tiny", enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=16, block_size=4,
+             audit_url=url) as llm:  # fmt: skip
+        llm.generate(one, GREEDY, lora_request=qv, use_tqdm=False)
+        new_sha = hub.push("org/qv", tiny_llama.adapters["all_r8"])  # main moves on
+        llm.generate(one, GREEDY, lora_request=other, use_tqdm=False)  # evicts qv from the host cache
+        llm.generate(one, GREEDY, lora_request=qv, use_tqdm=False)  # read again: the commit it was first read at
+        assert {r.adapter_commit_sha for r in rows(url)["requests"] if r.lora_name == "qv"} == {hub.adapter_sha}
+        reload = LoRARequest("qv", 1, "org/qv", load_inplace=True)
+        llm.generate(one, GREEDY, lora_request=reload, use_tqdm=False)
+    commits = [r.adapter_commit_sha for r in sorted(rows(url)["requests"], key=lambda r: r.received_at)]
+    assert [c for c in commits if c is not None] == [hub.adapter_sha, hub.adapter_sha, new_sha]
+
+
+def test_generate_cli_takes_hub_ids(hub, tiny_llama, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    argv = ["generate", "--model", "org/tiny", "--lora", f"qv=org/qv@{hub.adapter_sha}", "--prompt", "hello",
+            "--max-tokens", "2", "--max-lora-rank", "16", "--audit-url", url]  # fmt: skip
+    assert main(argv) == 0
+    assert fingerprint_adapter(str(tiny_llama.adapters["qv_r4"]))[:12] in capsys.readouterr().out
+    (adapter,) = rows(url)["adapters"]
+    assert (adapter.repo_id, adapter.revision, adapter.commit_sha) == ("org/qv", hub.adapter_sha, hub.adapter_sha)
