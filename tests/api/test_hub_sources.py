@@ -120,6 +120,7 @@ def test_audit_show_adapters_instances_and_report_name_the_commits(hub, tmp_path
         )
     assert [m["model_commit_sha"] for m in manifest["sources"]["instances"]] == [hub.model_sha]
     assert [a["commit_sha"] for a in manifest["sources"]["adapters"]] == [hub.adapter_sha]
+    assert f"org/qv @ main, commit {hub.adapter_sha}" in (tmp_path / "bundle" / "report.html").read_text()
     exported = (tmp_path / "bundle" / "requests.jsonl").read_text().splitlines()
     assert json.loads(exported[0])["adapter_commit_sha"] == hub.adapter_sha
 
