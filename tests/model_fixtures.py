@@ -11,6 +11,10 @@ and ``.config`` (our ModelConfig):
 - ``tiny_llama``: LlamaForCausalLM, hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA),
   head_dim 16, untied lm_head, vocab 512, max_position_embeddings 256.
 - ``tiny_qwen2``: Qwen2ForCausalLM, same sizes, q/k/v biases, tied embeddings.
+- ``tiny_gemma2`` / ``tiny_gemma3``: Gemma2ForCausalLM / Gemma3ForCausalLM from gemma-2-2b's and
+  gemma-3-1b's config.json with the sizes shrunk: (1 + w) norms (random w), sandwich norms, scaled
+  embedding, GELU-tanh MLP, a sliding-window layer and a global one (Gemma 3: each with its rope base),
+  query_pre_attn_scalar apart from head_dim, soft-capping (Gemma 2) at caps low enough to bind here.
 - ``tiny_qwen3``: Qwen3ForCausalLM, Qwen3-0.6B's config.json with the sizes shrunk: per-head q/k
   RMSNorm (random weights), head_dim 32 (not hidden / heads, as in the real model), tied embeddings.
 
@@ -69,6 +73,28 @@ QWEN3_CONFIG = dict(
     use_sliding_window=False,
 )
 
+# gemma-2-2b's and gemma-3-1b's config.json as published, less their sizes; the soft caps (50 and 30 in
+# gemma-2) are lowered to where the tiny model's scores and logits reach them, so that capping is tested
+GEMMA2_CONFIG = dict(
+    attn_logit_softcapping=2.0,
+    final_logit_softcapping=3.0,
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24,
+    rms_norm_eps=1e-6,
+    sliding_window=6,
+    tie_word_embeddings=True,
+    head_dim=32,
+)
+GEMMA3_CONFIG = dict(
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24,
+    rms_norm_eps=1e-6,
+    sliding_window=6,
+    layer_types=["sliding_attention", "full_attention"],
+    tie_word_embeddings=True,
+    head_dim=32,
+)
+
 # name -> (rank, alpha, target modules, use_rslora)
 TINY_ADAPTERS: dict[str, tuple[int, int, tuple[str, ...], bool]] = {
     "qv_r4": (4, 8, ("q_proj", "v_proj"), False),
@@ -95,6 +121,10 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
     """Make a tiny checkpoint with transformers and its adapters with peft, under `root`."""
     from peft import LoraConfig, get_peft_model
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         Qwen2Config,
@@ -133,6 +163,15 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif arch in ("gemma2", "gemma3"):
+        if arch == "gemma2":
+            model = Gemma2ForCausalLM(Gemma2Config(**{**common, **GEMMA2_CONFIG}))
+        else:
+            model = Gemma3ForCausalLM(Gemma3TextConfig(**{**common, **GEMMA3_CONFIG}))
+        with torch.no_grad():  # HF initialises Gemma's norm weights to zero, i.e. (1 + w) = 1: random ones test the offset
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.3)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}")
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -183,6 +222,16 @@ def with_chat_template(src: Path, dest: Path, template: str = CHAT_TEMPLATE) -> 
 def tiny_llama_chat(tiny_llama: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     model_dir = with_chat_template(tiny_llama.model_dir, tmp_path_factory.mktemp("tiny-llama-chat") / "model")
     return TinyModel(arch="llama", model_dir=model_dir, adapters=tiny_llama.adapters, config=tiny_llama.config)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma2"), "gemma2", seed=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", seed=5)
 
 
 @pytest.fixture(scope="session")
