@@ -168,7 +168,9 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
             model = Gemma2ForCausalLM(Gemma2Config(**{**common, **GEMMA2_CONFIG}))
         else:
             model = Gemma3ForCausalLM(Gemma3TextConfig(**{**common, **GEMMA3_CONFIG}))
-        with torch.no_grad():  # HF initialises Gemma's norm weights to zero, i.e. (1 + w) = 1: random ones test the offset
+        with (
+            torch.no_grad()
+        ):  # HF initialises Gemma's norm weights to zero, i.e. (1 + w) = 1: random ones test the offset
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.normal_(0.0, 0.3)
