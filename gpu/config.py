@@ -1,4 +1,4 @@
-"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3)."""
+"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3/4)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 _MODEL_TYPES = {"gemma3_text": "gemma3"}  # config.json model_type -> our name, where they differ
 _GEMMA = ("gemma2", "gemma3")
@@ -26,7 +27,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
-    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" | "gemma3"
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -58,6 +59,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (default: head_dim)
     hidden_act: str = "silu"
     local_rope_theta: float | None = None  # Gemma 3: the rope base of sliding-window layers
+    fused_projections: bool = False  # Phi-3: the checkpoint holds qkv_proj and gate_up_proj already fused
 
     def window(self, layer: int) -> int | None:
         """The attention window of one layer (None: the whole context)."""
@@ -143,6 +145,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             sliding = None
         sliding = int(sliding) if sliding else None
         layers = int(raw["num_hidden_layers"])
+        rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        partial = float(raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor") or 1.0)
+        if partial != 1.0:
+            raise ModelLoadError(
+                f"{source}: partial_rotary_factor {partial} (rotary on part of each head, as in Phi-4-mini) is not "
+                "supported; supported: rotary over the whole head"
+            )
         layer_windows = _layer_windows(raw, arch, layers, sliding, source)
         return cls(
             architecture=arch,
@@ -165,6 +174,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             layer_windows=layer_windows,
             qk_norm=arch in ("qwen3", "gemma3"),
+            fused_projections=arch == "phi3",
             **_gemma_fields(raw, arch, local_rope_theta, source),
         )
 

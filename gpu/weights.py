@@ -103,14 +103,17 @@ def load_weights(
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")]
+            fused_qkv = get(f"{p}self_attn.qkv_proj.weight") if config.fused_projections else None
             layers.append(
                 LayerWeights(
                     input_norm=norm(f"{p}input_layernorm.weight"),
-                    qkv=fused([f"{a}.weight" for a in attn]),
+                    qkv=fused([f"{a}.weight" for a in attn]) if fused_qkv is None else fused_qkv,
                     qkv_bias=fused([f"{a}.bias" for a in attn]) if config.attention_bias else None,
                     o=get(f"{p}self_attn.o_proj.weight"),
                     post_norm=norm(f"{p}post_attention_layernorm.weight"),
-                    gate_up=fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
+                    gate_up=get(f"{p}mlp.gate_up_proj.weight")
+                    if config.fused_projections
+                    else fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
                     down=get(f"{p}mlp.down_proj.weight"),
                     q_norm=norm(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=norm(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,

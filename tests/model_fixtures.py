@@ -95,6 +95,26 @@ GEMMA3_CONFIG = dict(
     head_dim=32,
 )
 
+# Phi-3-mini-4k-instruct's config.json as published, less its sizes
+PHI3_CONFIG = dict(
+    hidden_act="silu",
+    original_max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_scaling=None,
+    rope_theta=10000.0,
+    sliding_window=8,
+    tie_word_embeddings=False,
+)
+
+# Phi-3's checkpoints hold q/k/v and gate/up fused, so its adapters target the fused modules
+PHI3_TARGETS = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
+
 # name -> (rank, alpha, target modules, use_rslora)
 TINY_ADAPTERS: dict[str, tuple[int, int, tuple[str, ...], bool]] = {
     "qv_r4": (4, 8, ("q_proj", "v_proj"), False),
@@ -127,6 +147,8 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
         Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -163,6 +185,8 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif arch == "phi3":
+        model = Phi3ForCausalLM(Phi3Config(**{**common, **PHI3_CONFIG}))
     elif arch in ("gemma2", "gemma3"):
         if arch == "gemma2":
             model = Gemma2ForCausalLM(Gemma2Config(**{**common, **GEMMA2_CONFIG}))
@@ -183,7 +207,7 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
         lora = LoraConfig(
             r=rank,
             lora_alpha=alpha,
-            target_modules=list(targets),
+            target_modules=sorted({PHI3_TARGETS.get(t, t) for t in targets}) if arch == "phi3" else list(targets),
             use_rslora=rslora,
             init_lora_weights=False,
             lora_dropout=0.0,
@@ -234,6 +258,11 @@ def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 @pytest.fixture(scope="session")
 def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-phi3"), "phi3", seed=6)
 
 
 @pytest.fixture(scope="session")

@@ -98,3 +98,23 @@ def test_an_activation_we_do_not_run_is_refused():
     }
     with pytest.raises(ModelLoadError, match="supported: silu"):
         ModelConfig.from_dict(llama)
+
+
+def test_phi3_base_model_equals_transformers(tiny_phi3):
+    from loraledger import LLM, SamplingParams
+    from tests.api.conftest import random_prompts
+    from tests.model_fixtures import hf_reference_generate
+
+    prompts = random_prompts(3, seed=4)
+    ref = hf_reference_generate(tiny_phi3.model_dir, {}, prompts, [None] * 3, 8, mixed=False)
+    with LLM(model=str(tiny_phi3.model_dir), dtype="float32", block_size=4, audit_url=None) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
+    assert [o.outputs[0].token_ids for o in outs] == ref.token_ids
+
+
+def test_partial_rotary_is_refused():
+    raw = dict(GEMMA2_2B, architectures=["Phi3ForCausalLM"], hidden_activation=None, partial_rotary_factor=0.75)
+    with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
+        ModelConfig.from_dict(raw)
