@@ -1,4 +1,4 @@
-"""Tests for gpu/lora_checkpoint.py: real PEFT adapters on a tiny Llama, the fingerprint, every typed error."""
+"""Tests for loraledger/lora/checkpoint_reader.py: real PEFT adapters on a tiny Llama, the fingerprint, every typed error."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from loraledger.errors import (
     AdapterUnsupportedError,
 )
 from loraledger.gpu.config import ModelConfig
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter, load_lora_checkpoint
+from loraledger.lora.checkpoint_reader import fingerprint_adapter, load_lora_checkpoint
 
 TINY = dict(
     hidden_size=32,
@@ -138,7 +138,7 @@ def test_weights_equal_peft_state_dict(adapter, model_config):
 
 
 def test_slots_get_each_b_times_the_scale_rounded_once_from_the_views(model_config, tmp_path):
-    from loraledger.gpu.lora_slots import LoraSlots
+    from loraledger.lora.device_slots import LoraSlots
 
     # r=4 below max_lora_rank=8, so the B views are strided; scale 7/4 rounds in bf16
     folder, state = _save_adapter(tmp_path / "a7", lora_alpha=7)
