@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from loraledger.actors.failures import request_error
@@ -75,7 +75,7 @@ class AdapterLoader:
         self._registry = AdapterRegistry()
         self._cache = HostCache(max_cpu_loras, max_pinned=max_loras)
         self._loading: dict[int, list[MemoryObjectSendStream]] = {}  # lora_int_id -> who waits for its load
-        self._tg = None
+        self._tg: TaskGroup | None = None  # the loads' and pins' tasks, while run() lasts
         self.stats = AdapterLoaderStats()
         self._log = get_logger("adapter_loader")
 
@@ -87,9 +87,8 @@ class AdapterLoader:
                     break
                 try:
                     await self._handle(msg)
-                except (
-                    Exception
-                ) as exc:  # the failure boundary: this message's asker gets the error, the loader goes on
+                # the failure boundary: this message's asker gets the error, the loader goes on
+                except Exception as exc:
                     self._log.exception("message not handled", kind=type(msg).__name__)
                     await self._answer_error(msg, exc)
             self._tg.cancel_scope.cancel()

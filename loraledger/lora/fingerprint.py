@@ -21,7 +21,8 @@ Every field is length-prefixed and every tensor contributes exactly four frames,
 byte stream parses back to one input only: two different adapters cannot collide by
 concatenation. Any changed byte of a config value or of a tensor changes the fingerprint;
 the safetensors header layout (its order, padding, metadata) does not. ``adapter_fingerprint``
-is the one place it is computed: a load and the cheap re-check crash recovery uses both call it.
+is the one place it is computed: ``load_lora_checkpoint`` and ``fingerprint_adapter`` (a folder's
+fingerprint without loading it, loraledger.lora.checkpoint_reader) both call it.
 """
 
 from __future__ import annotations
