@@ -18,10 +18,10 @@ from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.dense import Dense, prepack_supported
 from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
-from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.rotary import build_cos_sin_cache
 from loraledger.gpu.weights import ModelWeights
+from loraledger.lora.device_slots import LoraSlots
 
 
 @dataclass
