@@ -12,7 +12,7 @@ from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger.audit import AuditLog
 from loraledger.audit.report import write_report
 from loraledger.cli import main
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from loraledger.sources import HubNotFoundError, HubOfflineError
 from loraledger.store.audit_store import ADAPTERS, REQUESTS, AuditStore
 from loraledger.store.models import Instance

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 from loraledger import AsyncEngine, EngineArgs, RequestOutput, SamplingParams
 from loraledger.audit import AuditLog
 from loraledger.audit_ids import new_audit_id
-from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store import process_identity
 from loraledger.store.audit_store import EVENTS, AuditStore
