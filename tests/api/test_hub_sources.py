@@ -187,3 +187,16 @@ def test_generate_cli_takes_hub_ids(hub, tiny_llama, tmp_path, capsys):
     assert fingerprint_adapter(str(tiny_llama.adapters["qv_r4"]))[:12] in capsys.readouterr().out
     (adapter,) = rows(url)["adapters"]
     assert (adapter.repo_id, adapter.revision, adapter.commit_sha) == ("org/qv", hub.adapter_sha, hub.adapter_sha)
+
+
+def test_a_tokenizer_from_its_own_repo_and_download_dir(hub, tiny_llama, tmp_path):
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    tokenizer_files = {p.name: p.read_bytes() for p in tiny_llama.model_dir.iterdir() if p.name.startswith("tokenizer")}
+    tok_sha = hub.push("org/tok", tokenizer_files, branch="v2")
+    cache = tmp_path / "downloads"
+    run("org/tiny", [None], url, tokenizer="org/tok", tokenizer_revision="v2", download_dir=str(cache))
+    (instance,) = rows(url)["instances"]
+    assert (instance.tokenizer, instance.tokenizer_repo_id, instance.tokenizer_revision) == ("org/tok", "org/tok", "v2")
+    assert instance.tokenizer_commit_sha == tok_sha and instance.model_revision == "main"
+    assert (cache / "models--org--tok" / "snapshots" / tok_sha / "tokenizer.json").is_file()
+    assert (cache / "models--org--tiny" / "refs" / "main").read_text() == hub.model_sha
