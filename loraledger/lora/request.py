@@ -52,7 +52,9 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
                 f"LoRARequest.lora_int_id must be an integer in [1, 2**63), got {_shown(self.lora_int_id)}"
             )
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise LoRARequestError("LoRARequest.lora_path must name the adapter folder or Hub repo id (a non-empty string)")
+            raise LoRARequestError(
+                "LoRARequest.lora_path must name the adapter folder or Hub repo id (a non-empty string)"
+            )
         storable_text(
             self.lora_path, "LoRARequest.lora_path", LoRARequestError, max_chars=MAX_PATH_CHARS, allow_nul=False
         )
