@@ -5,7 +5,7 @@ bytes, or a folder whose top-level files are read) and moves the branch to it. R
 GET /api/models/{repo}[/revision/{rev}] (model info with the commit sha and the file listing, sizes
 included) and HEAD/GET /{repo}/resolve/{rev}/{file} (X-Repo-Commit, ETag, the bytes). A repo may be
 private (`token=`: other callers get 401 as the Hub answers them), gated (401 GatedRepo), or hung
-(`hang=True`: downloads stall until the test ends). `requests` counts what was asked, by kind.
+(`hang=True`: downloads stall until the test ends), or list every file as 1 byte (`understate=True`). `requests` counts what was asked, by kind.
 
 Fixture `fake_hub` (function scope): a running FakeHub with HF_ENDPOINT pointed at it, HF_HOME and
 HF_HUB_CACHE under tmp, HF_HUB_OFFLINE and HF_TOKEN unset.
@@ -32,6 +32,7 @@ class FakeRepo:
     token: str | None = None
     gated: bool = False
     hang: bool = False
+    understate: bool = False  # the listing gives every file as 1 byte (a Hub that lies about sizes)
     order: int = 0
 
 
@@ -127,7 +128,11 @@ def _handler(hub: FakeHub):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
                 return
             siblings = [
-                {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
+                {
+                    "rfilename": name,
+                    "size": 1 if repo.understate else len(data),
+                    "blobId": hashlib.sha1(data).hexdigest(),
+                }
                 for name, data in sorted(repo.commits[sha].items())
             ]
             body = {"id": repo_id, "modelId": repo_id, "sha": sha, "private": repo.token is not None,

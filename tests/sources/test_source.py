@@ -114,6 +114,13 @@ def test_size_limit_is_checked_before_downloading(fake_hub, tiny_llama):
     assert not (repo_folder(settings().cache_dir, "org/a") / "refs" / "main").exists()
 
 
+def test_bytes_beyond_the_limit_stop_a_download_whatever_the_listing_said(fake_hub, tiny_llama):
+    fake_hub.push("org/a", tiny_llama.adapters["all_r8"], understate=True)
+    with pytest.raises(HubTooLargeError, match="sent more than the limit"):
+        resolve("org/a", kind="adapter", settings=settings(max_bytes=4096))
+    assert not (repo_folder(settings().cache_dir, "org/a") / "refs" / "main").exists()
+
+
 def test_a_hung_download_hits_the_deadline(fake_hub, tiny_llama):
     fake_hub.push("org/slow", tiny_llama.adapters["qv_r4"], hang=True)
     started = time.monotonic()
