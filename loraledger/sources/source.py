@@ -35,10 +35,11 @@ class Source(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def local(cls, name: str) -> Source:
         """A local folder (a snapshot folder of a Hub cache names its repo and commit)."""
-        origin = hub_cache.snapshot_origin(Path(name).expanduser())
+        folder = str(Path(name).expanduser())
+        origin = hub_cache.snapshot_origin(Path(folder))
         if origin is None:
-            return cls(name=name, folder=name)
-        return cls(name=name, folder=name, repo_id=origin[0], commit=origin[1])
+            return cls(name=name, folder=folder)
+        return cls(name=name, folder=folder, repo_id=origin[0], commit=origin[1])
 
 
 def parse_pinned(name: str) -> tuple[str, str | None] | None:
