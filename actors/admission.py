@@ -35,6 +35,7 @@ from loraledger.actors.messages import (
 from loraledger.actors.tokenize import bad_words_token_ids, tokenize
 from loraledger.errors import (
     AdapterChangedError,
+    AdapterUnsupportedError,
     DuplicateRequestError,
     EngineDeadError,
     LoRADisabledError,
@@ -43,7 +44,7 @@ from loraledger.errors import (
     PromptTooLongError,
 )
 from loraledger.logging import get_logger, request_logger
-from loraledger.sources.engine_sources import adapter_fields
+from loraledger.sources.engine_sources import adapter_fields, ships_own_tokenizer, tokenizer_lora
 from loraledger.store.canonical import digest
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.structured_outputs import canonical_constraint
@@ -173,13 +174,6 @@ class Admission:
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
         bound = False
         try:
-            tokenizer = await self._tokenizer_for(lora)
-            prompt_ids = await self._prompt_token_ids(msg, tokenizer)
-            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
-            # checked and hashed once here (a schema may be 256 KiB of text): the grammar and the binding both use it
-            so = msg.params.structured_outputs
-            constraint = None if so is None else canonical_constraint(so)
-            grammar = await self._grammar_for(constraint, tokenizer)
             ckpt = None
             if lora is not None:
                 if not self._enable_lora:
@@ -190,6 +184,22 @@ class Admission:
                 resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
                 if msg.resume:
                     lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
+            # after the adapter: a Hub adapter's tokenizer files are in the snapshot its load fetched
+            if msg.chat_template_sha256 is not None and ships_own_tokenizer(ckpt):
+                raise AdapterUnsupportedError(
+                    "chat with a Hub adapter that ships its own tokenizer or chat template is not supported yet (the "
+                    "conversation was rendered with the model's template); download it (`hf download`) and give its "
+                    "folder as lora_path, or send the rendered prompt to generate",
+                    lora_name=lora.lora_name,
+                    lora_path=lora.lora_path,
+                )
+            tokenizer = await self._tokenizer_for(tokenizer_lora(lora, ckpt))
+            prompt_ids = await self._prompt_token_ids(msg, tokenizer)
+            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
+            # checked and hashed once here (a schema may be 256 KiB of text): the grammar and the binding both use it
+            so = msg.params.structured_outputs
+            constraint = None if so is None else canonical_constraint(so)
+            grammar = await self._grammar_for(constraint, tokenizer)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
             if msg.resume:
                 await self._record_resume(msg, fingerprint)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from loraledger.sources.fileset import MODEL, TOKENIZER
@@ -54,3 +55,27 @@ def adapter_fields(source: Source | None, prefix: str = "") -> dict[str, Any]:
         f"{prefix}revision": None if source is None else source.revision,
         f"{prefix}commit_sha": None if source is None else source.commit,
     }
+
+
+def tokenizer_lora(lora, ckpt):
+    """The LoRARequest a TokenizerGroup reads an adapter's own tokenizer files through: for an adapter read from a
+    Hub snapshot, the snapshot's folder (so a new commit is a new tokenizer too); otherwise the request's own."""
+    source = getattr(ckpt, "source", None)
+    if lora is None or source is None or source.folder == lora.lora_path:
+        return lora
+    from loraledger.lora.request import LoRARequest
+
+    return LoRARequest(lora.lora_name, lora.lora_int_id, source.folder)
+
+
+def ships_own_tokenizer(ckpt) -> bool:
+    """Whether an adapter read from a Hub snapshot carries tokenizer files or a chat template of its own. A chat
+    conversation is rendered before its adapter is fetched, with the model's template: such an adapter cannot be
+    chatted with yet (its plain prompts are tokenized with its own tokenizer, after the fetch)."""
+    from loraledger.tokenizer_group import CHAT_TEMPLATE_FILES, TOKENIZER_FILES
+
+    source = getattr(ckpt, "source", None)
+    if source is None or source.repo_id is None or source.folder == ckpt.path:
+        return False
+    folder = Path(source.folder)
+    return any((folder / name).is_file() for name in (*TOKENIZER_FILES, *CHAT_TEMPLATE_FILES))

@@ -4,6 +4,7 @@ equal the same run from folders, and the commits read are on record, under the c
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from sqlalchemy import select
@@ -200,3 +201,24 @@ def test_a_tokenizer_from_its_own_repo_and_download_dir(hub, tiny_llama, tmp_pat
     assert instance.tokenizer_commit_sha == tok_sha and instance.model_revision == "main"
     assert (cache / "models--org--tok" / "snapshots" / tok_sha / "tokenizer.json").is_file()
     assert (cache / "models--org--tiny" / "refs" / "main").read_text() == hub.model_sha
+
+
+def test_a_hub_adapters_own_tokenizer_tokenizes_its_prompts_and_chat_with_it_is_refused(hub, tiny_llama, tmp_path):
+    from transformers import AutoTokenizer
+
+    from loraledger.errors import AdapterUnsupportedError
+    from tests.api.test_chat import _swapped_tokenizer
+
+    folder = tmp_path / "own"
+    shutil.copytree(tiny_llama.adapters["all_r8"], folder)
+    _swapped_tokenizer(tiny_llama.model_dir, folder)
+    hub.push("org/own", folder)
+    text = "The cat and the dog sleep in the warm sun"
+    own_ids = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
+    lora = LoRARequest("own", 1, "org/own")
+    with LLM(model="org/tiny", enable_lora=True, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+        (out,) = llm.generate(text, GREEDY, lora_request=lora, use_tqdm=False)
+        assert out.prompt_token_ids == own_ids
+        with pytest.raises(AdapterUnsupportedError, match="chat with a Hub adapter"):
+            chat = [{"role": "user", "content": "hi"}]
+            llm.chat(chat, GREEDY, lora_request=lora, chat_template="{{ messages[0]['content'] }}", use_tqdm=False)
