@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -55,6 +54,7 @@ from pathlib import Path
 
 import torch
 
+from loraledger.digests import adapter_fingerprint
 from loraledger.errors import (
     AdapterFormatError,
     AdapterNotFoundError,
@@ -69,7 +69,6 @@ from loraledger.store.records import AdapterRecord
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
-FINGERPRINT_TAG = b"loraledger-adapter-fingerprint/v1"
 
 # safetensors dtype string -> (torch dtype, bytes per element); others are refused on load
 _DTYPES = {
@@ -164,7 +163,7 @@ def fingerprint_adapter(path: str) -> str:
     config = _parse_config(_read_config(config_path, err), err)
     with _open_weights(weights_path, err) as f:
         raw = _read_tensors(f, _read_header(f, err), err)
-    return _fingerprint(config, raw)
+    return adapter_fingerprint(config, raw)
 
 
 def load_lora_checkpoint(
@@ -188,7 +187,7 @@ def load_lora_checkpoint(
         entries = _read_header(f, err)
         _check_tensors(_group_tensors(entries, err), patterns.rank_of(rank), declared, model_config, max_lora_rank, err)
         raw = _read_tensors(f, entries, err)
-    fingerprint = _fingerprint(config, raw)
+    fingerprint = adapter_fingerprint(config, raw)
     pairs = _group_tensors(raw, err)
     weights = _build_weights(pairs, err)
 
@@ -392,23 +391,6 @@ def _parse_config(data: bytes, err: _Errors) -> dict:
             f"{CONFIG_FILE} must hold a JSON object, got {type(config).__name__}; re-save the adapter",
         )
     return config
-
-
-def _frame(h: hashlib._Hash, data: bytes | memoryview) -> None:
-    h.update(len(data).to_bytes(8, "big"))
-    h.update(data)
-
-
-def _fingerprint(config: dict, tensors: list[_RawTensor]) -> str:
-    h = hashlib.sha256()
-    _frame(h, FINGERPRINT_TAG)
-    _frame(h, json.dumps(config, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-    for t in tensors:  # already sorted by name
-        _frame(h, t.name.encode("utf-8"))
-        _frame(h, t.dtype.encode("ascii", "backslashreplace"))
-        _frame(h, json.dumps(list(t.shape), separators=(",", ":")).encode("ascii"))
-        _frame(h, t.data)
-    return h.hexdigest()
 
 
 # ---- validation -----------------------------------------------------------------------------
