@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -26,7 +26,7 @@ JOINED_KINDS = (EventKind.REQUEST_ADMITTED, *ENDING_KINDS)
 
 
 class Tables:
-    """The four audit tables, read untyped and decoded column by column."""
+    """The audit tables, read untyped and decoded column by column."""
 
     def __init__(self, dialect: Dialect):
         self.adapters = RawTable(A, dialect)
@@ -62,7 +62,7 @@ def _rows_of_event(completions: RowStream, seq: int) -> Iterator[Row[Any]]:
             yield row
 
 
-def _safe_digest(compute: Any, value: Any) -> str | None:
+def _safe_digest(compute: Callable[[Any], str], value: Any) -> str | None:
     try:
         return compute(value)
     except (TypeError, ValueError):  # e.g. NaN read back from a JSON column: no canonical form
