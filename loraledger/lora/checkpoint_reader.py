@@ -22,11 +22,11 @@ import dataclasses
 import types
 from pathlib import Path
 
+from loraledger.digests import adapter_fingerprint
 from loraledger.gpu.config import LORA_TARGETS, ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import adapter_files, open_weights, read_config
 from loraledger.lora.checkpoint import LoraCheckpoint
-from loraledger.digests import adapter_fingerprint
 from loraledger.lora.peft_config import check_supported, parse_config, patterns, rank_and_alpha, rank_error, scale_of
 from loraledger.lora.peft_targets import declared_targets
 from loraledger.lora.peft_tensors import build_weights, check_finite, check_tensors, group_tensors
