@@ -63,10 +63,17 @@ def load_lora_checkpoint(
     declared = declared_targets(config, model_config, err)
     with open_weights(weights_path, err) as f:
         entries = read_header(f, err)
-        check_tensors(group_tensors(entries, err), per_module.rank_of(rank), declared, model_config, max_lora_rank, err)
+        check_tensors(
+            group_tensors(entries, err, model_config),
+            per_module.rank_of(rank),
+            declared,
+            model_config,
+            max_lora_rank,
+            err,
+        )
         raw = read_tensors(f, entries, err)
     fingerprint = adapter_fingerprint(config, raw)
-    pairs = group_tensors(raw, err)
+    pairs = group_tensors(raw, err, model_config)
     weights = build_weights(pairs, err)
 
     scale = scale_of(rank, alpha, use_rslora)
