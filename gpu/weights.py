@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -12,13 +11,13 @@ import torch
 from safetensors import safe_open
 
 from loraledger import paths
+from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError
 from loraledger.gpu.config import ModelConfig
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
 _FINGERPRINT_CACHE = "model_fingerprints.json"
-_HASH_CHUNK = 8 << 20
 
 
 @dataclass
@@ -208,7 +207,7 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
 
 
 def model_fingerprint(model_dir: str | Path, *, cache_dir: str | Path | None = None) -> str:
-    """sha256 over the canonical config.json and every weight file's name and bytes (files in name order).
+    """sha256 over the canonical config.json and every weight file's name and bytes (files in name order; DIGESTS.md).
 
     The result is cached in loraledger's cache folder (loraledger.paths; never in the model folder), keyed by the folder's
     absolute path and each file's size and mtime, so a large model is hashed once, not at every start.
@@ -235,14 +234,7 @@ def _hash_model(config_path: Path, weight_paths: list[Path]) -> str:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{config_path} is not valid JSON: {exc}") from exc
-    digest = hashlib.sha256()
-    digest.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
-    for path in sorted(weight_paths, key=lambda p: p.name):
-        digest.update(b"\0" + path.name.encode() + b"\0")
-        with path.open("rb") as fh:
-            while chunk := fh.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return base_model_fingerprint(config, weight_paths)
 
 
 def _read_cache(path: Path) -> dict:

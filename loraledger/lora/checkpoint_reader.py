@@ -7,7 +7,7 @@ JSON object at the start of the file) is read and every tensor's name, dtype, sh
 range is checked against the base model and ``max_lora_rank``, and the file's size against the
 header (its data section must be exactly the tensors' bytes, as the format requires), before a
 single tensor byte is read. Only then are the tensors read, each ONCE, into memory; the
-fingerprint (loraledger.lora.fingerprint) and the weights both come from that one snapshot, so
+fingerprint (loraledger.digests.adapter_fingerprint) and the weights both come from that one snapshot, so
 the weights an engine applies are exactly the bytes the fingerprint names, even if the folder
 changes meanwhile. A file of any size with a header that does not fit the base model is refused
 after reading its header.
@@ -22,11 +22,11 @@ import dataclasses
 import types
 from pathlib import Path
 
+from loraledger.digests import adapter_fingerprint
 from loraledger.gpu.config import LORA_TARGETS, ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import adapter_files, open_weights, read_config
 from loraledger.lora.checkpoint import LoraCheckpoint
-from loraledger.lora.fingerprint import adapter_fingerprint
 from loraledger.lora.peft_config import check_supported, parse_config, patterns, rank_and_alpha, rank_error, scale_of
 from loraledger.lora.peft_targets import declared_targets
 from loraledger.lora.peft_tensors import build_weights, check_finite, check_tensors, group_tensors
@@ -35,7 +35,7 @@ from loraledger.lora.slot_stacks import stack_for_slots
 
 
 def fingerprint_adapter(path: str) -> str:
-    """The adapter folder's fingerprint (loraledger.lora.fingerprint); no validation beyond readability."""
+    """The adapter folder's fingerprint (loraledger.digests.adapter_fingerprint); no validation beyond readability."""
     err = AdapterErrors(None, path)
     config_path, weights_path = adapter_files(Path(path), err)
     config = parse_config(read_config(config_path, err), err)
@@ -63,10 +63,17 @@ def load_lora_checkpoint(
     declared = declared_targets(config, model_config, err)
     with open_weights(weights_path, err) as f:
         entries = read_header(f, err)
-        check_tensors(group_tensors(entries, err), per_module.rank_of(rank), declared, model_config, max_lora_rank, err)
+        check_tensors(
+            group_tensors(entries, err, model_config),
+            per_module.rank_of(rank),
+            declared,
+            model_config,
+            max_lora_rank,
+            err,
+        )
         raw = read_tensors(f, entries, err)
     fingerprint = adapter_fingerprint(config, raw)
-    pairs = group_tensors(raw, err)
+    pairs = group_tensors(raw, err, model_config)
     weights = build_weights(pairs, err)
 
     scale = scale_of(rank, alpha, use_rslora)

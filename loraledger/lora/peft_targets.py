@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 from loraledger.errors import AdapterFormatError, AdapterTargetError
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.config import ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import CONFIG_FILE
-from loraledger.lora.peft_names import candidate_modules
+from loraledger.lora.peft_names import candidate_modules, peft_modules, split_names
 
 
 def declared_targets(config: dict, model_config: ModelConfig, err: AdapterErrors) -> set[str] | None:
@@ -17,7 +17,7 @@ def declared_targets(config: dict, model_config: ModelConfig, err: AdapterErrors
     if targets is None:
         return None
     if isinstance(targets, str) and targets.lower() == "all-linear":
-        targets = list(LORA_TARGETS)  # PEFT's shorthand: every linear layer except the output layer
+        targets = list(peft_modules(model_config))  # PEFT's shorthand: every linear layer except the output layer
     valid = isinstance(targets, str) or (isinstance(targets, list) and all(isinstance(t, str) for t in targets))
     valid_ex = (
         exclude is None
@@ -39,20 +39,21 @@ def declared_targets(config: dict, model_config: ModelConfig, err: AdapterErrors
         ) from exc
     if not isinstance(targets, str):  # PEFT applies layers_to_transform to a list of targets only
         declared = {k for k in declared if in_transformed_layers(config, k, err)}
-    bad = sorted({k.rsplit(".", 1)[-1] for k in declared} - set(LORA_TARGETS))
+    supported = peft_modules(model_config)
+    bad = sorted({k.rsplit(".", 1)[-1] for k in declared} - set(supported))
     if bad:
         raise err(
             AdapterTargetError,
             f"target_modules {targets!r} selects {', '.join(bad)}, which LoRA cannot be applied to here; "
-            f"supported targets: {', '.join(LORA_TARGETS)}. Retrain without them",
+            f"supported targets: {', '.join(supported)}. Retrain without them",
         )
     if not declared:
         raise err(
             AdapterTargetError,
             f"target_modules {targets!r} matches no module of this {model_config.architecture} base model; "
-            f"supported targets: {', '.join(LORA_TARGETS)}. Is the adapter for another base model?",
+            f"supported targets: {', '.join(supported)}. Is the adapter for another base model?",
         )
-    return declared
+    return split_names(declared)
 
 
 def matches(pattern: object, key: str) -> bool:

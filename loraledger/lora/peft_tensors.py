@@ -11,15 +11,16 @@ from loraledger.gpu.config import LORA_TARGETS, ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import WEIGHTS_FILE
 from loraledger.lora.peft_config import rank_error
-from loraledger.lora.peft_names import BLOCK_OF, TENSOR_NAME, module_name
-from loraledger.lora.safetensors_header import RawTensor, check_dtype_and_size, to_fp32
+from loraledger.lora.peft_names import BLOCK_OF, FUSED_SPLITS, TENSOR_NAME, module_name
+from loraledger.lora.safetensors_header import DTYPES, RawTensor, check_dtype_and_size, to_fp32
 from loraledger.lora.slot_stacks import SlotStacks
 
 Pairs = dict[tuple[int, str], dict[str, RawTensor]]  # (layer, module) -> {"lora_A": tensor, "lora_B": tensor}
 
 
-def group_tensors(raw: list[RawTensor], err: AdapterErrors) -> Pairs:
-    """(layer, module) -> {"lora_A": tensor, "lora_B": tensor} from the PEFT tensor names."""
+def group_tensors(raw: list[RawTensor], err: AdapterErrors, model_config: ModelConfig | None = None) -> Pairs:
+    """(layer, module) -> {"lora_A": tensor, "lora_B": tensor} from the PEFT tensor names; a fused module's pair
+    (Phi-3's qkv_proj, gate_up_proj) becomes its parts' pairs when `model_config` is given."""
     if not raw:
         raise err(AdapterFormatError, f"{WEIGHTS_FILE} holds no tensors; re-save the adapter")
     _refuse_non_lora(raw, err)
@@ -53,7 +54,47 @@ def group_tensors(raw: list[RawTensor], err: AdapterErrors) -> Pairs:
             AdapterFormatError,
             f"{WEIGHTS_FILE} mixes adapter names {sorted(map(str, adapter_names))}; save one adapter per folder",
         )
-    return pairs
+    return pairs if model_config is None else _split_fused(pairs, model_config, err)
+
+
+def _split_fused(pairs: Pairs, model_config: ModelConfig, err: AdapterErrors) -> Pairs:
+    """Each fused module's A/B pair as its parts' pairs: A shared, B's rows split (views of the same bytes)."""
+    fused = sorted({module for _, module in pairs if module in FUSED_SPLITS})
+    if fused and not model_config.fused_projections:
+        raise err(
+            AdapterTargetError,
+            f"the adapter targets {', '.join(fused)}, fused modules of Phi-3 checkpoints; this "
+            f"{model_config.architecture} base model has {', '.join(p for f in fused for p in FUSED_SPLITS[f])} "
+            "apart. Is the adapter for another base model?",
+        )
+    if not fused:
+        return pairs
+    shapes = model_config.module_shapes()
+    out: Pairs = {}
+    for (layer, module), slot in pairs.items():
+        if module not in FUSED_SPLITS:
+            out[(layer, module)] = slot
+            continue
+        parts = FUSED_SPLITS[module]
+        b = slot.get("lora_B")
+        rows = [shapes[p][1] for p in parts]
+        if b is None or len(b.shape) != 2 or b.shape[0] != sum(rows) or b.dtype not in DTYPES:
+            shape = None if b is None else list(b.shape)
+            raise err(
+                AdapterShapeError,
+                f"layer {layer} {module}: lora_B is {shape}, the base model needs [{sum(rows)}, r]; "
+                "the adapter was probably trained for a different base model",
+            )
+        row_bytes = b.shape[1] * DTYPES[b.dtype][1]
+        start = 0
+        for part, n in zip(parts, rows):
+            lo, hi = start * row_bytes, (start + n) * row_bytes
+            part_b = RawTensor(
+                b.name, b.dtype, (n, b.shape[1]), b.begin + lo, b.begin + hi, None if b.data is None else b.data[lo:hi]
+            )
+            out[(layer, part)] = {**slot, "lora_B": part_b}
+            start += n
+    return out
 
 
 def _refuse_non_lora(raw: list[RawTensor], err: AdapterErrors) -> None:
@@ -69,7 +110,7 @@ def _refuse_non_lora(raw: list[RawTensor], err: AdapterErrors) -> None:
                 AdapterUnsupportedError,
                 f"tensor {t.name!r} is a DoRA magnitude vector; DoRA is not supported yet, use a plain LoRA adapter",
             )
-        elif lora_at == 0 or parts[lora_at - 1] not in LORA_TARGETS:
+        elif lora_at == 0 or parts[lora_at - 1] not in (*LORA_TARGETS, *FUSED_SPLITS):
             unsupported.add(".".join(parts[:lora_at]) or t.name)
     if unsupported:
         raise err(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from loraledger.errors import ModelLoadError
 from loraledger.gpu.config import ModelConfig
@@ -118,3 +119,45 @@ def test_partial_rotary_is_refused():
     raw = dict(GEMMA2_2B, architectures=["Phi3ForCausalLM"], hidden_activation=None, partial_rotary_factor=0.75)
     with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
         ModelConfig.from_dict(raw)
+
+
+def test_a_fused_module_adapter_on_a_split_base_is_refused(tiny_phi3, tiny_llama):
+    from loraledger.errors import AdapterTargetError
+    from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+
+    # the Phi-3 adapter on all modules targets qkv_proj and gate_up_proj, which Llama holds apart
+    with pytest.raises(AdapterTargetError, match="qkv_proj"):
+        load_lora_checkpoint(
+            str(tiny_phi3.adapters["all_r8"]),
+            lora_name="x",
+            lora_int_id=1,
+            model_config=tiny_llama.config,
+            max_lora_rank=16,
+        )
+    # and an adapter for Llama's split modules finds no module of a Phi-3 base
+    with pytest.raises(AdapterTargetError, match="matches no module"):
+        load_lora_checkpoint(
+            str(tiny_llama.adapters["qv_r4"]),
+            lora_name="x",
+            lora_int_id=1,
+            model_config=tiny_phi3.config,
+            max_lora_rank=16,
+        )
+
+
+def test_a_fused_adapter_is_its_parts_with_a_shared(tiny_phi3):
+    from safetensors.torch import load_file
+
+    from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+
+    ckpt = load_lora_checkpoint(
+        str(tiny_phi3.adapters["all_r8"]), lora_name="x", lora_int_id=1, model_config=tiny_phi3.config, max_lora_rank=16
+    )
+    sd = load_file(tiny_phi3.adapters["all_r8"] / "adapter_model.safetensors")
+    a = sd["base_model.model.model.layers.1.self_attn.qkv_proj.lora_A.weight"]
+    b = sd["base_model.model.model.layers.1.self_attn.qkv_proj.lora_B.weight"]
+    cfg = tiny_phi3.config
+    parts = [ckpt.weights[(1, m)] for m in ("q_proj", "k_proj", "v_proj")]
+    assert all(torch.equal(pa[: a.shape[0]], a) for pa, _ in parts)
+    assert torch.equal(torch.cat([pb[:, : a.shape[0]] for _, pb in parts]), b)
+    assert [pb.shape[0] for _, pb in parts] == [cfg.q_size, cfg.kv_size, cfg.kv_size]
