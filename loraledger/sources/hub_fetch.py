@@ -15,16 +15,12 @@ when huggingface_hub's own read timeout fires).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from loraledger.logging import get_logger
 from loraledger.sources import fileset, hub_cache
 from loraledger.sources.errors import (
-    HubAccessError,
     HubError,
     HubNotFoundError,
     HubOfflineError,
@@ -32,9 +28,10 @@ from loraledger.sources.errors import (
     HubTooLargeError,
     HubUnavailableError,
 )
+from loraledger.sources.hub_budget import Budget, Stop, run_within
+from loraledger.sources.hub_error_map import stopped, typed
 from loraledger.sources.hub_settings import HubSettings
 
-T = TypeVar("T")
 _METADATA_TIMEOUT = 10.0  # seconds one metadata request may wait for an answer (within the deadline)
 log = get_logger("hub")
 
@@ -44,9 +41,9 @@ def fetch(repo_id: str, revision: str, kind: str, settings: HubSettings) -> tupl
     if settings.offline:
         return _from_cache(repo_id, revision, kind, settings)
     started = time.monotonic()
-    folder, commit = _within(
+    folder, commit = run_within(
         settings.timeout,
-        lambda stop: _download(repo_id, revision, kind, settings, _Budget(started + settings.timeout, settings, stop)),
+        lambda stop: _download(repo_id, revision, kind, settings, Budget(started + settings.timeout, settings, stop)),
         lambda: HubTimeoutError(
             f"resolving and downloading took longer than its deadline of {settings.timeout:g} s; raise "
             "download_timeout (lora_download_timeout for adapters), or fetch it ahead of time (`hf download`) and "
@@ -80,48 +77,7 @@ def _from_cache(repo_id: str, revision: str, kind: str, settings: HubSettings) -
     return folder, commit
 
 
-class _Stop(Exception):
-    """Raised from inside a download to cut it short: the deadline passed, or more bytes came than allowed."""
-
-
-class _Budget:
-    """The deadline and the byte limit of one fetch, checked with each chunk a download receives."""
-
-    def __init__(self, deadline: float, settings: HubSettings, stop: threading.Event) -> None:
-        self.deadline, self.max_bytes, self.stop = deadline, settings.max_bytes, stop
-        self.received = 0
-
-    def remaining(self) -> float:
-        return max(0.001, self.deadline - time.monotonic())
-
-    def add(self, n: int) -> None:
-        self.received += n
-        if self.stop.is_set() or time.monotonic() > self.deadline:
-            raise _Stop("deadline")
-        if self.received > self.max_bytes:
-            raise _Stop("size")
-
-    def progress_class(self) -> type:
-        """A tqdm class (what huggingface_hub reports download progress to) that charges each chunk to this budget."""
-        from tqdm.std import tqdm
-
-        budget = self
-
-        class Charged(tqdm):
-            def __init__(self, *args, **kwargs) -> None:
-                kwargs.pop("name", None)
-                kwargs["disable"] = True
-                super().__init__(*args, **kwargs)
-
-            def update(self, n=1):
-                if n and n > 0:
-                    budget.add(int(n))
-                return super().update(n)
-
-        return Charged
-
-
-def _download(repo_id: str, revision: str, kind: str, settings: HubSettings, budget: _Budget) -> tuple[Path, str]:
+def _download(repo_id: str, revision: str, kind: str, settings: HubSettings, budget: Budget) -> tuple[Path, str]:
     from huggingface_hub import HfApi
 
     try:
@@ -154,10 +110,10 @@ def _download(repo_id: str, revision: str, kind: str, settings: HubSettings, bud
             fetched.get(weights)
     except HubError:
         raise
-    except _Stop as stop:
-        raise _stopped(str(stop), repo_id, revision, settings) from None
+    except Stop as stop:
+        raise stopped(str(stop), repo_id, revision, settings) from None
     except Exception as exc:
-        raise _typed(exc, repo_id, revision, settings) from exc
+        raise typed(exc, repo_id, revision, settings) from exc
     lacking = fileset.missing(kind, folder)
     if lacking:
         raise HubNotFoundError(
@@ -170,7 +126,7 @@ def _download(repo_id: str, revision: str, kind: str, settings: HubSettings, bud
 class _Fetched:
     """Downloads files of one commit into its snapshot, checking their listed sizes against the budget first."""
 
-    def __init__(self, repo_id, revision, commit, sizes, settings: HubSettings, budget: _Budget) -> None:
+    def __init__(self, repo_id, revision, commit, sizes, settings: HubSettings, budget: Budget) -> None:
         self.repo_id, self.revision, self.commit, self.sizes = repo_id, revision, commit, sizes
         self.settings, self.budget = settings, budget
         self.planned = 0
@@ -226,96 +182,3 @@ def _check_listing(kind: str, sizes: dict[str, int], repo_id: str, revision: str
         hint = "; does the repo hold a tokenizer?"
     if needed:
         raise HubNotFoundError(f"commit {commit} has no {', '.join(needed)}{hint}", repo_id=repo_id, revision=revision)
-
-
-def _stopped(why: str, repo_id: str, revision: str, settings: HubSettings) -> HubError:
-    if why == "size":
-        return HubTooLargeError(
-            f"the Hub sent more than the limit of {settings.max_bytes} bytes; raise max_download_bytes "
-            "(max_lora_download_bytes for adapters) if that is expected",
-            repo_id=repo_id,
-            revision=revision,
-        )
-    return HubTimeoutError(
-        f"the download passed its deadline of {settings.timeout:g} s; raise download_timeout (lora_download_timeout "
-        "for adapters)",
-        repo_id=repo_id,
-        revision=revision,
-    )
-
-
-def _typed(exc: Exception, repo_id: str, revision: str, settings: HubSettings) -> HubError:
-    """huggingface_hub's (and its HTTP client's) exceptions as HubErrors that say what to do."""
-    from huggingface_hub import errors as hf
-
-    where = dict(repo_id=repo_id, revision=revision)
-    names = {c.__name__ for c in type(exc).__mro__}
-    if isinstance(exc, hf.GatedRepoError):
-        return HubAccessError(
-            f"the repo is gated: accept its conditions on the Hub and set HF_TOKEN to a token of that account ({exc})",
-            **where,
-        )
-    if isinstance(exc, hf.RevisionNotFoundError):
-        return HubNotFoundError(f"the repo has no such revision (branch, tag or commit); check it ({exc})", **where)
-    if isinstance(exc, hf.RepositoryNotFoundError):
-        return HubNotFoundError(
-            "no such repo on the Hub at "
-            f"{settings.endpoint}, nor a local folder of that name; check the name, give the folder's path, or, for a "
-            "private repo, set HF_TOKEN",
-            **where,
-        )
-    if isinstance(exc, getattr(hf, "RemoteEntryNotFoundError", ())) or isinstance(
-        exc, getattr(hf, "EntryNotFoundError", ())
-    ):
-        return HubNotFoundError(f"a file the listing named is not there ({exc}); try again", **where)
-    if isinstance(exc, hf.OfflineModeIsEnabled):
-        return HubOfflineError(
-            "huggingface_hub is in offline mode (HF_HUB_OFFLINE was set when it was imported); set HF_HUB_OFFLINE=1 "
-            "to use the cache, or unset it before starting",
-            **where,
-        )
-    if isinstance(exc, hf.HfHubHTTPError):
-        status = getattr(getattr(exc, "response", None), "status_code", None)
-        if status in (401, 403):
-            return HubAccessError(
-                f"the Hub refused access (HTTP {status}); set HF_TOKEN to a token allowed to read the repo", **where
-            )
-        return HubUnavailableError(
-            f"the Hub at {settings.endpoint} answered HTTP {status}; try again later ({exc})", **where
-        )
-    if names & {"TimeoutException", "Timeout", "TimeoutError", "ReadTimeout", "ConnectTimeout"}:
-        return HubTimeoutError(
-            f"the Hub at {settings.endpoint} did not answer in time ({type(exc).__name__}); try again, or set "
-            "HF_HUB_OFFLINE=1 to use the cache",
-            **where,
-        )
-    if isinstance(exc, OSError) or names & {"ConnectError", "NetworkError", "TransportError", "RemoteProtocolError"}:
-        return HubUnavailableError(
-            f"the Hub at {settings.endpoint} cannot be reached ({type(exc).__name__}: {exc}); check the network and "
-            "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the cache",
-            **where,
-        )
-    return HubUnavailableError(f"the fetch failed ({type(exc).__name__}: {exc})", **where)
-
-
-def _within(seconds: float, work: Callable[[threading.Event], T], timed_out: Callable[[], HubError]) -> T:
-    """work(stop) in a thread of its own, waited for `seconds` at most; then `stop` is set and timed_out() raised."""
-    box: list = []
-    done, stop = threading.Event(), threading.Event()
-
-    def run() -> None:
-        try:
-            box.append((True, work(stop)))
-        except BaseException as exc:  # handed to the caller below
-            box.append((False, exc))
-        finally:
-            done.set()
-
-    threading.Thread(target=run, name="hub-fetch", daemon=True).start()
-    if not done.wait(seconds):
-        stop.set()
-        raise timed_out()
-    ok, value = box.pop()
-    if not ok:
-        raise value
-    return value
