@@ -158,7 +158,8 @@ def _handler(hub: FakeHub):
                 for key, value in {**headers, "Content-Length": str(len(data))}.items():
                     self.send_header(key, value)
                 self.end_headers()
-                hub.released.wait(120)  # sends nothing until the test is over
+                hub.released.wait(120)  # sends nothing until the test is over, then the bytes (a late answer)
+                self.wfile.write(data)
                 return
             self._send(200, data, headers, head=head)
 

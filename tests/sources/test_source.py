@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -127,6 +128,11 @@ def test_a_hung_download_hits_the_deadline(fake_hub, tiny_llama):
     with pytest.raises(HubTimeoutError, match="deadline"):
         resolve("org/slow", kind="adapter", settings=settings(timeout=1.5))
     assert time.monotonic() - started < 5
+    # the Hub answers late: the abandoned download stops at its first chunk and leaves no ref behind
+    fake_hub.released.set()
+    for thread in [t for t in threading.enumerate() if t.name == "hub-fetch"]:
+        thread.join(30)
+        assert not thread.is_alive()
     assert not (repo_folder(settings().cache_dir, "org/slow") / "refs" / "main").exists()
 
 
