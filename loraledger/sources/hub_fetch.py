@@ -33,7 +33,6 @@ from loraledger.sources.hub_error_map import stopped, typed
 from loraledger.sources.hub_settings import HubSettings
 
 _METADATA_TIMEOUT = 10.0  # seconds one metadata request may wait for an answer (within the deadline)
-log = get_logger("hub")
 
 
 def fetch(repo_id: str, revision: str, kind: str, settings: HubSettings) -> tuple[Path, str]:
@@ -52,7 +51,7 @@ def fetch(repo_id: str, revision: str, kind: str, settings: HubSettings) -> tupl
             revision=revision,
         ),
     )
-    log.info("hub revision resolved", repo=repo_id, revision=revision, commit=commit, kind=kind)
+    get_logger("hub").info("hub revision resolved", repo=repo_id, revision=revision, commit=commit, kind=kind)
     return folder, commit
 
 
