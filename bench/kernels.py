@@ -177,7 +177,7 @@ def bench_lora(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
         modes = ("fused", "bgmv") if case.run == 1 else ("sgmv",)
         for mode in modes:
             ops = CudaOps("cuda", lora_kernel=mode)
-            if mode == "fused" and ops._launcher.compute_capability < (9, 0):
+            if mode == "fused" and ops.compute_capability < (9, 0):
                 continue
             meta = ops.lora_prepare(slots, case.adapters)
             if case.ranks:

@@ -167,6 +167,11 @@ class CudaOps(Ops):
         self._slice_offsets: dict[tuple[int, ...], torch.Tensor] = {}
         self._step_memo = StepMemo()  # eager steps only: graph steps never reach prefill_attention
 
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The device's (major, minor) compute capability, as the kernels are built for it."""
+        return self._launcher.compute_capability
+
     def _on_device(self, op: str, name: str, t: torch.Tensor) -> None:
         checks.require_device(op, name, t, self.device)
 
