@@ -1,4 +1,4 @@
-"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2)."""
+"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 
 # LoRA targets we can apply, in the order the fused modules hold them
@@ -20,7 +21,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,6 +42,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # per layer, the attention window (None: full attention), as transformers' layer_types give it: Mistral's
     # window on every layer; Qwen2's (use_sliding_window) only on layers >= max_window_layers
     layer_windows: tuple[int | None, ...] = ()
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before rotary (Qwen3)
 
     def window(self, layer: int) -> int | None:
         """The attention window of one layer (None: the whole context)."""
@@ -84,7 +86,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             model_type = raw.get("model_type")
-            arch = model_type if model_type in ("llama", "mistral", "qwen2") else None
+            arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
         if arch is None and raw.get("auto_map"):
             raise RemoteCodeError(
                 f"{source}: architecture {archs or raw.get('model_type')!r} comes with its own model code (config.json "
@@ -115,7 +117,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             if params.get("rope_type", "default") != "default":
                 rope_scaling = dict(params)
         sliding = raw.get("sliding_window")
-        if arch == "qwen2" and not raw.get("use_sliding_window", False):
+        if arch in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
             sliding = None
         sliding = int(sliding) if sliding else None
         layers = int(raw["num_hidden_layers"])
@@ -140,6 +142,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             eos_token_ids=tuple(int(e) for e in eos_ids),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             layer_windows=layer_windows,
+            qk_norm=arch == "qwen3",
         )
 
 
@@ -160,7 +163,7 @@ def _layer_windows(raw: dict, arch: str, layers: int, sliding: int | None, sourc
         return tuple(sliding if t == "sliding_attention" else None for t in types)
     if sliding is None:
         return (None,) * layers
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen3"):
         first = int(raw.get("max_window_layers", 28))  # transformers' Qwen2Config default
         return tuple(sliding if i >= first else None for i in range(layers))
     return (sliding,) * layers

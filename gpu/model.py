@@ -1,4 +1,4 @@
-"""Model: our Llama / Mistral / Qwen2 decoder forward over a paged KV cache, with batched multi-LoRA.
+"""Model: our Llama / Mistral / Qwen2 / Qwen3 decoder forward over a paged KV cache, with batched multi-LoRA.
 
 Device-agnostic: the attention, norm, rotary and LoRA ops go through the `Ops` backend; the base
 GEMMs go through `Dense` (F.linear, or oneDNN pre-packed weights on the CPU); the embedding is plain
@@ -32,6 +32,8 @@ class DecoderLayer:
     o: Dense
     gate_up: Dense
     down: Dense
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm weights of q and k (Qwen3)
+    k_norm: torch.Tensor | None = None
 
 
 class Model:
@@ -67,6 +69,8 @@ class Model:
                 o=Dense(lw.o, prepack=prepack),
                 gate_up=Dense(lw.gate_up, prepack=prepack),
                 down=Dense(lw.down, prepack=prepack),
+                q_norm=lw.q_norm,
+                k_norm=lw.k_norm,
             )
             for lw in weights.layers
         ]
@@ -103,6 +107,9 @@ class Model:
         q = q.view(tokens, cfg.num_attention_heads, cfg.head_dim)
         k = k.view(tokens, cfg.num_key_value_heads, cfg.head_dim)
         v = v.view(tokens, cfg.num_key_value_heads, cfg.head_dim)
+        if lw.q_norm is not None:  # each head normalised on its own, before rotary
+            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), lw.q_norm, cfg.rms_norm_eps)[0].view(q.shape)
+            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), lw.k_norm, cfg.rms_norm_eps)[0].view(k.shape)
         ops.rotary_embedding(batch.positions, q, k, self.cos_sin_cache)
         k_cache, v_cache = kv_cache.k_caches[layer], kv_cache.v_caches[layer]
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)

@@ -30,6 +30,8 @@ class LayerWeights:
     post_norm: torch.Tensor  # [H]
     gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
     down: torch.Tensor  # [H, I]
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3: per-head RMSNorm of q and k)
+    k_norm: torch.Tensor | None = None  # [head_dim]
 
 
 @dataclass
@@ -50,8 +52,7 @@ class ModelWeights:
         out = [self.embed, self.norm, self.lm_head]
         for lw in self.layers:
             out += [lw.input_norm, lw.qkv, lw.o, lw.post_norm, lw.gate_up, lw.down]
-            if lw.qkv_bias is not None:
-                out.append(lw.qkv_bias)
+            out += [t for t in (lw.qkv_bias, lw.q_norm, lw.k_norm) if t is not None]
         return out
 
 
@@ -104,6 +105,8 @@ def load_weights(
                     post_norm=get(f"{p}post_attention_layernorm.weight"),
                     gate_up=fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
                     down=get(f"{p}mlp.down_proj.weight"),
+                    q_norm=get(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
+                    k_norm=get(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
                 )
             )
         embed = get("model.embed_tokens.weight")
@@ -175,6 +178,9 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
         ]
         if lw.qkv_bias is not None:
             expected.append((f"{p}self_attn.q/k/v_proj.bias", lw.qkv_bias, (qkv,)))
+        for norm, tensor in (("q_norm", lw.q_norm), ("k_norm", lw.k_norm)):
+            if tensor is not None:
+                expected.append((f"{p}self_attn.{norm}.weight", tensor, (config.head_dim,)))
     for name, tensor, shape in expected:
         if tuple(tensor.shape) != shape:
             raise ModelLoadError(

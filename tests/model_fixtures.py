@@ -11,6 +11,8 @@ and ``.config`` (our ModelConfig):
 - ``tiny_llama``: LlamaForCausalLM, hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA),
   head_dim 16, untied lm_head, vocab 512, max_position_embeddings 256.
 - ``tiny_qwen2``: Qwen2ForCausalLM, same sizes, q/k/v biases, tied embeddings.
+- ``tiny_qwen3``: Qwen3ForCausalLM, Qwen3-0.6B's config.json with the sizes shrunk: per-head q/k
+  RMSNorm (random weights), head_dim 32 (not hidden / heads, as in the real model), tied embeddings.
 
 Both carry the same three adapters (made with ``get_peft_model(..., init_lora_weights=False)``,
 so B is non-zero and each adapter visibly changes greedy output):
@@ -53,6 +55,20 @@ from loraledger.gpu.config import ModelConfig
 BASE = "__base__"
 TINY_VOCAB = 512
 
+# Qwen3-0.6B's config.json as published, less its sizes (build_tiny_model shrinks those)
+QWEN3_CONFIG = dict(
+    attention_bias=False,
+    attention_dropout=0.0,
+    hidden_act="silu",
+    max_window_layers=28,
+    rms_norm_eps=1e-6,
+    rope_scaling=None,
+    rope_theta=1_000_000,
+    sliding_window=None,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+)
+
 # name -> (rank, alpha, target modules, use_rslora)
 TINY_ADAPTERS: dict[str, tuple[int, int, tuple[str, ...], bool]] = {
     "qv_r4": (4, 8, ("q_proj", "v_proj"), False),
@@ -78,7 +94,14 @@ class HFReference:
 def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
     """Make a tiny checkpoint with transformers and its adapters with peft, under `root`."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     model_dir = root / f"tiny-{arch}"
     vocab = build_tokenizer(model_dir, vocab_size=TINY_VOCAB)
@@ -104,6 +127,12 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.1)
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**{**QWEN3_CONFIG, **common, "head_dim": 32}))
+        with torch.no_grad():  # HF initialises the q/k norms to ones; random ones exercise them
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}")
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -154,6 +183,11 @@ def with_chat_template(src: Path, dest: Path, template: str = CHAT_TEMPLATE) -> 
 def tiny_llama_chat(tiny_llama: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     model_dir = with_chat_template(tiny_llama.model_dir, tmp_path_factory.mktemp("tiny-llama-chat") / "model")
     return TinyModel(arch="llama", model_dir=model_dir, adapters=tiny_llama.adapters, config=tiny_llama.config)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", seed=3)
 
 
 @pytest.fixture(scope="session")

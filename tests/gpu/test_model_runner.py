@@ -105,7 +105,7 @@ class Driver:
         return [outputs[sid] for sid in seq_ids], [logprobs[sid] for sid in seq_ids]
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
 def tiny(request) -> TinyModel:
     return request.getfixturevalue(f"tiny_{request.param}")
 
