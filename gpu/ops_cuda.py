@@ -28,7 +28,7 @@ from loraledger.gpu.transfer import to_device
 
 _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
-_SPLIT_MIN = 1024  # the shortest context span worth its own paged-attention block (H100 sweep: 256 -> 1024 took U = 2 from 51 % to 55 % of copy bandwidth)
+SPLIT_MIN = 1024  # the shortest context span worth its own paged-attention block (H100 sweep: 256 -> 1024 took U = 2 from 51 % to 55 % of copy bandwidth)
 _MAX_SPLITS = 1024  # the reduce kernel keeps one fp32 weight per split in shared memory
 LORA_KERNELS = ("auto", "bgmv", "sgmv", "fused")
 _CLUSTERS = (9, 0)  # compute capability with thread block clusters (the fused decode LoRA kernel)
@@ -280,7 +280,7 @@ class CudaOps(Ops):
         Many small blocks rather than one wave of big ones: the last, partly filled wave costs less.
         """
         want = _cdiv(16 * self._launcher.sm_count, max(base_blocks, 1))
-        splits = max(1, min(want, _cdiv(max_ctx, _SPLIT_MIN), _MAX_SPLITS))
+        splits = max(1, min(want, _cdiv(max_ctx, SPLIT_MIN), _MAX_SPLITS))
         split_len = _cdiv(max(max_ctx, 1), splits)
         return _cdiv(max(max_ctx, 1), split_len), split_len
 
