@@ -16,8 +16,8 @@ from loraledger.errors import (
     SamplingParamsError,
     TenantError,
 )
+from loraledger.input_processor.prompt import parse_prompt
 from loraledger.lora_request import LoRARequest
-from loraledger.prompts import parse_prompt
 from loraledger.sampling_params import SamplingParams
 from loraledger.text import storable_text
 

@@ -20,7 +20,7 @@ from loraledger.input_processor import (
     check_lora_int_id,
     check_lora_request,
 )
-from loraledger.prompts import MAX_CHARS_PER_TOKEN
+from loraledger.input_processor.prompt import MAX_CHARS_PER_TOKEN
 
 LIMITS = EdgeLimits(max_model_len=32, vocab_size=100, max_n=4, max_logprobs=5, has_tokenizer=True, enable_lora=True)
 AUDIT_ID = "01a2a2a2-0000-7000-8000-000000000000"
