@@ -28,7 +28,7 @@ from loraledger.actors.messages import (
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
 from loraledger.engine_audit import access_denied_event, append_and_wait
-from loraledger.engine_metrics import EngineMetrics
+from loraledger.engine_metrics import EngineMetrics, engine_metrics
 from loraledger.errors import (
     AuditUnavailableError,
     EngineDeadError,
@@ -448,21 +448,7 @@ class AsyncEngine:
         """What a server's /metrics shows of the engine: the Scheduler's queues and KV use, adapter loads and
         evictions (host cache and device slots), the audit writer's queue depth and failures."""
         core = self._live()
-        snapshot = await self.get_stats()
-        loader, audit = core.loader_stats, core.audit_stats
-        return EngineMetrics(
-            stats=snapshot,
-            host_loads=dict(loader.loads) if loader is not None else {},
-            host_evictions=dict(loader.evictions) if loader is not None else {},
-            host_load_failures=dict(loader.failures) if loader is not None else {},
-            audit_enabled=audit is not None,
-            audit_queue_depth=core.audit_queue_depth(),
-            audit_commits=audit.commits if audit is not None else 0,
-            audit_failures=audit.failures if audit is not None else 0,
-            audit_refused=audit.refused if audit is not None else 0,
-            audit_store_down=audit.store_down if audit is not None else False,
-            dead=core.fatal is not None,
-        )
+        return engine_metrics(core, await self.get_stats())
 
     # --- the audit log ------------------------------------------------------------------------
 
