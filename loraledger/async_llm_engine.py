@@ -69,6 +69,11 @@ class AsyncLLMEngine:
     def dead_error(self) -> BaseException:
         return self.engine.dead_error
 
+    @property
+    def store(self):
+        """The audit store the engine writes (None with auditing off)."""
+        return self.engine.store
+
     async def check_health(self) -> None:
         if not self.is_running:
             raise self.dead_error
