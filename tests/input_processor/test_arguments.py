@@ -81,8 +81,17 @@ BAD = [
     ("text prompt without tokenizer", dict(limits=EdgeLimits(32, 100, 4, 5, False, True)), E.NoTokenizerError),
     (
         "stop strings without tokenizer",
+        dict(
+            prompt={"prompt_token_ids": [1]},
+            limits=EdgeLimits(32, 100, 4, 5, False, True),
+            params=SamplingParams(stop=["x"]),
+        ),
+        E.NoTokenizerError,
+    ),
+    (
+        "a list prompt (not a shape) before the tokenizer's needs",
         dict(prompt=[1], limits=EdgeLimits(32, 100, 4, 5, False, True), params=SamplingParams(stop=["x"])),
-        E.PromptError,  # the prompt [1] is not a prompt shape: the prompt is checked before the tokenizer's needs
+        E.PromptError,
     ),
     (
         "bad words without tokenizer",
@@ -114,7 +123,7 @@ def test_each_bad_argument_has_its_typed_error(kw, error):
     args = {name: kw.pop(name) for name in ("request_id", "prompt", "params", "lora") if name in kw}
     with pytest.raises(error) as info:
         check(**args, **kw)
-    assert str(info.value)  # it says what is wrong
+    assert type(info.value) is error and str(info.value)  # this very error, saying what is wrong
 
 
 def test_the_first_bad_argument_is_the_one_named():

@@ -117,6 +117,7 @@ BAD = [
 def test_each_bad_input_has_its_typed_error(m, error):
     with pytest.raises(error) as info:
         check(m)
+    assert type(info.value) is error
     assert "'r1'" in str(info.value) or error is E.StructuredOutputError  # it names the caller's id
 
 
