@@ -177,7 +177,7 @@ def bench_lora(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
         modes = ("fused", "bgmv") if case.run == 1 else ("sgmv",)
         for mode in modes:
             ops = CudaOps("cuda", lora_kernel=mode)
-            if mode == "fused" and ops._launcher.compute_capability < (9, 0):
+            if mode == "fused" and ops.compute_capability < (9, 0):
                 continue
             meta = ops.lora_prepare(slots, case.adapters)
             if case.ranks:
@@ -265,7 +265,7 @@ def sweep_attention(
     shipped_template, shipped_u, shipped_split = (
         ks.PAGED_ATTENTION_DECODE,
         ks.attention_tokens_per_lane,
-        ops_cuda._SPLIT_MIN,
+        ops_cuda.SPLIT_MIN,
     )
     gen = torch.Generator().manual_seed(23)
     rows = []
@@ -277,7 +277,7 @@ def sweep_attention(
             )
             ks.attention_tokens_per_lane = lambda ctype, hp, epl, u=u: u
             for split_min in splits:
-                ops_cuda._SPLIT_MIN = split_min
+                ops_cuda.SPLIT_MIN = split_min
                 ops = ops_cuda.CudaOps("cuda")
                 for case in ATTENTION_CASES:
                     args, nbytes = _attention_call(case, gen)
@@ -301,7 +301,7 @@ def sweep_attention(
                     )
                     del args
     finally:
-        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda._SPLIT_MIN = (
+        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda.SPLIT_MIN = (
             shipped_template,
             shipped_u,
             shipped_split,

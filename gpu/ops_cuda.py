@@ -29,7 +29,7 @@ from loraledger.gpu.transfer import to_device
 
 _LOG2E = 1.4426950408889634
 _GRID_STRIDE_BLOCKS = 65535  # grid-stride kernels never need more blocks than this
-_SPLIT_MIN = 1024  # the shortest context span worth its own paged-attention block (H100 sweep: 256 -> 1024 took U = 2 from 51 % to 55 % of copy bandwidth)
+SPLIT_MIN = 1024  # the shortest context span worth its own paged-attention block (H100 sweep: 256 -> 1024 took U = 2 from 51 % to 55 % of copy bandwidth)
 _MAX_SPLITS = 1024  # the reduce kernel keeps one fp32 weight per split in shared memory
 LORA_KERNELS = ("auto", "bgmv", "sgmv", "fused")
 _CLUSTERS = (9, 0)  # compute capability with thread block clusters (the fused decode LoRA kernel)
@@ -169,6 +169,11 @@ class CudaOps(Ops):
         self._step_memo = StepMemo()  # eager steps only: graph steps never reach prefill_attention
         self._capped = TorchOps()  # attention with soft-capped scores (Gemma 2)
 
+    @property
+    def compute_capability(self) -> tuple[int, int]:
+        """The device's (major, minor) compute capability, as the kernels are built for it."""
+        return self._launcher.compute_capability
+
     def _on_device(self, op: str, name: str, t: torch.Tensor) -> None:
         checks.require_device(op, name, t, self.device)
 
@@ -277,7 +282,7 @@ class CudaOps(Ops):
         Many small blocks rather than one wave of big ones: the last, partly filled wave costs less.
         """
         want = _cdiv(16 * self._launcher.sm_count, max(base_blocks, 1))
-        splits = max(1, min(want, _cdiv(max_ctx, _SPLIT_MIN), _MAX_SPLITS))
+        splits = max(1, min(want, _cdiv(max_ctx, SPLIT_MIN), _MAX_SPLITS))
         split_len = _cdiv(max(max_ctx, 1), splits)
         return _cdiv(max(max_ctx, 1), split_len), split_len
 

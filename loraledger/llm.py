@@ -106,7 +106,7 @@ class LLM:
         requests = [(str(next(self.request_counter)), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
         bar = _progress_bar(use_tqdm, n)
         try:
-            return self.llm_engine._portal.call(
+            return self.llm_engine.call(
                 lambda: engine.generate_many(
                     requests, on_finished=None if bar is None else _advance(bar), chat_template_sha256=chat_shas
                 )

@@ -1,4 +1,4 @@
-"""Admission's tokenizer work: prompts (with vLLM's left truncation) and bad words (as vLLM tokenizes them)."""
+"""Tokenizing for the model checks: prompts (with vLLM's left truncation) and bad words (as vLLM tokenizes them)."""
 
 from __future__ import annotations
 
