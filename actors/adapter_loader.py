@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -38,6 +40,9 @@ from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 from loraledger.lora.host_cache import HostCache
 from loraledger.lora.registry import AdapterRegistry
 from loraledger.lora.request import LoRARequest
+from loraledger.sources import HubSettings, resolve
+from loraledger.sources.engine_sources import adapter_settings
+from loraledger.sources.fileset import ADAPTER
 from loraledger.store.records import EventKind, EventRecord
 
 
@@ -65,6 +70,7 @@ class AdapterLoader:
         max_cpu_loras: int,
         max_loras: int,
         base_model_fingerprint: str,
+        hub_settings: Callable[[], HubSettings] | None = None,  # how Hub adapters are fetched (read at each load)
     ) -> None:
         self._inbox = inbox
         self._audit = audit
@@ -72,6 +78,8 @@ class AdapterLoader:
         self._model_config = model_config
         self._max_lora_rank = max_lora_rank
         self._base_fp = base_model_fingerprint
+        self._hub_settings = hub_settings or _default_hub_settings
+        self._commits: dict[tuple[int, str], str] = {}  # (lora_int_id, lora_path) -> the Hub commit it was read at
         self._registry = AdapterRegistry()
         self._cache = HostCache(max_cpu_loras, max_pinned=max_loras)
         self._loading: dict[int, list[MemoryObjectSendStream]] = {}  # lora_int_id -> who waits for its load
@@ -152,15 +160,9 @@ class AdapterLoader:
     async def _read(self, lora: LoRARequest) -> LoraCheckpoint:
         started = time.perf_counter()
         try:
-            ckpt = await _in_worker(
-                lambda: load_lora_checkpoint(
-                    lora.lora_path,
-                    lora_name=lora.lora_name,
-                    lora_int_id=lora.lora_int_id,
-                    model_config=self._model_config,
-                    max_lora_rank=self._max_lora_rank,
-                )
-            )
+            # read again after an eviction: the commit first resolved, unless the caller asked to reload it in place
+            earlier = None if lora.load_inplace else self._commits.get((lora.lora_int_id, lora.lora_path))
+            ckpt = await _in_worker(lambda: self._read_source(lora, earlier))
         except LoraLedgerError:
             raise
         except Exception as exc:  # an error load_lora_checkpoint does not type yet: still the adapter's problem
@@ -179,8 +181,22 @@ class AdapterLoader:
         )
         return ckpt
 
+    def _read_source(self, lora: LoRARequest, earlier: str | None) -> LoraCheckpoint:
+        """In a worker: lora_path resolved (a Hub repo id fetched, under its deadline and size limit), then read."""
+        source = resolve(lora.lora_path, kind=ADAPTER, settings=self._hub_settings(), at_commit=earlier)
+        ckpt = load_lora_checkpoint(
+            source.folder,
+            lora_name=lora.lora_name,
+            lora_int_id=lora.lora_int_id,
+            model_config=self._model_config,
+            max_lora_rank=self._max_lora_rank,
+        )
+        return dataclasses.replace(ckpt, path=lora.lora_path, source=source)
+
     async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
         evicted = self._cache.put(lora.lora_int_id, ckpt)
+        if ckpt.source is not None and ckpt.source.commit is not None:
+            self._commits[(lora.lora_int_id, lora.lora_path)] = ckpt.source.commit
         self.stats.loads[lora.lora_name] += 1
         for old in evicted:
             await self._evicted(old)
@@ -248,9 +264,11 @@ class AdapterLoader:
     # --- removing and pinning ----------------------------------------------------------------
 
     async def _remove(self, int_id: int, reply) -> None:
-        if self._registry.remove(int_id) is None:
+        removed = self._registry.remove(int_id)
+        if removed is None:
             await answer(reply, False)
             return
+        self._commits.pop((int_id, removed.lora_path), None)
         self._cache.unpin(int_id)
         ckpt = self._cache.discard(int_id)
         if ckpt is not None:
@@ -306,6 +324,13 @@ class AdapterLoader:
             if isinstance(outcome, BaseException) and not was_pinned:
                 self._cache.unpin(int_id)  # a pin that failed holds nothing
             await answer(reply, outcome)
+
+
+def _default_hub_settings() -> HubSettings:
+    """EngineArgs' defaults for adapter downloads (lora_download_timeout, max_lora_download_bytes)."""
+    from loraledger.engine_args import EngineArgs
+
+    return adapter_settings(EngineArgs(model="-"))
 
 
 async def _in_worker(load):

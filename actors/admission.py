@@ -34,12 +34,14 @@ from loraledger.actors.messages import (
 from loraledger.digests import binding_digest, prompt_digest
 from loraledger.errors import (
     AdapterChangedError,
+    AdapterUnsupportedError,
     DuplicateRequestError,
     EngineDeadError,
     NoTokenizerError,
 )
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
+from loraledger.sources.engine_sources import adapter_fields, ships_own_tokenizer, tokenizer_lora
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -165,15 +167,24 @@ class Admission:
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
         bound = False
         try:
-            tokenizer = await self._tokenizer_for(lora)
-            inputs = await self._model_inputs(msg, tokenizer)
-            prompt_ids, constraint = inputs.prompt_token_ids, inputs.constraint
-            grammar = await self._grammar_for(constraint, tokenizer)
             ckpt = None
             if lora is not None:
                 resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
                 if msg.resume:
                     lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
+            # after the adapter: a Hub adapter's tokenizer files are in the snapshot its load fetched
+            if msg.chat_template_sha256 is not None and ships_own_tokenizer(ckpt):
+                raise AdapterUnsupportedError(
+                    "chat with a Hub adapter that ships its own tokenizer or chat template is not supported yet (the "
+                    "conversation was rendered with the model's template); download it (`hf download`) and give its "
+                    "folder as lora_path, or send the rendered prompt to generate",
+                    lora_name=lora.lora_name,
+                    lora_path=lora.lora_path,
+                )
+            tokenizer = await self._tokenizer_for(tokenizer_lora(lora, ckpt))
+            inputs = await self._model_inputs(msg, tokenizer)
+            prompt_ids, constraint = inputs.prompt_token_ids, inputs.constraint
+            grammar = await self._grammar_for(constraint, tokenizer)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
             if msg.resume:
                 await self._record_resume(msg, fingerprint)
@@ -374,6 +385,7 @@ class Admission:
             constraint_text=recordable(constraint.canonical)
             if constraint is not None and self._audit_prompts == "text"
             else None,
+            **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:

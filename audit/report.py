@@ -23,6 +23,7 @@ from loraledger.audit.progress import Progress
 from loraledger.audit.records import ExportedFile, VerifyResult
 from loraledger.audit.report_rows import Tally, export_rows
 from loraledger.audit.signing import UNSIGNED, Signature, Signer, signer_for
+from loraledger.audit.sources import adapter_source, model_sources
 from loraledger.audit.timefmt import Instant, iso, to_unix
 from loraledger.audit.verify import verify_log
 from loraledger.digests import bytes_sha256, file_sha256, report_signed_message
@@ -101,6 +102,7 @@ def _write_bundle(
             first_seq, last_seq = conn.execute(q.events_window(flt)).one()
             fingerprints = [fp for fp in tally.by_adapter if fp is not None]
             adapters = [adapter_info(row) for row in q.stream(conn, q.adapters_statement(fingerprints))]
+            models = model_sources(conn, flt)
         except (TypeError, ValueError, AttributeError) as exc:
             first = verification.first_problem
             if first is None or isinstance(exc, LoraLedgerError):
@@ -124,6 +126,8 @@ def _write_bundle(
         "verification": _verification(verification, previous_head),
         "previous": previous_info,
         "files": [msgspec.to_builtins(f) for f in files],
+        # where the base model, tokenizer and adapters of the exported requests were read from (Hub commits)
+        "sources": {"instances": models, "adapters": [adapter_source(a.record) for a in adapters]},
     }
     html_path = out / HTML
     # the page names the signature's scheme and key; the signature then covers the page through its sha256

@@ -45,13 +45,18 @@ def register(sub) -> None:
 
     text = "generate with your own checkpoint: each prompt on the base model and on every adapter given"
     gen = sub.add_parser("generate", help=text, description=text)
-    gen.add_argument("--model", required=True, help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
+    gen.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face checkpoint folder, or Hub repo id org/name (Llama, Mistral or Qwen2)",
+    )
+    gen.add_argument("--revision", default=None, help="the Hub model's branch, tag or commit (default: main)")
     gen.add_argument(
         "--lora",
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="a PEFT adapter folder; repeatable (default: none, the base model only)",
+        help="a PEFT adapter folder, or Hub repo id org/name[@revision]; repeatable (default: none, the base model only)",
     )
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeatable")
     gen.add_argument(
@@ -174,6 +179,7 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     with LLM(
         model=args.model,
+        revision=args.revision,
         enable_lora=bool(loras),
         max_loras=max(1, len(loras)),
         max_lora_rank=args.max_lora_rank,

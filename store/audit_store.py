@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Engine, Table, false, insert, select, true
+from sqlalchemy import Connection, Engine, Table, false, insert, inspect, select, true
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
@@ -243,7 +243,10 @@ def backfill_registrations(conn: Connection, revision: str) -> int:
     """Append an adapter_registered event for every `adapters` row that has none (rows written before
     adapters entered the chain); returns how many. Runs inside db.write_transaction (the migration's)."""
     now = time.time()
-    rows = [dict(row._mapping) for row in conn.execute(unregistered(ADAPTERS, EVENTS))]
+    # the columns the table has at the revision running this (a later revision may add more to the model)
+    present = {c["name"] for c in inspect(conn).get_columns("adapters")}
+    query = unregistered(ADAPTERS, EVENTS).with_only_columns(*(c for c in ADAPTERS.c if c.name in present))
+    rows = [dict(row._mapping) for row in conn.execute(query)]
     if rows:
         append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
     return len(rows)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from loraledger.lora.slot_stacks import SlotStacks
+from loraledger.sources.engine_sources import adapter_fields
 from loraledger.store.records import AdapterRecord
 
 
@@ -40,6 +42,7 @@ class LoraCheckpoint:
     # PEFT's rank_pattern / alpha_pattern: each (layer, module)'s own scale where it differs from `scale`
     module_scales: Mapping[tuple[int, str], float] = dataclasses.field(default_factory=dict)
     max_rank: int = 0  # the largest rank of any module (rank_pattern may exceed r); 0: `rank`
+    source: Any = None  # loraledger.sources.Source: the Hub repo, revision and commit it was read from (None: a folder)
 
     @property
     def slot_rank(self) -> int:
@@ -58,4 +61,5 @@ class LoraCheckpoint:
             base_model_fingerprint=base_model_fingerprint,
             use_rslora=self.use_rslora,
             first_seen=first_seen,
+            **adapter_fields(self.source),
         )

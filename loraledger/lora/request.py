@@ -12,9 +12,10 @@ MAX_PATH_CHARS = 4096  # Linux's PATH_MAX
 
 
 class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=True):
-    """An adapter by name, positive integer id and local folder path; vLLM's fields in vLLM's positional order
+    """An adapter by name, positive integer id and path; vLLM's fields in vLLM's positional order
     (`LoRARequest(lora_name, lora_int_id, lora_path, base_model_name=None, tensorizer_config_dict=None,
-    load_inplace=False)`).
+    load_inplace=False)`). lora_path is a local folder or a Hugging Face Hub repo id, `org/name` or
+    `org/name@revision` to pin a branch, tag or commit (loraledger/sources; a folder that exists wins).
 
     Equality and hashing are by lora_name alone, as vLLM defines them (its LoRARequest.__eq__ / __hash__), so a
     set or dict of LoRARequests holds one per adapter name. The engine refuses an id or a name reused with a
@@ -51,7 +52,9 @@ class LoRARequest(msgspec.Struct, frozen=True, omit_defaults=True, array_like=Tr
                 f"LoRARequest.lora_int_id must be an integer in [1, 2**63), got {_shown(self.lora_int_id)}"
             )
         if not isinstance(self.lora_path, str) or not self.lora_path:
-            raise LoRARequestError("LoRARequest.lora_path must name the adapter folder (a non-empty string)")
+            raise LoRARequestError(
+                "LoRARequest.lora_path must name the adapter folder or Hub repo id (a non-empty string)"
+            )
         storable_text(
             self.lora_path, "LoRARequest.lora_path", LoRARequestError, max_chars=MAX_PATH_CHARS, allow_nul=False
         )
