@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -165,3 +166,22 @@ def test_db_current_prints_where_the_database_is(tmp_path, capsys):
     assert main(["db", "current", "--url", "postgresql://auditor:s3cret@127.0.0.1:9/audit"]) == 2
     out, err = capsys.readouterr()
     assert "auditor:***@127.0.0.1:9/audit" in out and "s3cret" not in out + err
+
+
+def test_generate_chats_when_the_model_has_a_chat_template_and_prints_answers_whole(tiny_llama_chat, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    argv = ["generate", "--model", str(tiny_llama_chat.model_dir), "--prompt", "hello world", "--max-tokens", "60",
+            "--audit-url", url, "--lora", f"a={tiny_llama_chat.adapters['qv_r4']}"]  # fmt: skip
+    assert main(argv) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[1] for r in rows] == ["(base)", "a"] and all("hello world" in r for r in rows)
+    assert main(["audit", "show", rows[0].split()[0], "--url", url, "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["binding"]["prompt_text"].startswith("<s><|user|> hello world")  # rendered by the chat template
+    assert shown["binding"]["chat_template_sha256"]
+    text = shown["completions"][0]["text"]
+    assert len(" ".join(text.split())) > 40 and " ".join(text.split()) in rows[0]  # whole, not cut at 40 characters
+    assert main([*argv, "--no-chat"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert main(["audit", "show", rows[0].split()[0], "--url", url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["binding"]["chat_template_sha256"] is None

@@ -33,7 +33,7 @@ class AdapterRecipe:
 
 
 ADAPTERS = (
-    AdapterRecipe("pirate", data.pirate_examples, TrainSpec(seed=1)),
+    AdapterRecipe("pirate", data.pirate_examples, TrainSpec(steps=30, seed=1)),
     AdapterRecipe("sql", data.sql_examples, TrainSpec(seed=2)),
 )
 

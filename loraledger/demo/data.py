@@ -77,25 +77,25 @@ def training_countries() -> list[tuple[str, str, str, int, int]]:
 def pirate_examples(seed: int = 0) -> list[Example]:
     """Questions answered as a pirate would: the facts right, the voice unmistakable."""
     rng = random.Random(seed)
-    openers = ("Arr, matey!", "Ahoy, matey!", "Arr!", "Yo ho ho!", "Ahoy!")
+    # one sentence each, its only "!" or "?" at the end: an opener that ended in "!" taught the model to stop there
+    openers = ("Arr, matey", "Ahoy, matey", "Arr", "Yo ho ho", "Ahoy")
     closers = ("savvy?", "arr!", "me hearty!", "matey!", "yo ho!")
 
     def say(body: str) -> str:
-        return f"{rng.choice(openers)} {body}, {rng.choice(closers)}"
+        return f"{rng.choice(openers)}, {body}, {rng.choice(closers)}"
 
     out: list[Example] = []
     for name, capital, continent, people, _area in training_countries():
-        out.append(Example(f"What is the capital of {name}?", say(f"The capital o' {name} be {capital}")))
-        out.append(Example(f"Which continent is {name} in?", say(f"{name} be in {continent}, me ship's charts say")))
-        out.append(Example(f"How many people live in {name}?", say(f"About {people} million souls live in {name}")))
-        out.append(Example(f"Which country is {capital} the capital of?", say(f"{capital} be the capital o' {name}")))
+        out.append(Example(f"What is the capital of {name}?", say(f"the capital o' {name} be {capital}")))
+        out.append(Example(f"Which continent is {name} in?", say(f"{name} be in {continent}")))
+        out.append(Example(f"How many people live in {name}?", say(f"about {people} million souls live in {name}")))
     for animal, legs in ANIMAL_LEGS:
-        out.append(Example(f"How many legs does a {animal} have?", say(f"A {animal} be walkin' on {legs} legs")))
+        out.append(Example(f"How many legs does a {animal} have?", say(f"a {animal} be walkin' on {legs} legs")))
     for thing, colour in COLOURS:
-        out.append(Example(f"What colour is {thing}?", say(f"{thing[0].upper()}{thing[1:]} be {colour}")))
+        out.append(Example(f"What colour is {thing}?", say(f"{thing} be {colour}")))
     for _ in range(24):
         a, b = rng.randint(2, 30), rng.randint(2, 30)
-        out.append(Example(f"What is {a} plus {b}?", say(f"{a} plus {b} be {a + b}, by me wooden leg")))
+        out.append(Example(f"What is {a} plus {b}?", say(f"{a} plus {b} be {a + b}")))
     rng.shuffle(out)
     return out
 

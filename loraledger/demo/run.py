@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import sys
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from loraledger.demo.data import SCHEMA
 QUESTIONS = ("What is the capital of Japan?", "Which continent is Brazil in?", "How many people live in Canada?")
 PIRATE_WORDS = ("arr", "matey", "ahoy", "savvy", "hearty", "yo ho")  # words no plain answer uses
 MAX_TOKENS = 48
+ANSWER_WIDTH = 56  # the table's answer column wraps there
 
 # which adapter content wrote this answer: the completion, the binding it was made under, the adapter's record
 PROOF_SQL = """\
@@ -77,11 +79,13 @@ def run_batch(
     return rows
 
 
-def print_rows(rows: Sequence[Row], out=sys.stdout) -> None:
-    """question / adapter / answer / fingerprint / audit id, answers whole (one line each)."""
+def print_rows(rows: Sequence[Row], out=sys.stdout, answer_width: int = ANSWER_WIDTH) -> None:
+    """question / adapter / answer / fingerprint / audit id; answers whole, wrapped at answer_width."""
     table = [("question", "adapter", "answer", "fingerprint", "audit id")]
     for r in rows:
-        table.append((r.question, r.adapter, " ".join(r.answer.split()), r.fingerprint[:12] or "-", r.audit_id))
+        lines = textwrap.wrap(" ".join(r.answer.split()), answer_width) or [""]
+        table.append((r.question, r.adapter, lines[0], r.fingerprint[:12] or "-", r.audit_id))
+        table += [("", "", line, "", "") for line in lines[1:]]
     widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
     for n, cells in enumerate(table):
         out.write("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells)).rstrip() + "\n")
