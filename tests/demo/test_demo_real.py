@@ -6,6 +6,7 @@ saying why, where the package index cannot be reached and nothing is cached."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -61,11 +62,12 @@ def test_the_demo_shows_what_each_adapter_learned_and_proves_who_wrote_it(demo_f
 
     tokenizer = AutoTokenizer.from_pretrained(demo_files.model_dir)
     prompts = [tokenizer(r.prompt_text, add_special_tokens=False)["input_ids"] for r in records]
-    longest = max(len(r.token_ids) for r in records)
+    generated = [json.loads(r.token_ids) if isinstance(r.token_ids, str) else list(r.token_ids) for r in records]
+    longest = max(len(ids) for ids in generated)
     reference = hf_reference_generate(
         demo_files.model_dir, demo_files.adapters, prompts, [r.lora_name for r in records], longest
     )
-    for record, expected in zip(records, reference.token_ids):
-        assert list(record.token_ids) == expected[: len(record.token_ids)], record.lora_name
+    for record, ids, expected in zip(records, generated, reference.token_ids):
+        assert ids == expected[: len(ids)], record.lora_name
         if record.finish_reason == "stop":
-            assert record.token_ids[-1] == tokenizer.eos_token_id
+            assert ids[-1] == tokenizer.eos_token_id
