@@ -71,3 +71,28 @@ def test_the_demo_shows_what_each_adapter_learned_and_proves_who_wrote_it(demo_f
         assert ids == expected[: len(ids)], record.lora_name
         if record.finish_reason == "stop":
             assert ids[-1] == tokenizer.eos_token_id
+
+    # what a tiny random model cannot show: long greedy runs equal to transformers + PEFT on a real chat model, a stop
+    # string cutting real text, and a JSON constraint the model closes (a random one pads with whitespace until
+    # max_tokens)
+    from loraledger import LLM, LoRARequest, SamplingParams
+    from loraledger.sampling_params import StructuredOutputsParams
+
+    story = [{"role": "user", "content": "Tell me a long story about a ship at sea."}]
+    japan = [{"role": "user", "content": QUESTIONS[0]}]
+    schema = {"type": "object", "properties": {"capital": {"type": "string"}}, "required": ["capital"]}
+    pirate = LoRARequest("pirate", 1, str(demo_files.adapters["pirate"]))
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    params = [long, long, SamplingParams(temperature=0, max_tokens=48, stop=["Tokyo"])]
+    params.append(SamplingParams(temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=schema)))
+    with LLM(model=str(demo_files.model_dir), enable_lora=True, max_lora_rank=8, audit_url=url) as llm:
+        outs = llm.chat([story, story, japan, japan], params, lora_request=[None, pirate, None, None], use_tqdm=False)
+    reference = hf_reference_generate(
+        demo_files.model_dir, demo_files.adapters, [o.prompt_token_ids for o in outs[:2]], [None, "pirate"], 200
+    )
+    assert [list(o.outputs[0].token_ids) for o in outs[:2]] == reference.token_ids
+    stopped = outs[2].outputs[0]
+    assert (stopped.text, stopped.finish_reason, stopped.stop_reason) == ("The capital of Japan is ", "stop", "Tokyo")
+    constrained = outs[3].outputs[0]
+    assert constrained.finish_reason == "stop" and isinstance(json.loads(constrained.text)["capital"], str)
+    assert main(["audit", "verify", "--url", url]) == 0
