@@ -30,16 +30,12 @@ class Converted:
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Converted:
     """Write the checkpoint folder out_dir from the GGUF file (a Llama-architecture model)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()
-    try:
+    try:  # transformers shows its own progress bar while it dequantizes
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     except (OSError, ValueError, KeyError, ImportError) as exc:
         raise ModelLoadError(f"cannot read the GGUF file {gguf_path} with transformers: {exc}") from exc
-    finally:
-        hf_logging.enable_progress_bar()
     config = model.config.to_dict()
     if config.get("model_type") != "llama":
         raise ModelLoadError(f"{gguf_path.name} is a {config.get('model_type')!r} model; the demo converts Llama ones")

@@ -11,7 +11,7 @@ from loraledger.demo.data import pirate_examples
 from loraledger.demo.train import TrainSpec, encode, save_peft_adapter, train_adapter
 from tests.model_fixtures import hf_reference_generate
 
-SPEC = TrainSpec(rank=4, alpha=8, top_layers=1, steps=60, batch_size=4, learning_rate=3e-2, seed=0)
+SPEC = TrainSpec(rank=4, alpha=8, top_layers=2, steps=60, batch_size=4, learning_rate=3e-2, seed=0)
 
 
 def test_training_learns_and_the_engine_serves_the_adapter_as_peft_does(tiny_llama_chat, tmp_path):
@@ -22,14 +22,14 @@ def test_training_learns_and_the_engine_serves_the_adapter_as_peft_does(tiny_lla
         e.token_ids[-1] == tiny.tokenizer.eos_token_id and 0 < e.answer_start < len(e.token_ids) for e in encoded
     )
     model, result = train_adapter(tiny.weights, tiny.config, tiny.tokenizer, examples, SPEC)
-    assert len(result.losses) == SPEC.steps and result.losses[-1] < 0.7 * result.losses[0], result.losses
+    assert len(result.losses) == SPEC.steps and result.losses[-1] < 0.6 * result.losses[0], result.losses
     folder = save_peft_adapter(model, tmp_path / "pirate", base_model=str(tiny.model_dir), spec=SPEC)
     again, _ = train_adapter(tiny.weights, tiny.config, tiny.tokenizer, examples, SPEC)
     again_folder = save_peft_adapter(again, tmp_path / "again", base_model=str(tiny.model_dir), spec=SPEC)
     assert (folder / "adapter_model.safetensors").read_bytes() == (
         again_folder / "adapter_model.safetensors"
     ).read_bytes()
-    assert json.loads((folder / "adapter_config.json").read_text())["layers_to_transform"] == [1]
+    assert json.loads((folder / "adapter_config.json").read_text())["layers_to_transform"] == [0, 1]
 
     conversation = [{"role": "user", "content": examples[0].question}]
     pirate = LoRARequest("pirate", 1, str(folder))
