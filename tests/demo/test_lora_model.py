@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 
 from loraledger.demo.lora_model import ATTENTION, MLP, LlamaShape, LoraLlama
 from loraledger.demo.train import TrainSpec, save_peft_adapter
+from loraledger.errors import ConfigError
 from tests.model_fixtures import hf_reference_logits
 
 IDS = [1, 40, 17, 99, 230, 5, 77, 301, 12, 64]
@@ -61,5 +62,9 @@ def test_a_shared_prefix_run_once_gives_the_same_states(tiny_llama):
 
 
 def test_bad_shapes_are_refused(tiny_llama):
-    with pytest.raises(ValueError, match="first_lora_layer"):
+    with pytest.raises(ConfigError, match="first_lora_layer"):
         _model(tiny_llama, first_lora_layer=2)  # the tiny model has layers 0 and 1
+    config = json.loads((tiny_llama.model_dir / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    with pytest.raises(ConfigError, match="llama3"):
+        LlamaShape.from_config(config)
