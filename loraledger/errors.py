@@ -157,4 +157,5 @@ class InstanceLeaseLostError(AuditIntegrityError):
 
 
 class DemoFetchError(LoraLedgerError, RuntimeError):
-    """The demo's model could not be fetched from the package index (offline, pip failed, or not the pinned bytes)."""
+    """The demo's model could not be had: not fetched from the package index (offline, pip failed, not the pinned
+    bytes), or another demo's build of it held the cache folder past the deadline."""

@@ -12,6 +12,7 @@ an interrupted first run resumes where it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,8 +25,10 @@ from pathlib import Path
 
 from loraledger.demo import data
 from loraledger.demo.train import TrainSpec
+from loraledger.errors import DemoFetchError
 
 DEMO_DIR = "smollm2-v1"  # changes whenever what the demo builds changes
+LOCK_DEADLINE_S = 1800.0  # a first build takes minutes on a slow machine; past this the other build is stuck
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,54 @@ def demo_root(cache_dir: Path) -> Path:
 def build_demo(cache_dir: Path, *, rebuild: bool = False, log: Callable[[str], None] | None = None) -> DemoFiles:
     """The demo's model and adapters under cache_dir, made now where missing. Raises DemoFetchError when the
     model must be fetched and cannot be."""
-    from loraledger.demo import convert, fetch, train
-
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     root = demo_root(cache_dir)
+    with build_lock(root, say):
+        return _build(root, rebuild, say)
+
+
+@contextlib.contextmanager
+def build_lock(root: Path, say: Callable[[str], None], deadline_s: float = LOCK_DEADLINE_S):
+    """One build of root at a time (two demos, or two test runs, started together would write the same folders):
+    an exclusive lock on root/.lock, waited for at most deadline_s."""
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks on this platform: builds are not guarded against each other
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / ".lock").open("a") as handle:
+        waited = time.monotonic()
+        told = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() - waited > deadline_s:
+                    raise DemoFetchError(
+                        f"another loraledger demo has been building {root} for over {deadline_s:.0f} s; "
+                        "stop it (or delete the folder) and run the demo again"
+                    ) from None
+                if not told:
+                    say(f"waiting for another loraledger demo building {root} ...")
+                    told = True
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(root: Path, rebuild: bool, say: Callable[[str], None]) -> DemoFiles:
+    from loraledger.demo import convert, fetch, train
+
     if rebuild:
-        shutil.rmtree(root, ignore_errors=True)
+        for stale in (p for p in root.iterdir() if p.name != ".lock"):
+            if stale.is_dir():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
     files = DemoFiles(root, root / "model", {r.name: root / "adapters" / r.name for r in ADAPTERS})
     record = _read_record(root)
     converted = None
