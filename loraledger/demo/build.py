@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import shutil
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from loraledger.demo import data
 from loraledger.demo.train import TrainSpec
+from loraledger.digests import text_sha256
 from loraledger.errors import DemoFetchError
 
 DEMO_DIR = "smollm2-v1"  # changes whenever what the demo builds changes
@@ -170,7 +170,7 @@ def _build(root: Path, rebuild: bool, say: Callable[[str], None]) -> DemoFiles:
 def recipe_digest(examples: list[data.Example], spec: TrainSpec) -> str:
     """sha256 of what an adapter is trained from: its lines and its TrainSpec (a change to either retrains it)."""
     payload = {"examples": [dataclasses.astuple(e) for e in examples], "spec": dataclasses.asdict(spec)}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return text_sha256(json.dumps(payload, sort_keys=True))
 
 
 def _read_record(root: Path) -> dict:

