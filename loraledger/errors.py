@@ -154,3 +154,7 @@ class AuditCorruptError(LoraLedgerError, RuntimeError):
 
 class InstanceLeaseLostError(AuditIntegrityError):
     """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""
+
+
+class EvidenceError(LoraLedgerError, ValueError):
+    """A receipt, checkpoint, proof, signed note or key that is malformed or does not check out; the message names which."""

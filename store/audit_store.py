@@ -14,6 +14,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
+from loraledger.evidence import node_store, receipt_store
+from loraledger.evidence.log_key import LogKey
+from loraledger.evidence.receipt import Receipt
 from loraledger.store import instances, process_identity
 from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import (
@@ -122,9 +125,12 @@ def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -
         conn.execute(insert(COMPLETIONS), new)
 
 
-def append_events(conn: Connection, records: Sequence[EventRecord], instance_id: str | None = None) -> Checkpoint:
+def append_events(
+    conn: Connection, records: Sequence[EventRecord], instance_id: str | None = None, *, merkle: bool = True
+) -> Checkpoint:
     """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record;
-    each event names instance_id, the engine instance writing it (None: a tool)."""
+    each event names instance_id, the engine instance writing it (None: a tool). merkle: also append their leaves
+    to the Merkle tree (False only for a revision that runs before the tree exists)."""
     head = _head(conn)
     keys = [r.dedup_key for r in records if r.dedup_key is not None]
     skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
@@ -154,6 +160,8 @@ def append_events(conn: Connection, records: Sequence[EventRecord], instance_id:
     if not rows:
         return head
     conn.execute(insert(EVENTS), rows)
+    if merkle:
+        node_store.append_leaves(conn, head.sequence, [row["hash"] for row in rows])
     return Checkpoint(sequence=seq, hash=prev, at=rows[-1]["at"].timestamp())
 
 
@@ -179,13 +187,21 @@ def _root_reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = None) -> Checkpoint:
+def write_batch(
+    conn: Connection,
+    batch: AuditBatch,
+    instance_id: str | None = None,
+    *,
+    log_key: LogKey | None = None,
+    receipts: dict[str, Receipt] | None = None,
+) -> Checkpoint:
     """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that).
 
     An adapter written for the first time enters the chain in the same transaction: its
     adapter_registered event comes before the batch's own events (which may name it).
     instance_id: the engine instance writing (its requests rows and events carry it); an instance
     another one has recovered is refused (InstanceLeaseLostError). None: a tool, no instance.
+    log_key: sign a receipt for each request this batch finishes, kept in `receipts` and put in receipts (by audit key).
     """
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
@@ -195,7 +211,14 @@ def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = N
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
-    return append_events(conn, [*events, *batch.events], instance_id)
+    finishing = [e.request_id for e in batch.events if e.kind == EventKind.REQUEST_FINISHED and e.request_id]
+    before = _head(conn).sequence if log_key is not None and finishing else 0
+    head = append_events(conn, [*events, *batch.events], instance_id)
+    if log_key is not None and finishing:
+        issued = receipt_store.issue_after(conn, log_key, before, finishing)
+        if receipts is not None:
+            receipts.update(issued)
+    return head
 
 
 def _unfinished(conn: Connection, owners: Any) -> list[RequestRecord]:
@@ -246,7 +269,8 @@ def backfill_registrations(conn: Connection, revision: str) -> int:
     now = time.time()
     rows = [dict(row._mapping) for row in conn.execute(unregistered(ADAPTERS, EVENTS))]
     if rows:
-        append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
+        # revision 0004 runs before the Merkle tree exists: revision 0009 builds it over these events
+        append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows], merkle=False)
     return len(rows)
 
 
@@ -278,6 +302,7 @@ class AuditStore:
         self.url = url
         self.timeout = timeout
         self.instance: InstanceRecord | None = None
+        self.log_key: LogKey | None = None  # set: every finished request gets a signed receipt (loraledger/evidence/)
         self._engine: Engine | None = None
         self._watchdog: Watchdog | None = None
 
@@ -351,14 +376,15 @@ class AuditStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, batch: AuditBatch) -> Checkpoint:
+    def write(self, batch: AuditBatch, receipts: dict[str, Receipt] | None = None) -> Checkpoint:
         """Commit the batch in one transaction; returns the event chain's head after it.
 
         Adapters, requests and completions already on record are skipped (a request id on record
         with a different binding raises DuplicateRequestError); events whose dedup_key is on
         record are skipped. So a batch retried after an ambiguous failure is written once. An
         AuditUnavailableError says whether the failure was ambiguous: `maybe_committed` is False
-        when it came before the commit was sent.
+        when it came before the commit was sent. With a log_key set, the receipts of the requests the batch
+        finishes are signed in the transaction and put in receipts (valid only once this returns: committed).
         """
         engine = self.engine
         committing = False
@@ -368,8 +394,11 @@ class AuditStore:
                     # a batch with adapters takes its turn first: two instances registering one new adapter
                     # must see each other's row; other rows are this instance's own, written before the wait
                     with write_transaction(engine, lock=bool(batch.adapters)) as conn:
-                        head = write_batch(conn, batch, self.instance_id)
+                        issued: dict[str, Receipt] = {}
+                        head = write_batch(conn, batch, self.instance_id, log_key=self.log_key, receipts=issued)
                         committing = True  # leaving the block sends COMMIT
+                    if receipts is not None:
+                        receipts.update(issued)
                     return head
                 except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
                     if op is not None and op.expired:

@@ -18,13 +18,25 @@ from loraledger.store.rows import completion_row
 from tests.db_fixtures import FP_A, FP_B, make_completion, sample_batch
 
 # a column per table that an attacker would like to rewrite
-TARGET = {"adapters": "name", "requests": "tenant", "completions": "text", "events": "kind", "instances": "host"}
+TARGET = {
+    "adapters": "name",
+    "requests": "tenant",
+    "completions": "text",
+    "events": "kind",
+    "instances": "host",
+    "merkle_nodes": "hash",
+    "checkpoints": "note",
+    "receipts": "body",
+}
 KEY = {
     "instances": "instance_id",
     "adapters": "fingerprint",
     "requests": "request_id",
     "completions": "request_id, completion_index",
     "events": "seq",
+    "merkle_nodes": "level, idx",
+    "checkpoints": "tree_size",
+    "receipts": "request_id",
 }
 
 

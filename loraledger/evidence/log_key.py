@@ -1,0 +1,59 @@
+"""The log's Ed25519 key: it signs checkpoints and receipts under the log's origin name.
+
+A PEM private key file (PKCS8, as `loraledger audit keygen` writes). By default the engine keeps one
+in its data folder, made on first use; the origin (the name in every checkpoint and signature line)
+defaults to `loraledger/` followed by 16 hex digits of the public key's SHA-256, so two logs with two
+keys never share an origin. Third parties need only the verifier key (`vkey`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from loraledger import paths
+from loraledger.audit.signing import generate_ed25519_key, load_private_key
+from loraledger.evidence import signed_note
+from loraledger.evidence.signed_note import ED25519, NoteSignature, Verifier
+
+LOG_KEY_ENV = "LORALEDGER_LOG_KEY"  # a PEM file; unset: the default key in the data folder
+LOG_ORIGIN_ENV = "LORALEDGER_LOG_ORIGIN"
+
+
+def default_key_path() -> Path:
+    return paths.data_dir() / "log_key.pem"
+
+
+def default_origin(key: Ed25519PrivateKey) -> str:
+    return "loraledger/" + hashlib.sha256(signed_note.raw_public(key.public_key())).hexdigest()[:16]
+
+
+class LogKey:
+    """The log's signing key and its origin name."""
+
+    def __init__(self, key: Ed25519PrivateKey, origin: str | None = None):
+        self._key = key
+        self.origin = signed_note.check_name(origin or default_origin(key))
+        self.verifier = Verifier(self.origin, ED25519, signed_note.raw_public(key.public_key()))
+
+    @classmethod
+    def load(cls, path: Path | str | None = None, origin: str | None = None, *, create: bool = False) -> LogKey:
+        """The key at path (else $LORALEDGER_LOG_KEY, else the default file, made when create is set)."""
+        chosen = Path(path or os.environ.get(LOG_KEY_ENV) or default_key_path())
+        if create and path is None and not os.environ.get(LOG_KEY_ENV) and not chosen.exists():
+            chosen.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                generate_ed25519_key(chosen)
+            except Exception:
+                if not chosen.exists():  # another process made it first: use theirs
+                    raise
+        return cls(load_private_key(chosen), origin or os.environ.get(LOG_ORIGIN_ENV))
+
+    def sign_note(self, text: str) -> NoteSignature:
+        return signed_note.sign(text, self.origin, self._key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
