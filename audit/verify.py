@@ -27,6 +27,7 @@ from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
+from loraledger.evidence import tree_verify
 from loraledger.store import instances
 from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash
@@ -77,6 +78,7 @@ def verify_log(
     _check_unclaimed_recoveries(conn, walk.claims, found)
     _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
+    tree_verify.check_all(conn, found.add)  # the Merkle tree, signed checkpoints and receipts (loraledger/evidence/)
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
     n_completions = conn.execute(select(func.count()).select_from(C)).scalar_one()
     return VerifyResult(

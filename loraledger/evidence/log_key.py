@@ -15,7 +15,6 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from loraledger import paths
-from loraledger.audit.signing import generate_ed25519_key, load_private_key
 from loraledger.evidence import signed_note
 from loraledger.evidence.signed_note import ED25519, NoteSignature, Verifier
 
@@ -42,6 +41,9 @@ class LogKey:
     @classmethod
     def load(cls, path: Path | str | None = None, origin: str | None = None, *, create: bool = False) -> LogKey:
         """The key at path (else $LORALEDGER_LOG_KEY, else the default file, made when create is set)."""
+        # imported here: the audit package imports the store, which imports this module
+        from loraledger.audit.signing import generate_ed25519_key, load_private_key
+
         chosen = Path(path or os.environ.get(LOG_KEY_ENV) or default_key_path())
         if create and path is None and not os.environ.get(LOG_KEY_ENV) and not chosen.exists():
             chosen.parent.mkdir(parents=True, exist_ok=True)

@@ -6,15 +6,19 @@ that reads the database finds the latest one; the HTTP server signs one on reque
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from sqlalchemy import Connection, Table, insert, select
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import node_store
 from loraledger.evidence.checkpoint import Checkpoint
-from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.proofs import ConsistencyProof, InclusionProof, encode
 from loraledger.evidence.signed_note import Note
 from loraledger.store.models import SignedCheckpoint
+
+if TYPE_CHECKING:
+    from loraledger.evidence.log_key import LogKey
 
 CHECKPOINTS: Table = SignedCheckpoint.__table__  # type: ignore[assignment]
 

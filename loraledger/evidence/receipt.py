@@ -18,16 +18,18 @@ import base64
 import binascii
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import signed_note
-from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.signed_note import Verifier
 from loraledger.store.canonical import canonical_json
+
+if TYPE_CHECKING:
+    from loraledger.evidence.log_key import LogKey
 
 FORMAT = "loraledger-receipt/v1"
 MAX_RECEIPT_BYTES = 1 << 20
