@@ -98,6 +98,9 @@ class RequestOutput(_RequestOutputFields, kw_only=True):
     multi_modal_placeholders: dict | None = None
     kv_transfer_params: dict | None = None
     audit_id: str | None = None  # None only for outputs made outside the engine
+    # the log's signed receipt of a finished request (format, body, signature, log_key: loraledger/evidence/receipt.py),
+    # on the final output once its rows are committed; None before, and where the engine has no log key
+    receipt: dict | None = None
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
