@@ -79,16 +79,23 @@ def check_tree(conn: Connection, report: Report) -> int:
     """Recompute every stored node; returns the tree's size (the number of events)."""
     events = stream(conn, select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq))
 
-    def leaves() -> Iterator[tuple[int, str]]:
-        for i, ev in enumerate(events):
-            try:
-                yield i, node_store.leaf_of_event(ev.hash).hex()
-            except (ValueError, TypeError):
-                yield i, "(the event's hash is not 32 bytes of hex)"
+    last = [0]
 
-    size = _merge(leaves(), _level(conn, 0), 0, report)
+    def leaves() -> Iterator[tuple[int, str]]:
+        # leaf seq - 1 for each event: a missing or misnumbered event is the chain check's to report, not every leaf's
+        for ev in events:
+            if not isinstance(ev.seq, int) or ev.seq < 1:
+                continue
+            last[0] = max(last[0], ev.seq)
+            try:
+                yield ev.seq - 1, node_store.leaf_of_event(ev.hash).hex()
+            except (ValueError, TypeError, AttributeError):
+                yield ev.seq - 1, "(the event's hash is not 32 bytes of hex)"
+
+    _merge(leaves(), _level(conn, 0), 0, report)
+    size = last[0]
     level, width = 0, size
-    while width >= 2:
+    while width >= 2:  # a level of `width` nodes has width // 2 parents
         below = _level(conn, level)
 
         def parents(rows: Iterator[Any] = below) -> Iterator[tuple[int, str]]:
@@ -106,7 +113,8 @@ def check_tree(conn: Connection, report: Report) -> int:
                     left = None
 
         level += 1
-        width = _merge(parents(), _level(conn, level), level, report)
+        _merge(parents(), _level(conn, level), level, report)
+        width = size >> level
     stray = select(NODES.c.level, NODES.c.idx).where((NODES.c.level > level) | (NODES.c.level < 0))
     for row in stream(conn, stray.order_by(NODES.c.level, NODES.c.idx).limit(100)):
         _extra(row, row.level, report)

@@ -92,6 +92,6 @@ def test_cosignature_v1_message_and_check() -> None:
 
 def test_vkey_with_a_wrong_key_id_is_refused() -> None:
     key = LogKey(Ed25519PrivateKey.generate(), "example.com/log")
-    name, kid, b64 = key.verifier.vkey().split("+")
+    name, kid, b64 = key.verifier.vkey().split("+", 2)  # the base64 may hold "+"
     with pytest.raises(EvidenceError, match="key id"):
         signed_note.parse_vkey(f"{name}+00000000+{b64}")
