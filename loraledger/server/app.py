@@ -26,6 +26,7 @@ class ServerState:
     """Everything the routes share: the engine, the served models, the keys, the metrics, and the drain state."""
 
     def __init__(self, config: ServerConfig, engine=None) -> None:
+        from loraledger.evidence.otel import RequestTracing
         from loraledger.server.serving_chat import OpenAIServingChat
         from loraledger.server.serving_completion import OpenAIServingCompletion
         from loraledger.server.serving_evidence import ServingEvidence
@@ -43,6 +44,7 @@ class ServerState:
         self.chat = OpenAIServingChat(self)
         self.tokenization = OpenAIServingTokenization(self)
         self.evidence = ServingEvidence(self)  # GET /evidence/...: checkpoints, proofs, receipts
+        self.tracing = RequestTracing()  # a span per request where OpenTelemetry is installed (the otel extra)
         self.draining = False
         self.in_flight = 0
         self._idle = anyio.Event()

@@ -76,3 +76,40 @@ def test_a_streamed_chat_puts_the_receipt_on_its_last_chunk(live, keys) -> None:
     fields = receipt.check_signature(Receipt(**last["receipts"][0]))
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert receipt.matching_completion(fields, text) == 0
+
+
+def test_each_request_is_a_span_in_the_callers_trace_with_the_adapter_and_log_position(live, keys) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from loraledger.evidence.otel import RequestTracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    before = live.state.tracing
+    live.state.tracing = RequestTracing(provider)
+    try:
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        r = httpx.post(f"{live.base_url}/v1/completions", timeout=60,
+                       headers={"Authorization": f"Bearer {keys.acme}", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+                       json={"model": "qv_r4", "prompt": "a traced request", "max_tokens": 3})  # fmt: skip
+        assert r.status_code == 200, r.text
+    finally:
+        live.state.tracing = before
+    (span,) = exporter.get_finished_spans()
+    assert (
+        format(span.context.trace_id, "032x") == trace_id and format(span.parent.span_id, "016x") == "00f067aa0ba902b7"
+    )
+    a = span.attributes
+    fields = json.loads(r.json()["receipts"][0]["body"])
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.request.model"] == "qv_r4"
+    assert a["gen_ai.usage.output_tokens"] == r.json()["usage"]["completion_tokens"]
+    assert a["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+    assert tuple(a["gen_ai.response.finish_reasons"]) == (r.json()["choices"][0]["finish_reason"],)
+    assert (
+        a["loraledger.adapter.name"] == "qv_r4" and a["loraledger.adapter.fingerprint"] == fields["adapter_fingerprint"]
+    )
+    assert a["loraledger.audit_key"] == r.json()["id"] and a["loraledger.tenant"] == "acme"
+    assert a["loraledger.log.seq"] == fields["seq"] and a["loraledger.log.leaf_index"] == fields["leaf_index"]
