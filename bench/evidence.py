@@ -1,5 +1,7 @@
 """What evidence costs: `python -m bench.run --only evidence [--leaves 1000000] [--batch 32] [--seconds 3]`.
 
+0. The engine: batch-32 tokens/s on the CPU bench model with the audit log's chain alone vs with the tree and
+   receipts (alternating rounds; --skip-engine leaves it out).
 1. The writer: group commits of --batch finished requests (the rows and events bench.audit_chain writes)
    with the chain alone, with the Merkle tree, and with the tree and a signed receipt per request,
    alternating rounds on one SQLite file; requests/s of each and the ratio to the chain alone.
@@ -54,6 +56,54 @@ def _writer_rounds(folder: Path, batch: int, seconds: float, rounds: int) -> dic
         for store in stores.values():
             store.close()
     return {m: statistics.median(r[1:]) for m, r in rates.items()}
+
+
+def engine_ratio(folder: Path, rounds: int, threads: int) -> dict[str, float]:
+    """Batch-32 tokens/s of the CPU bench engine writing its audit log with the chain alone vs with the Merkle tree and
+    a signed receipt per request, alternating rounds (each engine on a database of its own)."""
+    import torch
+
+    from bench.assets import model_assets
+    from bench.offline_engine import OfflineEngine
+    from bench.workload import batch_workload
+    from loraledger import SamplingParams
+    from loraledger.evidence import log_key, node_store
+
+    torch.set_num_threads(threads)
+    assets = model_assets()
+    work = batch_workload(1, num_prompts=32, prompt_len=64, max_tokens=32, vocab_size=assets.vocab_size, num_adapters=8)
+    real_append, real_load = node_store.append_leaves, log_key.LogKey.load
+    engines: dict[str, OfflineEngine] = {}
+    runs: dict[str, list[float]] = {"chain only": [], "tree + receipts": []}
+
+    def evidence(on: bool) -> None:
+        node_store.append_leaves = real_append if on else (lambda conn, first, hashes: None)
+        log_key.LogKey.load = real_load if on else classmethod(lambda cls, *a, **k: None)  # type: ignore[assignment]
+
+    try:
+        for i, mode in enumerate(runs):
+            evidence(mode != "chain only")
+            engines[mode] = OfflineEngine(assets.model_dir, assets.adapters, num_threads=threads,
+                                          audit_url=f"sqlite:///{folder / f'engine{i}.sqlite3'}")  # fmt: skip
+            engines[mode].register_all()
+        prompts = [{"prompt_token_ids": p} for p in work.prompts]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.max_tokens]
+        for r in range(rounds + 1):  # round 0 warms up
+            for mode, engine in engines.items():
+                evidence(mode != "chain only")
+                loras = [None if a is None else engine.loras[a] for a in work.adapter_of]
+                started = time.perf_counter()
+                outs = engine.llm.generate(prompts, params, lora_request=loras, use_tqdm=False)
+                seconds = time.perf_counter() - started
+                if r:
+                    runs[mode].append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
+                    assert all((o.receipt is not None) == (mode != "chain only") for o in outs)
+    finally:
+        for mode, engine in engines.items():
+            evidence(mode != "chain only")
+            engine.close()
+        evidence(True)
+    return {mode: statistics.median(r) for mode, r in runs.items()}
 
 
 def _build_tree(url: str, leaves: int) -> float:
@@ -152,8 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="finished requests per group commit (default 32)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per writer round (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating writer rounds, median reported (default 3)")
+    parser.add_argument("--skip-engine", action="store_true", help="skip the batch-32 engine tokens/s comparison")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the engine comparison (default 2)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_engine:
+            tokens = engine_ratio(Path(tmp), args.rounds, args.threads)
+            base = tokens["chain only"]
+            print(
+                f"engine, batch 32 x 32 tokens, 8 adapters (CPU, {args.threads} threads, median of {args.rounds} alternating rounds)"
+            )
+            for mode, rate in tokens.items():
+                print(f"  {mode:<26} {rate:9.1f} tokens/s  {rate / base:5.2f}x")
         rates = _writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
         base = rates["chain only"]
         print(

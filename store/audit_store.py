@@ -6,7 +6,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from sqlalchemy import Connection, Engine, Table, false, insert, select, true
@@ -14,9 +14,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
-from loraledger.evidence import node_store, receipt_store
-from loraledger.evidence.log_key import LogKey
-from loraledger.evidence.receipt import Receipt
+from loraledger.evidence import node_store
 from loraledger.store import instances, process_identity
 from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import (
@@ -43,6 +41,10 @@ from loraledger.store.records import (
 )
 from loraledger.store.registration import registration_event, unregistered
 from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
+
+if TYPE_CHECKING:
+    from loraledger.evidence.log_key import LogKey
+    from loraledger.evidence.receipt import Receipt
 
 ADAPTERS: Table = Adapter.__table__  # type: ignore[assignment]
 REQUESTS: Table = Request.__table__  # type: ignore[assignment]
@@ -215,6 +217,8 @@ def write_batch(
     before = _head(conn).sequence if log_key is not None and finishing else 0
     head = append_events(conn, [*events, *batch.events], instance_id)
     if log_key is not None and finishing:
+        from loraledger.evidence import receipt_store  # here: the evidence package imports the store
+
         issued = receipt_store.issue_after(conn, log_key, before, finishing)
         if receipts is not None:
             receipts.update(issued)
