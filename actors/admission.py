@@ -8,8 +8,6 @@ request that is not on record. A request refused here produces no output, only i
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import time
 
 import anyio
@@ -33,6 +31,7 @@ from loraledger.actors.messages import (
     TrackRequest,
 )
 from loraledger.actors.tokenize import bad_words_token_ids, tokenize
+from loraledger.digests import binding_digest, prompt_digest
 from loraledger.errors import (
     AdapterChangedError,
     DuplicateRequestError,
@@ -43,7 +42,6 @@ from loraledger.errors import (
     PromptTooLongError,
 )
 from loraledger.logging import get_logger, request_logger
-from loraledger.store.canonical import digest
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.structured_outputs import canonical_constraint
 from loraledger.version import __version__
@@ -392,10 +390,7 @@ class Admission:
     async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt, constraint) -> None:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
-        if prompt_text is not None:
-            prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
-        else:
-            prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
+        prompt_hash = prompt_digest(prompt_text, prompt_ids)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -420,7 +415,7 @@ class Admission:
             if constraint is not None and self._audit_prompts == "text"
             else None,
         )
-        payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
+        payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:
             payload["caller"] = {"user": recordable(msg.user)}
         if self._audit_prompts == "text":

@@ -22,9 +22,7 @@ from loraledger.actors.messages import (
     GetStats,
     ListLoras,
     PinLora,
-    PinSlot,
     RemoveLora,
-    ResolveAdapter,
     Submit,
 )
 from loraledger.audit_ids import new_audit_id
@@ -43,7 +41,7 @@ from loraledger.errors import (
     TenantError,
 )
 from loraledger.logging import get_logger
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import parse_prompt
 from loraledger.sampling_params import SamplingParams
@@ -564,21 +562,10 @@ class AsyncEngine:
         return bool(await self._ask("loader", lambda reply: RemoveLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def pin_lora(self, lora_int_id: int) -> bool:
-        """Keep an adapter in host memory and in a device slot until it is removed."""
+        """Keep an adapter in host memory and in a device slot until it is removed (loaded first if need be)."""
         self._need_lora()
         lora_int_id = self._check_int_id(lora_int_id)
-        lora: LoRARequest = await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply))
-        answer: AdapterResolved = await self._ask(
-            "loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply)
-        )
-        if answer.error is not None:
-            raise answer.error
-        ckpt = answer.checkpoint
-        return bool(
-            await self._ask(
-                "scheduler", lambda reply: PinSlot(fingerprint=ckpt.fingerprint, checkpoint=ckpt, reply=reply)
-            )
-        )
+        return bool(await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def list_loras(self) -> set[int]:
         if not self.args.enable_lora:

@@ -19,7 +19,7 @@ import anyio
 from loraledger.engine_args import EngineArgs, check_argument_names
 from loraledger.errors import ConfigError, EngineDeadError
 from loraledger.llm_engine import LLMEngine
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.sampling_params import SamplingParams
 

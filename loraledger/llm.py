@@ -10,7 +10,7 @@ import msgspec
 from loraledger.engine_args import EngineArgs, check_argument_names
 from loraledger.errors import LoRARequestError, SamplingParamsError
 from loraledger.llm_engine import LLMEngine
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import PromptType, as_prompt_list
 from loraledger.sampling_params import RequestOutputKind, SamplingParams

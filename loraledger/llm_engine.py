@@ -14,7 +14,7 @@ from loraledger.async_engine import AsyncEngine
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import DuplicateRequestError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import CompletionOutput, RequestOutput
 from loraledger.sampling_params import SamplingParams
 

@@ -18,7 +18,7 @@ import msgspec
 
 from loraledger.errors import LoraLedgerError
 from loraledger.logging import get_logger
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.structured_outputs import from_canonical
 

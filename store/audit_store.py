@@ -13,10 +13,10 @@ from sqlalchemy import Connection, Engine, Table, false, insert, select, true
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from loraledger.digests import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break, json_roundtrip
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.evidence import node_store
 from loraledger.store import instances, process_identity
-from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import (
     display_url,
     make_engine,
@@ -26,7 +26,6 @@ from loraledger.store.db import (
     write_transaction,
 )
 from loraledger.store.deadline import Operation, Watchdog
-from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
 from loraledger.store.instances import InstanceRecord, LeaseState
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
@@ -208,7 +207,7 @@ def write_batch(
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
     _insert_completions(conn, batch.completions)
-    # the chain's turn: from here to the commit, no other writer appends (see store/hashchain.py)
+    # the chain's turn: from here to the commit, no other writer appends (see store/db.py)
     take_writer_lock(conn)
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)

@@ -26,9 +26,9 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Select, Table, Text, insert, literal, select, text, update
 
+from loraledger.digests import registration_digest
 from loraledger.errors import InstanceLeaseLostError
 from loraledger.store import process_identity
-from loraledger.store.canonical import digest
 from loraledger.store.models import Instance, InstanceLease, utc_from_unix
 from loraledger.store.records import EventKind, EventRecord
 from loraledger.store.registration import registered_form
@@ -127,7 +127,7 @@ def registration_event(row: Mapping[str, Any]) -> EventRecord:
     return EventRecord(
         kind=EventKind.INSTANCE_REGISTERED,
         at=float(instance["started_at"]),
-        payload={"instance": instance, "instance_sha256": digest(instance)},
+        payload={"instance": instance, "instance_sha256": registration_digest(instance)},
         dedup_key=registration_key(str(instance["instance_id"])),
     )
 

@@ -34,6 +34,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeEngine
 
+from loraledger.digests import stored_datetime
+
 # Fixed before the first revision: constraint names are part of the schema, and a later change
 # of convention would make every existing database drift from the models.
 NAMING_CONVENTION = {
@@ -54,8 +56,8 @@ _SQLITE_UTC_REGEXP = r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\
 
 
 def utc_from_unix(seconds: float) -> dt.datetime:
-    """A record's unix time as an aware UTC datetime, rounded to the microsecond."""
-    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+    """A record's unix time as an aware UTC datetime, rounded to the microsecond (the rounding digests define)."""
+    return stored_datetime(seconds)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -224,7 +226,7 @@ class Event(Base):
     admission has events but no binding), `payload` (JSON), `dedup_key` (UNIQUE, NULL-able: a
     second event with the same key is never written), `prev_hash` (the previous row's `hash`;
     64 zeros for seq 1) and `hash` = sha256(prev_hash || canonical JSON of [seq, at, kind,
-    request_id, payload, dedup_key]), see `loraledger.store.hashchain`; `instance_id` (the engine instance
+    request_id, payload, dedup_key]), see `loraledger.digests` and DIGESTS.md; `instance_id` (the engine instance
     that wrote the event; NULL for events written by tools and before revision 0007; when set, it is hashed too).
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraledger.store.canonical import json_roundtrip
+from loraledger.digests import json_roundtrip
 from loraledger.store.models import utc_from_unix
 from loraledger.store.records import AdapterRecord, CompletionRecord, RequestRecord
 

@@ -8,13 +8,12 @@ keys never share an origin. Third parties need only the verifier key (`vkey`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from loraledger import paths
+from loraledger import digests, paths
 from loraledger.evidence import signed_note
 from loraledger.evidence.signed_note import ED25519, NoteSignature, Verifier
 
@@ -27,7 +26,7 @@ def default_key_path() -> Path:
 
 
 def default_origin(key: Ed25519PrivateKey) -> str:
-    return "loraledger/" + hashlib.sha256(signed_note.raw_public(key.public_key())).hexdigest()[:16]
+    return "loraledger/" + digests.bytes_sha256(signed_note.raw_public(key.public_key()))[:16]
 
 
 class LogKey:

@@ -7,7 +7,7 @@ caller's id, tenant and key id, the adapter and base model, the constraint, the 
 and of each completion's text and token ids, and the request_finished event's place in the log (its
 seq, leaf index seq - 1, and chain hash, whose RFC 9162 leaf hash an inclusion proof leads from).
 
-The digests (defined here, the one place; EVIDENCE.md states their bytes): `text_sha256` is the
+The digests (defined in loraledger/digests.py with every other; EVIDENCE.md states their bytes): `text_sha256` is the
 SHA-256 of the completion text's UTF-8 bytes; `token_ids_sha256` the SHA-256 of the canonical JSON
 list of its token ids; `prompt_sha256` is the binding's own.
 """
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
 
+from loraledger import digests
+from loraledger.digests import canonical_json
 from loraledger.errors import EvidenceError
 from loraledger.evidence import signed_note
 from loraledger.evidence.signed_note import Verifier
-from loraledger.store.canonical import canonical_json
 
 if TYPE_CHECKING:
     from loraledger.evidence.log_key import LogKey
@@ -45,12 +45,8 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
         return json.loads(self.body)
 
 
-def text_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def token_ids_sha256(token_ids: list[int]) -> str:
-    return hashlib.sha256(canonical_json(list(token_ids))).hexdigest()
+text_sha256 = digests.text_sha256  # SHA-256 of the text's UTF-8 bytes
+token_ids_sha256 = digests.token_ids_sha256  # SHA-256 of the canonical JSON list of the token ids
 
 
 def message(body: str) -> bytes:

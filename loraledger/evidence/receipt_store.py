@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, insert, select
 
+from loraledger.digests import canonical_json
 from loraledger.evidence import receipt
 from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.receipt import Receipt
-from loraledger.store.canonical import canonical_json
 from loraledger.store.models import Completion, Event, Request
 from loraledger.store.models import Receipt as ReceiptRow
 from loraledger.store.records import EventKind

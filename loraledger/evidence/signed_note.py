@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from loraledger import digests
 from loraledger.errors import EvidenceError
 
 ED25519 = 0x01
@@ -46,8 +46,7 @@ def raw_public(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def key_id(name: str, key_type: int, public: bytes) -> bytes:
-    return hashlib.sha256(name.encode() + b"\n" + bytes([key_type]) + public).digest()[:4]
+key_id = digests.note_key_id
 
 
 def check_name(name: str) -> str:

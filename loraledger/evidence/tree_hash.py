@@ -9,24 +9,17 @@ and 2.1.4.2 and needs nothing but the proof.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
+
+from loraledger import digests
 
 HASH_SIZE = 32
 NodeKey = tuple[int, int]  # (level, index): the complete subtree over leaves [index << level, (index + 1) << level)
 
 
-def leaf_hash(data: bytes) -> bytes:
-    """RFC 9162 MTH of one entry: SHA-256(0x00 || data)."""
-    return hashlib.sha256(b"\x00" + data).digest()
-
-
-def node_hash(left: bytes, right: bytes) -> bytes:
-    """RFC 9162 interior node: SHA-256(0x01 || left || right)."""
-    return hashlib.sha256(b"\x01" + left + right).digest()
-
-
-EMPTY_ROOT = hashlib.sha256(b"").digest()  # MTH of the empty tree
+leaf_hash = digests.merkle_leaf_hash  # the hashes themselves are defined with every other digest
+node_hash = digests.merkle_node_hash
+EMPTY_ROOT = digests.MERKLE_EMPTY_ROOT
 
 
 def _split(size: int) -> int:

@@ -13,7 +13,7 @@ import structlog
 
 from loraledger.audit_ids import new_audit_id
 from loraledger.errors import SamplingParamsError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller

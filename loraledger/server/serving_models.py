@@ -9,7 +9,7 @@ import anyio
 import structlog
 
 from loraledger.errors import LoRARequestError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
 

@@ -13,7 +13,7 @@ import torch
 
 from loraledger import LLM, EngineArgs, LLMEngine, LoRARequest, SamplingParams
 from loraledger.audit import AuditLog
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from tests.api.conftest import random_prompts
 from tests.model_fixtures import hf_reference_generate
 

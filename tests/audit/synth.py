@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from loraledger.audit.rows import binding_digest, completions_digest
+from loraledger.digests import binding_digest, completions_digest
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.records import (
     AdapterRecord,

@@ -452,7 +452,7 @@ def _metric(live, family: str) -> dict:
 def test_load_inplace_reloads_a_loaded_adapter_from_its_new_folder(live, keys):
     """vLLM's load_inplace on /v1/load_lora_adapter: an adapter already loaded is read again (here from another folder,
     as a training loop writes a new checkpoint), and requests admitted from then on run on the new content."""
-    from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+    from loraledger.lora.checkpoint_reader import fingerprint_adapter
 
     url, admin = live.base_url, {"Authorization": f"Bearer {keys.admin}"}
     first, second = str(live.tiny.adapters["all_r8"]), str(live.tiny.adapters["ogd_r16_rslora"])

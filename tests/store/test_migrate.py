@@ -257,6 +257,9 @@ def _verify_with_later_columns(engine):
                 conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             for _, table in ADDED_TABLES:
                 Base.metadata.tables[table].create(conn)
+            from loraledger.evidence.node_store import backfill
+
+            backfill(conn)  # the Merkle tree over the events, as revision 0009 builds it
             return verify_log(conn)
         finally:
             trans.rollback()

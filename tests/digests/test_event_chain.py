@@ -9,8 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loraledger.store.canonical import canonical_json
-from loraledger.store.hashchain import GENESIS_HASH, EventFields, event_hash, first_break, verify_chain
+from loraledger.digests import GENESIS_HASH, EventFields, canonical_json, event_hash, first_break, verify_chain
 
 AT = dt.datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from loraledger.errors import AdapterRankError, AdapterShapeError, AdapterTargetError, ConfigError
-from loraledger.gpu.lora_slots import LoraSlots
+from loraledger.lora.device_slots import LoraSlots
 
 
 def _ckpt(cfg, rank, modules, scale=2.0, layers=None, seed=0):
@@ -45,7 +45,7 @@ def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
 
 
 def test_scale_is_applied_in_fp32_then_rounded_once_to_the_slot_dtype(tiny_llama):
-    from loraledger.gpu.lora_slots import stack_for_slots
+    from loraledger.lora.slot_stacks import stack_for_slots
 
     cfg = tiny_llama.config
     scale = 16 / 8**0.5  # not a power of two: scaling after the cast would round twice

@@ -9,7 +9,7 @@ import math
 import msgspec
 import pytest
 
-from loraledger.store.canonical import canonical_json, digest, json_roundtrip
+from loraledger.digests import canonical_json, digest, json_roundtrip
 
 
 def test_sorted_compact_utf8():
