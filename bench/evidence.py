@@ -55,7 +55,12 @@ def _writer_rounds(folder: Path, batch: int, seconds: float, rounds: int) -> dic
         node_store.append_leaves = real_append
         for store in stores.values():
             store.close()
-    return {m: statistics.median(r[1:]) for m, r in rates.items()}
+    medians = {m: statistics.median(r[1:]) for m, r in rates.items()}
+    base = rates["chain only"][1:]
+    for mode in ("chain + tree", "chain + tree + receipts"):
+        ratios = [b / a for a, b in zip(base, rates[mode][1:])]
+        print(f"  {mode}: per-round ratios to the chain alone {' '.join(f'{r:.2f}' for r in ratios)}")
+    return medians
 
 
 def engine_ratio(folder: Path, rounds: int, threads: int) -> dict[str, float]:
@@ -103,7 +108,10 @@ def engine_ratio(folder: Path, rounds: int, threads: int) -> dict[str, float]:
             evidence(mode != "chain only")
             engine.close()
         evidence(True)
-    return {mode: statistics.median(r) for mode, r in runs.items()}
+    result = {mode: statistics.median(r) for mode, r in runs.items()}
+    # each round's ratio of two runs next to each other in time: steadier than a ratio of medians on a busy machine
+    result["round ratios"] = [b / a for a, b in zip(runs["chain only"], runs["tree + receipts"])]
+    return result
 
 
 def _build_tree(url: str, leaves: int) -> float:
@@ -212,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"engine, batch 32 x 32 tokens, 8 adapters (CPU, {args.threads} threads, median of {args.rounds} alternating rounds)"
             )
+            ratios = tokens.pop("round ratios")
             for mode, rate in tokens.items():
                 print(f"  {mode:<26} {rate:9.1f} tokens/s  {rate / base:5.2f}x")
+            print(f"  per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
         rates = _writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
         base = rates["chain only"]
         print(
