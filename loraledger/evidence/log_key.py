@@ -9,6 +9,7 @@ keys never share an origin. Third parties need only the verifier key (`vkey`).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -49,8 +50,12 @@ class LogKey:
             try:
                 generate_ed25519_key(chosen)
             except Exception:
-                if not chosen.exists():  # another process made it first: use theirs
+                if not chosen.exists():
                     raise
+                # another engine made it first: give it a moment to finish writing, then use theirs
+                deadline = time.monotonic() + 2.0
+                while chosen.stat().st_size == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
         return cls(load_private_key(chosen), origin or os.environ.get(LOG_ORIGIN_ENV))
 
     def sign_note(self, text: str) -> NoteSignature:
