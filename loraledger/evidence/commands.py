@@ -1,4 +1,4 @@
-"""The evidence commands under `loraledger audit`: receipt, verify-receipt, sign-checkpoint, prove, witness, vkey."""
+"""The evidence commands under `loraledger audit`: receipt, verify-receipt, sign-checkpoint, prove, witness, retention, vkey."""
 
 from __future__ import annotations
 
@@ -90,6 +90,10 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--out", metavar="FILE", help="also write the cosigned checkpoint to FILE")
     p.add_argument("--api-key", help="the server's API key, where it has keys")
     p.set_defaults(func=_witness)
+
+    p = command(sub, "retention", "what the log holds that is older than the minimum retention, per tenant", _retention)
+    p.add_argument("--keep-days", type=int, default=183, help="the minimum retention in days (default 183: six months)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for programs")
 
     p = sub.add_parser(
         "vkey",
@@ -237,4 +241,24 @@ def _vkey(args: argparse.Namespace) -> int:
         sys.stdout.write(cosignature.verifier_for(args.witness, load_private_key(args.key)).vkey() + "\n")
         return 0
     sys.stdout.write(LogKey.load(args.key).verifier.vkey() + "\n")
+    return 0
+
+
+def _retention(args: argparse.Namespace) -> int:
+    from loraledger.audit.retention import retention_report
+    from loraledger.audit.timefmt import iso
+
+    with _log(args) as log, log.snapshot() as conn:
+        report = retention_report(conn, args.keep_days)
+    if args.format == "json":
+        sys.stdout.buffer.write(msgspec.json.encode({**msgspec.to_builtins(report), "total": report.total}) + b"\n")
+        return 0
+    out = sys.stdout
+    out.write(
+        f"minimum retention {report.keep_days} days: {report.total} request(s) received before {iso(report.cutoff)}\n"
+    )
+    for t in report.past:
+        out.write(f"  tenant {t.tenant or '-'}: {t.requests} requests, {t.completions} completions, "
+                  f"{t.prompts_with_text} prompts kept as text, oldest {iso(t.oldest)}\n")  # fmt: skip
+    out.write("erasing their text while the chain still verifies is not available yet (EVIDENCE.md, Not yet)\n")
     return 0

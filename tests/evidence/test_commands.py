@@ -92,3 +92,28 @@ def test_a_receipt_travels_to_a_third_party(migrated_db_url: str, keys, tmp_path
     assert code == 1 and "rewritten" in out, out
     code, out = run(capsys, *witness)
     assert code != 0 and "rewritten" in out, out
+
+
+def test_retention_reports_what_is_past_the_minimum_per_tenant(migrated_db_url: str, capsys) -> None:
+    import time
+
+    from loraledger.store.records import AuditBatch
+    from tests.db_fixtures import make_completion, make_request
+
+    now = time.time()
+    old, recent = now - 200 * 86400, now - 10 * 86400
+    with AuditStore(migrated_db_url) as store:
+        store.write(AuditBatch(requests=[make_request("old-1", None, tenant="acme", at=old),
+                                         make_request("old-2", None, tenant="globex", at=old - 5)],
+                               completions=[make_completion("old-1", None, at=old), make_completion("old-1", None, 1, at=old)]))  # fmt: skip
+        store.write(AuditBatch(requests=[make_request("new-1", None, tenant="acme", at=recent)]))
+    code, out = run(capsys, "audit", "retention", "--url", migrated_db_url, "--format", "json")
+    report = json.loads(out)
+    assert code == 0 and report["total"] == 2 and report["keep_days"] == 183
+    by_tenant = {t["tenant"]: t for t in report["past"]}
+    assert by_tenant["acme"]["requests"] == 1 and by_tenant["acme"]["completions"] == 2
+    assert by_tenant["globex"]["completions"] == 0 and by_tenant["globex"]["prompts_with_text"] == 1
+    code, out = run(capsys, "audit", "retention", "--url", migrated_db_url, "--keep-days", "5")
+    assert code == 0 and "3 request(s)" in out
+    code, out = run(capsys, "audit", "retention", "--url", migrated_db_url, "--keep-days", "-1")
+    assert code != 0 and "keep_days" in out
