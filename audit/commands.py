@@ -74,10 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a checkpoint (or report manifest.json) the log must extend unchanged, or a signed (cosigned) checkpoint "
         "note whose tree the log's must extend (default: none, the log alone)",
     )  # fmt: skip
-    p.add_argument("--log-key", metavar="VKEY", help="with a signed checkpoint: the log's verifier key to trust")
+    p.add_argument(
+        "--log-key",
+        metavar="VKEY",
+        help="with a signed checkpoint: the log's verifier key to trust (default: none; required with a note)",
+    )
     p.add_argument(
         "--witness", metavar="VKEY", action="append", default=[],
-        help="with a signed checkpoint: a witness whose valid cosignature it must carry (repeatable)",
+        help="with a signed checkpoint: a witness whose valid cosignature it must carry (repeatable; default: none)",
     )  # fmt: skip
 
     p = _command(sub, "checkpoint", "write the current head of the event chain to a file", _checkpoint)

@@ -34,29 +34,37 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
         "that its entry is in the log's tree; no database needed with --checkpoint and --proof",
     )
     p.add_argument("file", metavar="FILE", help="the receipt (JSON)")
-    p.add_argument("--text", metavar="FILE", help="a completion's text, which must be one the receipt covers")
+    p.add_argument(
+        "--text",
+        metavar="FILE",
+        help="a completion's text, which must be one the receipt covers (default: the text is not checked)",
+    )
     p.add_argument(
         "--log-key", metavar="VKEY", help="the log's verifier key to trust (default: the one the receipt names)"
     )
-    p.add_argument("--checkpoint", metavar="FILE", help="a signed (and cosigned) checkpoint to prove the entry against")
+    p.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="a signed (and cosigned) checkpoint to prove the entry against (default: fetched with --log)",
+    )
     p.add_argument(
         "--witness",
         metavar="VKEY",
         action="append",
         default=[],
-        help="a witness whose cosignature the checkpoint needs (repeatable)",
+        help="a witness whose cosignature the checkpoint needs (repeatable; default: none)",
     )
     p.add_argument(
         "--proof",
         metavar="FILE",
-        help="the inclusion proof (JSON, from `audit prove` or GET /evidence/proof/inclusion)",
+        help="the inclusion proof (JSON, from `audit prove` or GET /evidence/proof/inclusion; default: fetched with --log)",
     )
     p.add_argument(
         "--log",
         metavar="URL",
-        help="the log (database URL, or the server's http(s) URL) to fetch the checkpoint and proof from",
+        help="the log (database URL, or the server's http(s) URL) to fetch the checkpoint and proof from (default: none)",
     )
-    p.add_argument("--api-key", help="the server's API key, where it has keys")
+    p.add_argument("--api-key", help="the server's API key, where it has keys (default: none)")
     p.set_defaults(func=_verify_receipt)
 
     p = command(
@@ -68,12 +76,20 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--key", metavar="PEM", help="the log's key (default: $LORALEDGER_LOG_KEY, else the engine's default key)"
     )
-    p.add_argument("--out", metavar="FILE", help="also write the signed note to FILE")
+    p.add_argument("--out", metavar="FILE", help="also write the signed note to FILE (default: stdout only)")
 
     p = command(sub, "prove", "an inclusion proof (--leaf) or a consistency proof (--old), as JSON", _prove)
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--leaf", type=int, help="leaf index (event seq - 1; a receipt's leaf_index)")
-    which.add_argument("--old", type=int, help="the older tree size a consistency proof starts from")
+    which.add_argument(
+        "--leaf",
+        type=int,
+        help="leaf index (event seq - 1; a receipt's leaf_index; default: none, one of --leaf / --old is required)",
+    )
+    which.add_argument(
+        "--old",
+        type=int,
+        help="the older tree size a consistency proof starts from (default: none, one of --leaf / --old is required)",
+    )
     p.add_argument("--size", type=int, help="the tree size to prove against (default: the log's)")
 
     p = sub.add_parser(
@@ -87,8 +103,8 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("--key", required=True, metavar="PEM", help="this witness's Ed25519 key (`loraledger audit keygen`)")
     p.add_argument("--name", required=True, help="this witness's name, e.g. witness.example.com/w1")
     p.add_argument("--state", required=True, metavar="FILE", help="the witness's state file (made on first use)")
-    p.add_argument("--out", metavar="FILE", help="also write the cosigned checkpoint to FILE")
-    p.add_argument("--api-key", help="the server's API key, where it has keys")
+    p.add_argument("--out", metavar="FILE", help="also write the cosigned checkpoint to FILE (default: stdout only)")
+    p.add_argument("--api-key", help="the server's API key, where it has keys (default: none)")
     p.set_defaults(func=_witness)
 
     p = command(sub, "retention", "what the log holds that is older than the minimum retention, per tenant", _retention)
@@ -101,7 +117,11 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
         description="print the verifier key (C2SP vkey) of a log key, or with --witness NAME of a witness key",
     )
     p.add_argument("--key", metavar="PEM", help="the key (default: the log's, as sign-checkpoint finds it)")
-    p.add_argument("--witness", metavar="NAME", help="print the cosignature/v1 vkey of a witness of this name")
+    p.add_argument(
+        "--witness",
+        metavar="NAME",
+        help="print the cosignature/v1 vkey of a witness of this name (default: the log key's vkey)",
+    )
     p.set_defaults(func=_vkey)
 
 
