@@ -127,11 +127,16 @@ def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -
 
 
 def append_events(
-    conn: Connection, records: Sequence[EventRecord], instance_id: str | None = None, *, merkle: bool = True
+    conn: Connection,
+    records: Sequence[EventRecord],
+    instance_id: str | None = None,
+    *,
+    merkle: bool = True,
+    appended: list[dict[str, Any]] | None = None,
 ) -> Checkpoint:
     """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record;
     each event names instance_id, the engine instance writing it (None: a tool). merkle: also append their leaves
-    to the Merkle tree (False only for a revision that runs before the tree exists)."""
+    to the Merkle tree (False only for a revision that runs before the tree exists). appended: gets the rows chained."""
     head = _head(conn)
     keys = [r.dedup_key for r in records if r.dedup_key is not None]
     skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
@@ -163,6 +168,8 @@ def append_events(
     conn.execute(insert(EVENTS), rows)
     if merkle:
         node_store.append_leaves(conn, head.sequence, [row["hash"] for row in rows])
+    if appended is not None:
+        appended.extend(rows)
     return Checkpoint(sequence=seq, hash=prev, at=rows[-1]["at"].timestamp())
 
 
@@ -212,13 +219,12 @@ def write_batch(
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
-    finishing = [e.request_id for e in batch.events if e.kind == EventKind.REQUEST_FINISHED and e.request_id]
-    before = _head(conn).sequence if log_key is not None and finishing else 0
-    head = append_events(conn, [*events, *batch.events], instance_id)
-    if log_key is not None and finishing:
+    appended: list[dict[str, Any]] = []
+    head = append_events(conn, [*events, *batch.events], instance_id, appended=appended)
+    if log_key is not None:
         from loraledger.evidence import receipt_store  # here: the evidence package imports the store
 
-        issued = receipt_store.issue_after(conn, log_key, before, finishing)
+        issued = receipt_store.issue(conn, log_key, batch, appended)
         if receipts is not None:
             receipts.update(issued)
     return head

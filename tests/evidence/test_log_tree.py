@@ -163,3 +163,23 @@ def test_proof_requests_out_of_range_are_typed_errors(audit_store: AuditStore) -
     with pytest.raises(EvidenceError):
         decode(["!!"])
     assert decode([base64.b64encode(bytes(32)).decode()]) == [bytes(32)]
+
+
+def test_a_receipt_reads_what_its_batch_lacks_from_the_log(audit_store: AuditStore, log_key: LogKey) -> None:
+    """The binding and completions of a request finished in a later commit than its rows come from the tables."""
+    from loraledger.store.records import AuditBatch, EventKind
+
+    audit_store.log_key = log_key
+    first = sample_batch(["f1"])
+    audit_store.write(AuditBatch(adapters=first.adapters, requests=first.requests, completions=first.completions,
+                                 events=[e for e in first.events if e.kind != EventKind.REQUEST_FINISHED]))  # fmt: skip
+    got: dict = {}
+    audit_store.write(AuditBatch(events=[e for e in first.events if e.kind == EventKind.REQUEST_FINISHED]), got)
+    body = receipt.check_signature(got["f1"], log_key.verifier)
+    assert body["tenant"] == "acme" and body["prompt_sha256"] == "c" * 64
+    assert receipt.matching_completion(body, " hello") == 0
+    # the same request written in one commit gets the same body but for its log position and time
+    audit_store.write(sample_batch(["f2"]), got)
+    other = receipt.check_signature(got["f2"], log_key.verifier)
+    same = {k for k in body if body[k] == other[k]}
+    assert same >= {"tenant", "adapter_fingerprint", "base_model_fingerprint", "completions", "prompt_sha256", "log"}
