@@ -23,12 +23,6 @@ if TYPE_CHECKING:
 CHECKPOINTS: Table = SignedCheckpoint.__table__  # type: ignore[assignment]
 
 
-def current(conn: Connection) -> Checkpoint | None:
-    """The tree as stored now (unsigned), or None for an empty log."""
-    size = node_store.size(conn)
-    return None if size == 0 else Checkpoint("", size, node_store.root(conn, size))
-
-
 def sign_checkpoint(conn: Connection, key: LogKey, *, record: bool = True) -> str:
     """A checkpoint of the tree as it is on conn, signed by key: the note's text. record: keep it in `checkpoints`
     (once per tree size; a size signed before keeps its first note)."""

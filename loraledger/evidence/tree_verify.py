@@ -42,13 +42,11 @@ def _level(conn: Connection, level: int) -> Iterator[Any]:
     return stream(conn, select(NODES.c.idx, NODES.c.hash).where(NODES.c.level == level).order_by(NODES.c.idx))
 
 
-def _merge(expected: Iterator[tuple[int, str]], stored: Iterator[Any], level: int, report: Report) -> int:
-    """Compare one level's expected (idx, hash) with its stored rows; returns how many were expected."""
-    count = 0
+def _merge(expected: Iterator[tuple[int, str]], stored: Iterator[Any], level: int, report: Report) -> None:
+    """Compare one level's expected (idx, hash) with its stored rows, both in idx order."""
     row = next(stored, None)
     for idx, digest in expected:
-        count += 1
-        while row is not None and isinstance(row.idx, int) and row.idx < idx:
+        while row is not None and (not isinstance(row.idx, int) or row.idx < idx):
             _extra(row, level, report)
             row = next(stored, None)
         if row is None or row.idx != idx:
@@ -62,7 +60,6 @@ def _merge(expected: Iterator[tuple[int, str]], stored: Iterator[Any], level: in
     while row is not None:
         _extra(row, level, report)
         row = next(stored, None)
-    return count
 
 
 def _extra(row: Any, level: int, report: Report) -> None:
