@@ -19,6 +19,7 @@ import threading
 import time
 
 import anyio
+import msgspec
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -171,8 +172,9 @@ class AuditWriter:
             if self._writing.is_set():
                 # an abandoned write has still not returned: do not start a second one beside it
                 raise AuditUnavailableError("the previous write to the audit store has still not returned")
+            receipts: dict = {}  # the signed receipts of the requests this commit finishes, by audit key
             with anyio.move_on_after(self._give_up_after) as scope:
-                refused = await anyio.to_thread.run_sync(self._write_once, pending, abandon_on_cancel=True)
+                refused = await anyio.to_thread.run_sync(self._write_once, pending, receipts, abandon_on_cancel=True)
             if scope.cancelled_caught:
                 raise AuditUnavailableError(
                     f"the audit store did not answer within {self._give_up_after:g} s: the write is abandoned"
@@ -211,7 +213,8 @@ class AuditWriter:
                 notify.extend(msg.commit_notify)
         if notify:
             try:
-                await self._assembler.send(AuditCommitted(request_ids=notify))
+                issued = {rid: msgspec.to_builtins(receipts[rid]) for rid in notify if rid in receipts}
+                await self._assembler.send(AuditCommitted(request_ids=notify, receipts=issued))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # shutting down: the assembler has already failed what it held
         self._log.debug("group commit", messages=len(pending), seconds=round(time.perf_counter() - started, 5))
@@ -234,17 +237,18 @@ class AuditWriter:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
-    def _write_once(self, pending: list[AuditAppend]) -> dict[int, Exception]:
+    def _write_once(self, pending: list[AuditAppend], receipts: dict) -> dict[int, Exception]:
         # set here, in the thread: a write cancelled before its thread started never runs, and must not
         # keep the next one from starting
         self._writing.set()
         try:
-            return self._write(pending)
+            return self._write(pending, receipts)
         finally:
             self._writing.clear()  # also when the actor stopped waiting for this thread
 
-    def _write(self, pending: list[AuditAppend]) -> dict[int, Exception]:
-        """One transaction for the whole group (worker thread). Returns refusals by message id()."""
+    def _write(self, pending: list[AuditAppend], receipts: dict) -> dict[int, Exception]:
+        """One transaction for the whole group (worker thread). Returns refusals by message id(); the receipts the
+        store signed (when it has a log key) go into receipts."""
         refused: dict[int, Exception] = {}
         admission_ids = [
             r.request_id for m in pending if m.admission for r in m.requests if r.request_id not in self._attempted
@@ -268,7 +272,10 @@ class AuditWriter:
         self._attempted.update(sent)
         if batch.adapters or batch.requests or batch.completions or batch.events:
             try:
-                self._store.write(batch)
+                if getattr(self._store, "log_key", None) is not None:
+                    self._store.write(batch, receipts=receipts)
+                else:
+                    self._store.write(batch)
             except AuditUnavailableError as exc:
                 if not getattr(exc, "maybe_committed", True):
                     # it failed before its commit was sent: nothing of it is on record, a retry is no duplicate,

@@ -256,6 +256,7 @@ class AuditCommitted(Msg):
     """AuditWriter -> OutputAssembler: these requests' final rows are durable; release their outputs."""
 
     request_ids: list[str]
+    receipts: dict[str, dict] = {}  # the signed receipt of each request the commit finished (loraledger/evidence/)
 
 
 class GetStats(Msg):

@@ -130,10 +130,12 @@ class OutputAssembler:
                     req = self._held.pop(rid, None)
                     if req is not None:
                         await self._per_request(rid, self._refused(rid, req, error))
-            case AuditCommitted(request_ids=ids):
+            case AuditCommitted(request_ids=ids, receipts=receipts):
                 for rid in ids:
                     req = self._held.pop(rid, None)
                     if req is not None:
+                        if rid in receipts and isinstance(req.final, RequestOutput):
+                            req.final.receipt = receipts[rid]
                         await self._per_request(rid, self._release(req))
 
     async def _per_request(self, rid: str, work) -> None:

@@ -1,4 +1,5 @@
-"""The `loraledger audit ...` commands: show, requests, usage, adapters, instances, verify, checkpoint, report, verify-report, keygen."""
+"""The `loraledger audit ...` commands: show, requests, usage, adapters, instances, verify, checkpoint, report, verify-report, keygen
+(and the evidence commands of loraledger/evidence/commands.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "verify", "recompute the hash chain and check every binding and completion", _verify)
     p.add_argument(
         "--checkpoint", metavar="FILE",
-        help="a checkpoint (or report manifest.json) the log must extend unchanged (default: none, the log alone)",
+        help="a checkpoint (or report manifest.json) the log must extend unchanged, or a signed (cosigned) checkpoint "
+        "note whose tree the log's must extend (default: none, the log alone)",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-key",
+        metavar="VKEY",
+        help="with a signed checkpoint: the log's verifier key to trust (default: none; required with a note)",
+    )
+    p.add_argument(
+        "--witness", metavar="VKEY", action="append", default=[],
+        help="with a signed checkpoint: a witness whose valid cosignature it must carry (repeatable; default: none)",
     )  # fmt: skip
 
     p = _command(sub, "checkpoint", "write the current head of the event chain to a file", _checkpoint)
@@ -115,6 +126,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, metavar="PEM", help="private key file (created with mode 0600)")
     p.add_argument("--public", metavar="PEM", help="public key file, for verify-report (default: not written)")
     p.set_defaults(func=_keygen)
+
+    from loraledger.evidence import commands as evidence
+
+    evidence.register(sub, _command)  # receipt, verify-receipt, sign-checkpoint, prove, witness, vkey
 
 
 def _command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
@@ -436,6 +451,10 @@ def format_lineage(lineage: RequestLineage) -> str:
 
 def _verify(args: argparse.Namespace) -> int:
     out = sys.stdout
+    from loraledger.evidence import signed_checkpoint
+
+    if args.checkpoint is not None and signed_checkpoint.is_note(args.checkpoint):
+        return signed_checkpoint.verify_command(args, out)
     with _open(args) as log:
         result = log.verify(args.checkpoint)
     out.write(format_verify(result))

@@ -110,6 +110,13 @@ CATALOGUE = (
         "--url postgresql://127.0.0.1:5432/DB --batch 1 8",
     ),
     Benchmark(
+        "evidence",
+        "writer requests/s with the Merkle tree and signed receipts vs the chain alone; tree append rate, checkpoint, inclusion and consistency proof sizes and times at 10^6 leaves",
+        "~2 min",
+        "bench.evidence",
+        "--leaves 1000000 --batch 32",
+    ),
+    Benchmark(
         "server",
         "HTTP (loraledger serve: keys, audit) vs in-process AsyncEngine: tokens/s and p50/p99 TTFT at 32 streams",
         "~4 min",

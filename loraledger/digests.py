@@ -337,3 +337,28 @@ def file_sha256(path: Path) -> str:
 def report_signed_message(manifest: Mapping[str, Any]) -> bytes:
     """What a report's signature covers: its manifest without the `signature` entry, as canonical JSON."""
     return canonical_json({k: v for k, v in manifest.items() if k != "signature"})
+
+
+# -- evidence: the Merkle tree, signed-note key ids, receipts (EVIDENCE.md) -------------------------------------
+
+MERKLE_EMPTY_ROOT = hashlib.sha256(b"").digest()  # RFC 9162: the hash of the empty tree
+
+
+def merkle_leaf_hash(data: bytes) -> bytes:
+    """RFC 9162 leaf hash: SHA-256(0x00 || data). An event's leaf: data = the 32 bytes of its chain hash."""
+    return hashlib.sha256(b"\x00" + data).digest()
+
+
+def merkle_node_hash(left: bytes, right: bytes) -> bytes:
+    """RFC 9162 interior node: SHA-256(0x01 || left || right)."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def note_key_id(name: str, key_type: int, public: bytes) -> bytes:
+    """C2SP signed-note key id: SHA-256(name || 0x0A || key type || public key)[:4] (0x01 Ed25519, 0x04 cosignature/v1)."""
+    return hashlib.sha256(name.encode() + b"\n" + bytes([key_type]) + public).digest()[:4]
+
+
+def token_ids_sha256(token_ids: Sequence[int]) -> str:
+    """A receipt's digest of a completion's token ids: SHA-256 of their canonical JSON list (`[1,2,3]`)."""
+    return hashlib.sha256(canonical_json(list(token_ids))).hexdigest()

@@ -99,6 +99,9 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     # sharing one database record a peer's unfinished requests as interrupted only once its lease has expired, so a
     # crashed peer is recovered within about this long; must exceed audit_timeout (one renewal's deadline)
     audit_lease_seconds: float = 30.0
+    # the Ed25519 PEM key that signs each finished request's receipt and the log's checkpoints (EVIDENCE.md); None:
+    # $LORALEDGER_LOG_KEY, else a key kept in the data folder (made on first use)
+    log_key_file: str | None = None
     num_threads: int | None = None  # torch intra-op threads on the CPU path; default: torch's choice
     enforce_eager: bool = False  # CUDA: never replay CUDA graphs for decode steps (every kernel launched from Python)
     # plan and launch step N+1 while step N runs, its sampled ids fed to N+1 on the device; None: on CUDA, where

@@ -181,12 +181,14 @@ def open_store(args: EngineArgs, sources: dict | None = None):
     from loraledger.store.audit_store import AuditStore
 
     url = default_audit_url() if args.audit_url == DEFAULT_AUDIT_URL else args.audit_url
+    from loraledger.evidence.log_key import LogKey
     from loraledger.store.instances import this_instance
     from loraledger.version import __version__
 
     store = AuditStore(url, timeout=args.audit_timeout)
     store.open()
     try:
+        store.log_key = LogKey.load(args.log_key_file, create=True)  # signs every finished request's receipt
         # this engine joins the database as an instance: its row on the chain, and a lease it renews while it runs
         record = this_instance(__version__, args.audit_lease_seconds)
         instance = store.register(msgspec.structs.replace(record, **(sources or {})))

@@ -159,3 +159,7 @@ class InstanceLeaseLostError(AuditIntegrityError):
 class DemoFetchError(LoraLedgerError, RuntimeError):
     """The demo's model could not be had: not fetched from the package index (offline, pip failed, not the pinned
     bytes), or another demo's build of it held the cache folder past the deadline."""
+
+
+class EvidenceError(LoraLedgerError, ValueError):
+    """A receipt, checkpoint, proof, signed note or key that is malformed or does not check out; the message names which."""

@@ -98,6 +98,10 @@ class RequestOutput(_RequestOutputFields, kw_only=True):
     multi_modal_placeholders: dict | None = None
     kv_transfer_params: dict | None = None
     audit_id: str | None = None  # None only for outputs made outside the engine
+    # the log's signed receipt of a finished request (format, body, signature, log_key: loraledger/evidence/receipt.py),
+    # on the final output once its rows are committed; None before, where the engine keeps no audit log, and with
+    # audit_durable=False (outputs are released before their commit then, and a receipt is only issued after it)
+    receipt: dict | None = None
 
     def add(self, next_output: RequestOutput, aggregate: bool) -> None:
         """Merge a later output of the same request into this one.

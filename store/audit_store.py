@@ -6,7 +6,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from sqlalchemy import Connection, Engine, Table, false, insert, inspect, select, true
@@ -15,6 +15,7 @@ from sqlalchemy.engine import URL
 
 from loraledger.digests import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break, json_roundtrip
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
+from loraledger.evidence import node_store
 from loraledger.store import instances, process_identity
 from loraledger.store.db import (
     display_url,
@@ -39,6 +40,10 @@ from loraledger.store.records import (
 )
 from loraledger.store.registration import registration_event, unregistered
 from loraledger.store.rows import adapter_row, completion_row, request_record, request_row
+
+if TYPE_CHECKING:
+    from loraledger.evidence.log_key import LogKey
+    from loraledger.evidence.receipt import Receipt
 
 ADAPTERS: Table = Adapter.__table__  # type: ignore[assignment]
 REQUESTS: Table = Request.__table__  # type: ignore[assignment]
@@ -121,9 +126,17 @@ def _insert_completions(conn: Connection, records: Sequence[CompletionRecord]) -
         conn.execute(insert(COMPLETIONS), new)
 
 
-def append_events(conn: Connection, records: Sequence[EventRecord], instance_id: str | None = None) -> Checkpoint:
+def append_events(
+    conn: Connection,
+    records: Sequence[EventRecord],
+    instance_id: str | None = None,
+    *,
+    merkle: bool = True,
+    appended: list[dict[str, Any]] | None = None,
+) -> Checkpoint:
     """Chain records onto the event log on conn (inside db.write_transaction), skipping dedup keys on record;
-    each event names instance_id, the engine instance writing it (None: a tool)."""
+    each event names instance_id, the engine instance writing it (None: a tool). merkle: also append their leaves
+    to the Merkle tree (False only for a revision that runs before the tree exists). appended: gets the rows chained."""
     head = _head(conn)
     keys = [r.dedup_key for r in records if r.dedup_key is not None]
     skip = _existing(conn, EVENTS.c.dedup_key, keys) if keys else set()
@@ -153,6 +166,10 @@ def append_events(conn: Connection, records: Sequence[EventRecord], instance_id:
     if not rows:
         return head
     conn.execute(insert(EVENTS), rows)
+    if merkle:
+        node_store.append_leaves(conn, head.sequence, [row["hash"] for row in rows])
+    if appended is not None:
+        appended.extend(rows)
     return Checkpoint(sequence=seq, hash=prev, at=rows[-1]["at"].timestamp())
 
 
@@ -178,13 +195,21 @@ def _root_reason(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = None) -> Checkpoint:
+def write_batch(
+    conn: Connection,
+    batch: AuditBatch,
+    instance_id: str | None = None,
+    *,
+    log_key: LogKey | None = None,
+    receipts: dict[str, Receipt] | None = None,
+) -> Checkpoint:
     """Write batch on conn, which must be inside db.write_transaction (AuditStore.write does that).
 
     An adapter written for the first time enters the chain in the same transaction: its
     adapter_registered event comes before the batch's own events (which may name it).
     instance_id: the engine instance writing (its requests rows and events carry it); an instance
     another one has recovered is refused (InstanceLeaseLostError). None: a tool, no instance.
+    log_key: sign a receipt for each request this batch finishes, kept in `receipts` and put in receipts (by audit key).
     """
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
@@ -194,7 +219,15 @@ def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = N
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]
-    return append_events(conn, [*events, *batch.events], instance_id)
+    appended: list[dict[str, Any]] = []
+    head = append_events(conn, [*events, *batch.events], instance_id, appended=appended)
+    if log_key is not None:
+        from loraledger.evidence import receipt_store  # here: the evidence package imports the store
+
+        issued = receipt_store.issue(conn, log_key, batch, appended)
+        if receipts is not None:
+            receipts.update(issued)
+    return head
 
 
 def _unfinished(conn: Connection, owners: Any) -> list[RequestRecord]:
@@ -248,7 +281,8 @@ def backfill_registrations(conn: Connection, revision: str) -> int:
     query = unregistered(ADAPTERS, EVENTS).with_only_columns(*(c for c in ADAPTERS.c if c.name in present))
     rows = [dict(row._mapping) for row in conn.execute(query)]
     if rows:
-        append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
+        # revision 0004 runs before the Merkle tree exists: revision 0009 builds it over these events
+        append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows], merkle=False)
     return len(rows)
 
 
@@ -280,6 +314,7 @@ class AuditStore:
         self.url = url
         self.timeout = timeout
         self.instance: InstanceRecord | None = None
+        self.log_key: LogKey | None = None  # set: every finished request gets a signed receipt (loraledger/evidence/)
         self._engine: Engine | None = None
         self._watchdog: Watchdog | None = None
 
@@ -353,14 +388,15 @@ class AuditStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def write(self, batch: AuditBatch) -> Checkpoint:
+    def write(self, batch: AuditBatch, receipts: dict[str, Receipt] | None = None) -> Checkpoint:
         """Commit the batch in one transaction; returns the event chain's head after it.
 
         Adapters, requests and completions already on record are skipped (a request id on record
         with a different binding raises DuplicateRequestError); events whose dedup_key is on
         record are skipped. So a batch retried after an ambiguous failure is written once. An
         AuditUnavailableError says whether the failure was ambiguous: `maybe_committed` is False
-        when it came before the commit was sent.
+        when it came before the commit was sent. With a log_key set, the receipts of the requests the batch
+        finishes are signed in the transaction and put in receipts (valid only once this returns: committed).
         """
         engine = self.engine
         committing = False
@@ -370,8 +406,11 @@ class AuditStore:
                     # a batch with adapters takes its turn first: two instances registering one new adapter
                     # must see each other's row; other rows are this instance's own, written before the wait
                     with write_transaction(engine, lock=bool(batch.adapters)) as conn:
-                        head = write_batch(conn, batch, self.instance_id)
+                        issued: dict[str, Receipt] = {}
+                        head = write_batch(conn, batch, self.instance_id, log_key=self.log_key, receipts=issued)
                         committing = True  # leaving the block sends COMMIT
+                    if receipts is not None:
+                        receipts.update(issued)
                     return head
                 except (sa_exc.IntegrityError, sa_exc.InternalError, sa_exc.DataError) as exc:
                     if op is not None and op.expired:

@@ -31,6 +31,9 @@ _KEY_TAKEN = {
     "events": "EXISTS (SELECT 1 FROM events WHERE seq = NEW.seq) OR (NEW.dedup_key IS NOT NULL "
     "AND EXISTS (SELECT 1 FROM events WHERE dedup_key = NEW.dedup_key))",
     "instances": "EXISTS (SELECT 1 FROM instances WHERE instance_id = NEW.instance_id)",
+    "merkle_nodes": "EXISTS (SELECT 1 FROM merkle_nodes WHERE level = NEW.level AND idx = NEW.idx)",
+    "checkpoints": "EXISTS (SELECT 1 FROM checkpoints WHERE tree_size = NEW.tree_size)",
+    "receipts": "EXISTS (SELECT 1 FROM receipts WHERE request_id = NEW.request_id)",
 }
 
 

@@ -46,7 +46,7 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances")
+AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances", "merkle_nodes", "checkpoints", "receipts")
 # coordination state, not audit facts: rows change (a lease is renewed), so no guard and no hash covers them;
 # what they decide (which instance recovered which) is put on the chain as events
 COORDINATION_TABLES = ("instance_leases",)
@@ -304,3 +304,50 @@ class InstanceLease(Base):
     process_key: Mapped[str | None]
     recovered_by: Mapped[str | None]
     recovered_at: Mapped[dt.datetime | None]
+
+
+class MerkleNode(Base):
+    """`merkle_nodes`: the RFC 9162 Merkle tree over the events (revision 0009), one row per complete subtree.
+
+    Leaf `idx` (level 0) is the event with seq idx + 1, its hash SHA-256(0x00 || the event's `hash` as 32 bytes);
+    the node at (`level`, `idx`) covers leaves [idx * 2^level, (idx + 1) * 2^level) and is SHA-256(0x01 || left ||
+    right). Written with the events in the same transaction, so the tree always has one leaf per event; signed
+    checkpoints and proofs are read from it (loraledger/evidence/, EVIDENCE.md).
+    """
+
+    __tablename__ = "merkle_nodes"
+
+    level: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    hash: Mapped[str] = mapped_column(Sha256)
+
+
+class SignedCheckpoint(Base):
+    """`checkpoints`: checkpoints the log signed (revision 0010), one per tree size, in the C2SP signed-note format.
+
+    Columns: `tree_size` (PK), `note` (the signed note: origin, tree size, base64 root hash, then the log's
+    signature line), `log_key` (the log's verifier key, a vkey). Witnesses that read the database cosign the latest.
+    """
+
+    __tablename__ = "checkpoints"
+
+    tree_size: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    note: Mapped[str]
+    log_key: Mapped[str]
+
+
+class Receipt(Base):
+    """`receipts`: the signed receipt of each finished request (revision 0010), as its caller received it.
+
+    Columns: `request_id` (PK, the audit key), `seq` (its request_finished event; leaf seq - 1 of the tree),
+    `body` (the canonical JSON the signature covers, see loraledger/evidence/receipt.py), `signature` (base64
+    Ed25519), `log_key` (the log's verifier key, a vkey).
+    """
+
+    __tablename__ = "receipts"
+
+    request_id: Mapped[str] = mapped_column(primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    body: Mapped[str]
+    signature: Mapped[str]
+    log_key: Mapped[str]

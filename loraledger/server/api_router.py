@@ -29,8 +29,11 @@ def _state(request: Request):
 
 
 def _context(request: Request) -> RequestContext:
+    trace = {name: request.headers[name][:512] for name in ("traceparent", "tracestate") if name in request.headers}
     return RequestContext(
-        route=request.url.path, caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id")
+        route=request.url.path,
+        caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id"),
+        trace_headers=trace or None,
     )
 
 

@@ -27,8 +27,10 @@ class ServerState:
     """Everything the routes share: the engine, the served models, the keys, the metrics, and the drain state."""
 
     def __init__(self, config: ServerConfig, engine: EngineClient | None = None) -> None:
+        from loraledger.evidence.otel import RequestTracing
         from loraledger.server.serving_chat import OpenAIServingChat
         from loraledger.server.serving_completion import OpenAIServingCompletion
+        from loraledger.server.serving_evidence import ServingEvidence
         from loraledger.server.serving_models import OpenAIServingModels
         from loraledger.server.serving_tokenization import OpenAIServingTokenization
 
@@ -42,6 +44,8 @@ class ServerState:
         self.completion = OpenAIServingCompletion(self)
         self.chat = OpenAIServingChat(self)
         self.tokenization = OpenAIServingTokenization(self)
+        self.evidence = ServingEvidence(self)  # GET /evidence/...: checkpoints, proofs, receipts
+        self.tracing = RequestTracing()  # a span per request where OpenTelemetry is installed (the otel extra)
         self.draining = False
         self.in_flight = 0
         self._idle = anyio.Event()
@@ -177,6 +181,7 @@ def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> Fa
     stops it (flushing the audit writer) at shutdown; with one (already running: a host that owns its engine, as a
     Ray Serve replica does), it serves that engine and leaves its life to the host."""
     from loraledger.server.api_router import router
+    from loraledger.server.evidence_router import router as evidence_router
 
     state = ServerState(config, engine)
 
@@ -201,6 +206,7 @@ def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> Fa
                 # uvicorn has waited for running requests (the grace period) and cancelled the rest: wait for their
                 # aborts to be on record, then the engine stops and flushes the audit writer
                 await state.wait_idle(config.engine_args.audit_timeout + 5)
+                state.evidence.close()
         state._log.info("stopped")
 
     app = FastAPI(
@@ -214,5 +220,6 @@ def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> Fa
     app.state.server = state
     install_handlers(app)
     app.include_router(router)
+    app.include_router(evidence_router)
     app.add_middleware(ServerMiddleware, state=state)
     return app

@@ -105,6 +105,10 @@ def register(sub) -> None:
         "--audit-timeout", type=float, default=5.0, help="seconds: the deadline of each audit-store operation"
     )
     p.add_argument(
+        "--log-key", metavar="PEM", default=None,
+        help="the Ed25519 key that signs receipts and checkpoints (default: $LORALEDGER_LOG_KEY, else one kept in the data folder)",
+    )  # fmt: skip
+    p.add_argument(
         "--audit-lease-seconds", type=float, default=30.0,
         help="seconds this engine's lease in a shared audit database lasts without renewal; peers recover it after (default 30)",
     )  # fmt: skip
@@ -207,6 +211,7 @@ def config_from_args(args: argparse.Namespace):
         enable_lora=bool(args.enable_lora or modules), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, audit_url=args.audit_url or default_url(), audit_prompts=args.audit_prompts,
         audit_timeout=args.audit_timeout, audit_lease_seconds=args.audit_lease_seconds, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
+        log_key_file=args.log_key,
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
         revision=args.revision, tokenizer_revision=args.tokenizer_revision, download_dir=args.download_dir,

@@ -114,6 +114,7 @@ class OpenAIServingChat(OpenAIServing):
             "usage": usage(tracker.prompt_tokens, generated),
             "system_fingerprint": self.fingerprint(final),
             "prompt_logprobs": None,
+            "receipts": [final.receipt] if final.receipt is not None else [],  # the log's signed receipt (EVIDENCE.md)
         }
         tracker.finish("ok")
         return Response(msgspec.json.encode(body), media_type="application/json")
@@ -127,11 +128,13 @@ class OpenAIServingChat(OpenAIServing):
         reported: set[int] = set()
         generated = 0
 
-        def chunk(choices: list[dict]) -> bytes:
+        def chunk(choices: list[dict], receipt: dict | None = None) -> bytes:
             body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model, "choices": choices,
                     "system_fingerprint": fingerprint}  # fmt: skip
             if include_usage:
                 body["usage"] = None
+            if receipt is not None:  # the last chunk carries the request's receipt
+                body["receipts"] = [receipt]
             return sse(body)
 
         outcome = "aborted"
@@ -169,8 +172,9 @@ class OpenAIServingChat(OpenAIServing):
                         delta = {"content": c.text} if c.text or c.finish_reason is None else {}
                         choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
                                         "stop_reason": c.stop_reason})  # fmt: skip
-                    if choices:
-                        await emit(chunk(choices))
+                    last = out.receipt if out.finished else None
+                    if choices or last is not None:
+                        await emit(chunk(choices, last))
                     if out.finished:
                         break
                     out = await anext(gen, None)

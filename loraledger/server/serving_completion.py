@@ -163,6 +163,7 @@ class OpenAIServingCompletion(OpenAIServing):
             "choices": choices,
             "usage": usage(prompt_tokens, generated),
             "system_fingerprint": fingerprint,
+            "receipts": [out.receipt for out in finals if out.receipt is not None],  # one per prompt (EVIDENCE.md)
         }
 
     async def _stream(self, req, base: str, created: int, gens, firsts, echo, tracker, emit) -> None:
@@ -221,8 +222,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         reported.add(index)
                     choices.append({"index": index, "text": c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                                     "stop_reason": c.stop_reason})  # fmt: skip
-                if choices:
-                    await emit(sse(chunk(choices)))
+                if choices or (out.finished and out.receipt is not None):
+                    body = chunk(choices)
+                    if out.finished and out.receipt is not None:  # the prompt's last chunk carries its receipt
+                        body["receipts"] = [out.receipt]
+                    await emit(sse(body))
                 if out.finished:
                     return
                 out = await anext(gens[p], None)

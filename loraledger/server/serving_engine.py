@@ -48,6 +48,7 @@ class RequestContext:
         None  # the client's X-Request-Id: echoed back, and the request's caller id on record
     )
     received: float = field(default_factory=time.perf_counter)
+    trace_headers: dict[str, str] | None = None  # the caller's W3C traceparent / tracestate, for the request's span
 
 
 class Tracker:
@@ -190,8 +191,14 @@ class OpenAIServing:
             tenant=caller.tenant, key_id=caller.key_id, user=user,
             chat_template_sha256=chat_template_sha256,
         )  # fmt: skip
+        started = time.time_ns()
         async with aclosing(gen) as stream:
             async for out in stream:
+                if out.finished:  # one span per request, linked to the caller's trace (loraledger/evidence/otel.py)
+                    operation = "chat" if "chat" in ctx.route else "text_completion"
+                    model = lora.lora_name if lora is not None else self.state.config.model_name
+                    self.state.tracing.record(out, operation=operation, model=model, start_ns=started,
+                                              headers=ctx.trace_headers, caller=caller)  # fmt: skip
                 yield out
 
 

@@ -187,11 +187,11 @@ def gate_completion_writes(monkeypatch) -> tuple[threading.Event, threading.Even
     reached, release = threading.Event(), threading.Event()
     original = AuditStore.write
 
-    def write(store, batch):
+    def write(store, batch, **kwargs):
         if batch.completions:
             reached.set()
             release.wait(WAIT_S)
-        return original(store, batch)
+        return original(store, batch, **kwargs)
 
     monkeypatch.setattr(AuditStore, "write", write)
     return reached, release

@@ -49,7 +49,7 @@ class Outage:
         self._cond = threading.Condition()
         write, existing = AuditStore.write, AuditStore.existing_request_ids
 
-        def faulty_write(store, batch):
+        def faulty_write(store, batch, **kwargs):
             ids = {c.request_id for c in batch.completions}
             with self._cond:
                 if self.armed and ids and not self.down:
@@ -60,7 +60,7 @@ class Outage:
             try:
                 if down and self._cut is None:
                     raise AuditUnavailableError("injected outage: the audit store is unreachable")
-                result = write(store, batch)
+                result = write(store, batch, **kwargs)
             except AuditUnavailableError:
                 self._note(self.refused, ids | {r.request_id for r in batch.requests})
                 raise
@@ -230,11 +230,11 @@ class WriteAttempts:
         self._cond = threading.Condition()
         write = AuditStore.write
 
-        def noting_write(store, batch):
+        def noting_write(store, batch, **kwargs):
             with self._cond:
                 self.ids.update(c.request_id for c in batch.completions)
                 self._cond.notify_all()
-            return write(store, batch)
+            return write(store, batch, **kwargs)
 
         monkeypatch.setattr(AuditStore, "write", noting_write)
 

@@ -31,3 +31,22 @@ def event_seq(url: str, request_id: str, kind: str) -> int:
             ).scalar_one()
     finally:
         engine.dispose()
+
+
+def rebuild_tree(url: str) -> None:
+    """Rebuild the Merkle tree (and drop the receipts and signed checkpoints) over the events as they now are,
+    as a careful intruder who has rewritten events would: the log is consistent again, only a checkpoint held
+    elsewhere can tell."""
+    from loraledger.evidence.node_store import backfill
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            for guard in guards_for(conn.dialect.name):
+                on = f" ON {guard.table}" if conn.dialect.name == "postgresql" else ""
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}{on}")
+            for table in ("merkle_nodes", "receipts", "checkpoints"):
+                conn.exec_driver_sql(f"DELETE FROM {table}")
+            backfill(conn)
+    finally:
+        engine.dispose()

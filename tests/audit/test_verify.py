@@ -12,7 +12,7 @@ from loraledger.errors import ConfigError
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from tests.audit.synth import SynthLog
-from tests.audit.tampering import event_seq, tamper
+from tests.audit.tampering import event_seq, rebuild_tree, tamper
 
 
 def test_a_clean_log_verifies_and_names_its_head(migrated_db_url: str, synth: SynthLog):
@@ -105,6 +105,7 @@ def test_a_cut_tail_is_found_against_a_checkpoint(migrated_db_url: str, synth: S
         "DELETE FROM events WHERE seq > :s",
         s=keep,
     )
+    rebuild_tree(url)
     with AuditLog(url) as log:
         shorter = log.verify()
         assert shorter.ok, shorter.problems  # a shorter log is still consistent: only the checkpoint can tell
@@ -131,6 +132,7 @@ def test_a_rewritten_chain_is_found_against_a_checkpoint(migrated_db_url: str, s
         engine.dispose()
     tamper(url, "UPDATE events SET kind = 'adapter_evicted' WHERE seq = :s", s=target)
     _rehash(url, rows)
+    rebuild_tree(url)
     with AuditLog(url) as log:
         assert log.verify().ok
         result = log.verify(head)

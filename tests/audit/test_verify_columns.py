@@ -18,11 +18,14 @@ from typing import Any
 import msgspec
 import psycopg
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import JSON, Boolean, Connection, Double, Integer, String, Table, select, text, update
 from sqlalchemy.types import DateTime
 
 from loraledger.audit.records import VerifyResult
 from loraledger.audit.verify import verify_log
+from loraledger.evidence import log_tree
+from loraledger.evidence.log_key import LogKey
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import guards_for
@@ -66,7 +69,10 @@ def log(log_url: str) -> tuple[str, SynthLog]:
         instance = this_instance("0.1.0", lease_seconds=60)
         sources = {name: f"org/{name}" if "commit" not in name else "c" * 40 for name in SOURCE_FIELDS}
         store.register(msgspec.structs.replace(instance, **sources))
+        store.log_key = LogKey(Ed25519PrivateKey.generate(), "test.example/log")  # receipts for finished requests
         synth = build_log(store, n_requests=40, days=3, seed=5)
+        with store.engine.begin() as conn:
+            log_tree.sign_checkpoint(conn, store.log_key)
     return log_url, synth
 
 
@@ -111,6 +117,9 @@ def _targets(synth: SynthLog) -> dict[str, dict[str, Any]]:
         "requests": {"request_id": request.binding.request_id},
         "completions": {"request_id": request.binding.request_id, "completion_index": 0},
         "events": {"request_id": request.binding.request_id, "kind": EventKind.REQUEST_FINISHED},
+        "merkle_nodes": {"level": 1, "idx": 3},
+        "checkpoints": {"tree_size": synth.events},
+        "receipts": {"request_id": request.binding.request_id},
     }
 
 

@@ -267,7 +267,7 @@ def test_an_unreachable_audit_database_is_503_naming_why(live, client, monkeypat
     from loraledger.errors import AuditUnavailableError
     from loraledger.store.audit_store import AuditStore
 
-    def down(store, batch):
+    def down(store, batch, **kwargs):
         error = AuditUnavailableError("injected outage: the audit store is unreachable")
         error.maybe_committed = False
         raise error

@@ -92,7 +92,7 @@ def test_a_refused_completion_leaves_nothing_of_its_batch(audit_store):
 
 
 def test_an_operational_failure_mid_batch_is_unavailable_and_rolled_back(audit_store, monkeypatch):
-    def lose_connection(conn, records, instance_id=None):
+    def lose_connection(conn, records, instance_id=None, **kwargs):
         raise sa_exc.OperationalError("INSERT INTO events", {}, Exception("server closed the connection"))
 
     monkeypatch.setattr(audit_store_module, "append_events", lose_connection)

@@ -6,9 +6,12 @@ import sqlite3
 from collections.abc import Iterator
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Engine, insert, inspect, select
 from sqlalchemy import exc as sa_exc
 
+from loraledger.evidence import log_tree
+from loraledger.evidence.log_key import LogKey
 from loraledger.store.audit_store import COMPLETIONS, AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import PG_FUNCTIONS, guards_present
@@ -18,22 +21,39 @@ from loraledger.store.rows import completion_row
 from tests.db_fixtures import FP_A, FP_B, make_completion, sample_batch
 
 # a column per table that an attacker would like to rewrite
-TARGET = {"adapters": "name", "requests": "tenant", "completions": "text", "events": "kind", "instances": "host"}
+TARGET = {
+    "adapters": "name",
+    "requests": "tenant",
+    "completions": "text",
+    "events": "kind",
+    "instances": "host",
+    "merkle_nodes": "hash",
+    "checkpoints": "note",
+    "receipts": "body",
+}
 KEY = {
     "instances": "instance_id",
     "adapters": "fingerprint",
     "requests": "request_id",
     "completions": "request_id, completion_index",
     "events": "seq",
+    "merkle_nodes": "level, idx",
+    "checkpoints": "tree_size",
+    "receipts": "request_id",
 }
 
 
 @pytest.fixture
 def engine(audit_store: AuditStore) -> Iterator[Engine]:
     audit_store.register(this_instance("test", lease_seconds=60))
+    audit_store.log_key = LogKey(
+        Ed25519PrivateKey.generate(), "test.example/log"
+    )  # receipts, a checkpoint: rows to guard
     audit_store.write(sample_batch(["r1", "r2"]))
     audit_store.write(sample_batch(["base1"], None))
     engine = make_engine(audit_store.url)
+    with engine.begin() as conn:
+        log_tree.sign_checkpoint(conn, audit_store.log_key)
     yield engine
     engine.dispose()
 

@@ -36,7 +36,13 @@ ADDED_COLUMNS = [
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
 ]
-ADDED_TABLES = [("0007_instances", "instances"), ("0007_instances", "instance_leases")]
+ADDED_TABLES = [
+    ("0007_instances", "instances"),
+    ("0007_instances", "instance_leases"),
+    ("0010_merkle_tree", "merkle_nodes"),
+    ("0011_receipts_and_checkpoints", "checkpoints"),
+    ("0011_receipts_and_checkpoints", "receipts"),
+]
 
 
 def _revisions_after(start: str) -> set[str]:
@@ -46,6 +52,10 @@ def _revisions_after(start: str) -> set[str]:
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
     with monkeypatch.context() as patch:
+        if "0010_merkle_tree" in _revisions_after(start):  # no Merkle tree yet: revision 0010 builds it
+            from loraledger.evidence import node_store
+
+            patch.setattr(node_store, "append_leaves", lambda conn, first_index, hashes: None)
         for table, current, make_row in (
             ("requests", REQUESTS, "request_row"),
             ("adapters", audit_store.ADAPTERS, "adapter_row"),
@@ -261,6 +271,9 @@ def _verify_with_later_columns(engine):
                     conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             for _, table in ADDED_TABLES:
                 Base.metadata.tables[table].create(conn)
+            from loraledger.evidence.node_store import backfill
+
+            backfill(conn)  # the Merkle tree over the events, as revision 0009 builds it
             return verify_log(conn)
         finally:
             trans.rollback()

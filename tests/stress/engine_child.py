@@ -68,8 +68,8 @@ def delay_commits(seconds: float) -> None:
 
     write_rows = audit_store.write_batch
 
-    def slow_write_batch(conn, batch, instance_id=None):
-        checkpoint = write_rows(conn, batch, instance_id)
+    def slow_write_batch(conn, batch, instance_id=None, **kwargs):
+        checkpoint = write_rows(conn, batch, instance_id, **kwargs)
         time.sleep(seconds)
         return checkpoint
 
