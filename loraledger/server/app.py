@@ -3,6 +3,7 @@ engine and drains it, so SIGTERM under uvicorn and a test's shutdown run the sam
 
 from __future__ import annotations
 
+import signal
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -17,9 +18,11 @@ from loraledger.server.auth import KeyRing, RateLimiter
 from loraledger.server.config import ServerConfig
 from loraledger.server.errors import APIError, install_handlers, unavailable
 from loraledger.server.metrics import ServerMetrics
+from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_CALLER_ID_CHARS = 256
+KEYS_RELOAD_SECONDS = 10.0
 
 
 class ServerState:
@@ -42,6 +45,8 @@ class ServerState:
         self.chat = OpenAIServingChat(self)
         self.tokenization = OpenAIServingTokenization(self)
         self.draining = False
+        self._drain_logged = False
+        self.signals = SignalInbox()
         self.in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
@@ -51,18 +56,41 @@ class ServerState:
         core = getattr(self.engine, "_core", None)
         return self.engine is None or core is None or core.fatal is not None
 
+    def mark_draining(self) -> None:
+        """Shutdown has begun: new requests get 503, running ones go on. Only sets a flag, so a signal handler may
+        call it (the log line comes from begin_drain, in normal code)."""
+        self.draining = True
+
     def begin_drain(self) -> None:
-        """Shutdown has begun (SIGTERM): new requests get 503, running ones go on."""
-        if not self.draining:
+        """mark_draining, and say so in the log (once)."""
+        self.draining = True
+        if not self._drain_logged:
+            self._drain_logged = True
             self._log.info(
                 "shutting down: no new requests; running requests get the grace period",
                 grace_seconds=self.config.shutdown_grace_seconds,
             )
-        self.draining = True
 
     def reload_keys(self) -> None:
         if self.keys is not None:
             self.keys.reload()
+
+    async def on_signal(self, signum: int) -> None:
+        """A signal's work, run by the SignalInbox's task: SIGHUP reloads the keys file (off the event loop, under a
+        deadline), SIGTERM and SIGINT log the drain that uvicorn's handler started."""
+        try:
+            if signum == getattr(signal, "SIGHUP", None):
+                with anyio.move_on_after(KEYS_RELOAD_SECONDS) as scope:
+                    await anyio.to_thread.run_sync(self.reload_keys, abandon_on_cancel=True)
+                if scope.cancelled_caught:
+                    self._log.error(
+                        "keys file not reloaded within the deadline; the previous keys stay in force",
+                        seconds=KEYS_RELOAD_SECONDS,
+                    )
+            elif signum in (signal.SIGTERM, signal.SIGINT):
+                self.begin_drain()
+        except Exception as exc:  # a signal's work never stops the server
+            self._log.error("signal not handled", signal=signum, error=f"{type(exc).__name__}: {exc}")
 
     async def startup(self) -> None:
         for module in self.config.lora_modules:
@@ -194,6 +222,9 @@ def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
                 adapters=sorted(state.models.adapters),
                 keys=len(state.keys) if state.keys else 0,
             )
+            signals = await stack.enter_async_context(anyio.create_task_group())
+            signals.start_soon(state.signals.serve, state.on_signal)
+            stack.callback(signals.cancel_scope.cancel)
             try:
                 yield
             finally:

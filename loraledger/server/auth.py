@@ -173,6 +173,12 @@ class KeyRing:
         except ConfigError as exc:
             self._log.error("keys file not reloaded; the previous keys stay in force", error=str(exc))
             return False
+        if not keys:  # an empty file (or one caught half-written) would lock every tenant out
+            self._log.error(
+                "keys file not reloaded: it holds no keys (empty, or still being written); the previous keys stay in force",
+                path=self.path,
+            )
+            return False
         self._keys = keys  # one reference swap: a request sees the old set or the new one
         self._log.info("keys file reloaded", keys=len(keys))
         return True

@@ -251,9 +251,9 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
         app, host=config.host, port=port, uds=uds, log_config=log_config, timeout_graceful_shutdown=config.shutdown_grace_seconds,
         access_log=True, proxy_headers=False, server_header=False, lifespan="on",
     )  # fmt: skip
-    server = _Server(uv_config, on_exit=state.begin_drain)
+    server = _Server(uv_config, on_exit=lambda sig: (state.mark_draining(), state.signals.post(sig)))
     if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda *_: state.reload_keys())
+        signal.signal(signal.SIGHUP, state.signals.post)  # the reload runs in a task, never in the handler
     server.run(sockets=sockets)
     return 0 if server.started else 1
 
@@ -267,7 +267,8 @@ class _Server:
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:
-                on_exit()
+                # a signal handler: flags and a wake-up only (loraledger.server.signals says why)
+                on_exit(sig)
                 super().handle_exit(sig, frame)
 
             def capture_signals(self):
