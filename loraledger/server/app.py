@@ -14,13 +14,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from loraledger.server.auth import KeyRing, RateLimiter
+from loraledger.server.auth import KeyRing, RateLimiter, presented_key
 from loraledger.server.config import ServerConfig
 from loraledger.server.errors import APIError, install_handlers, unavailable
 from loraledger.server.metrics import ServerMetrics
 from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
+    "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
+}  # fmt: skip
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_CALLER_ID_CHARS = 256
 KEYS_RELOAD_SECONDS = 10.0
 
@@ -44,6 +48,9 @@ class ServerState:
         self.completion = OpenAIServingCompletion(self)
         self.chat = OpenAIServingChat(self)
         self.tokenization = OpenAIServingTokenization(self)
+        self.limits = config.limits
+        self._sandbox = None
+        self.body_readers = 0  # requests whose body is still arriving
         self.draining = False
         self._drain_logged = False
         self.signals = SignalInbox()
@@ -51,6 +58,20 @@ class ServerState:
         self._idle = anyio.Event()
         self._idle.set()
         self._log = structlog.get_logger().bind(actor="server")
+
+    def template_sandbox(self):
+        """The worker process that renders requests' own chat templates (made on first use)."""
+        if self._sandbox is None:
+            from loraledger.server.template_sandbox import TemplateSandbox
+
+            self._sandbox = TemplateSandbox(
+                seconds=self.limits.chat_template_seconds, max_chars=self.limits.max_rendered_chars
+            )
+        return self._sandbox
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
 
     def engine_dead(self) -> bool:
         core = getattr(self.engine, "_core", None)
@@ -125,8 +146,11 @@ class ServerState:
 
 
 class ServerMiddleware:
-    """Per request, before any route: the body size limit, the caller's X-Request-Id (checked, echoed, logged), the
-    log context, and for generation routes the drain and capacity checks and the in-flight count."""
+    """Per request, before any route: the caller's X-Request-Id (checked, echoed, logged), the log context, the key
+    (a route that needs one answers 401 before reading the body), then the body, read whole under the size limit and
+    the body deadline within the slow clients' budget; only then, for generation routes, the drain and capacity
+    checks and the in-flight count. A caller without a key, or one slow to send its body, never holds a slot that
+    authenticated requests need."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -138,10 +162,13 @@ class ServerMiddleware:
         state = self.state
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         caller_id = headers.get("x-request-id")
+        path = scope.get("path")
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(
-            request_id=None, tenant=None, adapter=None, caller_request_id=None, route=scope.get("path")
+            request_id=None, tenant=None, adapter=None, caller_request_id=None, route=path
         )
+        generation = path in GENERATION_ROUTES
+        entered = False
         try:
             if caller_id is not None and not (
                 0 < len(caller_id) <= MAX_CALLER_ID_CHARS and caller_id.isprintable() and caller_id.isascii()
@@ -156,7 +183,11 @@ class ServerMiddleware:
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > limit):
                 raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
-            generation = scope.get("path") in GENERATION_ROUTES
+            if path in AUTHENTICATED_ROUTES:
+                presented_key(state, headers.get("authorization"))
+            if generation and state.draining:
+                raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
+            body = await self._read_body(scope, receive, limit) if scope.get("method") in BODY_METHODS else None
             if generation:
                 if state.draining:
                     raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
@@ -165,6 +196,8 @@ class ServerMiddleware:
                         f"the server is over capacity ({state.in_flight} requests in flight); retry shortly",
                         "over_capacity",
                     )
+                state.enter()
+                entered = True
         except APIError as exc:
             response = exc.response()
             if caller_id is not None and exc.param != "X-Request-Id":
@@ -172,16 +205,12 @@ class ServerMiddleware:
             await response(scope, receive, send)
             return
 
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
-            return message
+        async def replay_receive():
+            nonlocal body
+            if body is not None:
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+            return await receive()  # after the body: a disconnect, when the client goes
 
         async def echoing_send(message) -> None:
             if message["type"] == "http.response.start" and caller_id is not None:
@@ -191,13 +220,40 @@ class ServerMiddleware:
                 }
             await send(message)
 
-        if generation:
-            state.enter()
         try:
-            await self.app(scope, limited_receive, echoing_send)
+            await self.app(scope, replay_receive, echoing_send)
         finally:
-            if generation:
+            if entered:
                 state.leave()
+
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
+        """The whole body, within the size limit and the body deadline, counted in the slow clients' budget."""
+        state, limits = self.state, self.state.limits
+        if state.body_readers >= limits.max_body_readers:
+            raise unavailable(
+                f"{state.body_readers} requests are still sending their bodies; retry shortly", "too_many_slow_clients"
+            )
+        state.body_readers += 1
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            with anyio.move_on_after(limits.body_seconds):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise APIError(400, "the client went away before its body arrived", code="client_gone")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+            raise APIError(
+                408, f"the request body did not arrive within {limits.body_seconds:g} s", code="request_timeout"
+            )
+        finally:
+            state.body_readers -= 1
 
 
 def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
@@ -232,6 +288,7 @@ def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
                 # uvicorn has waited for running requests (the grace period) and cancelled the rest: wait for their
                 # aborts to be on record, then the engine stops and flushes the audit writer
                 await state.wait_idle(config.engine_args.audit_timeout + 5)
+                state.close()
         state._log.info("stopped")
 
     app = FastAPI(

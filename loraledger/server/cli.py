@@ -121,6 +121,34 @@ def register(sub) -> None:
         default=30.0,
         help="seconds running requests get to finish after SIGTERM; then they are aborted",
     )
+    limits = p.add_argument_group("per-request limits (each over its bound: 400, 408 or 503)")
+    limits.add_argument(
+        "--max-stop-strings", type=int, default=64, help="`stop` strings, and `bad_words`, per request (default 64)"
+    )
+    limits.add_argument(
+        "--max-stop-chars", type=int, default=8192, help="total characters of `stop`, and of `bad_words` (default 8192)"
+    )
+    limits.add_argument(
+        "--max-token-id-list", type=int, default=4096,
+        help="entries of `stop_token_ids` and of `allowed_token_ids` (default 4096)",
+    )  # fmt: skip
+    limits.add_argument("--max-logit-bias", type=int, default=1024, help="entries of `logit_bias` (default 1024)")
+    limits.add_argument(
+        "--max-rendered-chars", type=int, default=1 << 22,
+        help="characters a chat conversation may render to (default 4194304)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--chat-template-timeout", type=float, default=5.0,
+        help="seconds a request's own chat template may take to render (with --trust-request-chat-template) (default 5)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--body-timeout", type=float, default=30.0,
+        help="seconds a request's body may take to arrive after its headers; then 408 (default 30)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-body-readers", type=int, default=64,
+        help="requests still sending their bodies at once; more get 503 (default 64)",
+    )  # fmt: skip
     p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
@@ -193,6 +221,7 @@ def config_from_args(args: argparse.Namespace):
     from loraledger.cli import default_url
     from loraledger.engine_args import EngineArgs
     from loraledger.server.config import DEFAULT_MAX_BODY_BYTES, LoRAModule, ServerConfig
+    from loraledger.server.limits import ServerLimits
 
     modules = tuple(LoRAModule.parse(text) for text in args.lora_modules)
     engine_args = EngineArgs(
@@ -217,6 +246,16 @@ def config_from_args(args: argparse.Namespace):
         max_pending_requests=args.max_pending_requests,
         trust_request_chat_template=args.trust_request_chat_template,
         root_path=args.root_path,
+        limits=ServerLimits(
+            max_stop_strings=args.max_stop_strings,
+            max_stop_chars=args.max_stop_chars,
+            max_token_id_list=args.max_token_id_list,
+            max_logit_bias=args.max_logit_bias,
+            max_rendered_chars=args.max_rendered_chars,
+            chat_template_seconds=args.chat_template_timeout,
+            body_seconds=args.body_timeout,
+            max_body_readers=args.max_body_readers,
+        ),  # fmt: skip
     )
 
 

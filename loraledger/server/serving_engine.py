@@ -18,6 +18,7 @@ from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
+from loraledger.server.limits import check_sampling_lists
 from loraledger.server.structured_outputs import structured_outputs_for
 
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
@@ -124,6 +125,7 @@ class OpenAIServing:
     def sampling_params(self, req, *, max_tokens: int | None, logprobs: int | None, stream: bool) -> SamplingParams:
         """SamplingParams for a request body: its fields over the model's defaults. SamplingParamsError (400) names
         a bad value as SamplingParams' field; what this server does not do is refused with a 400 here."""
+        check_sampling_lists(req, self.state.limits)
         if req.use_beam_search:
             raise APIError(400, "use_beam_search is not supported by this server", param="use_beam_search")
         if req.priority not in (None, 0):

@@ -1,0 +1,184 @@
+"""One caller, or nobody, against everyone else: request chat templates, clients without keys or slow with their bodies,
+and oversized stop lists must cost their sender a refusal and the other callers nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.server.conftest import BASE, server_config
+from tests.server.live import LiveServer
+
+CHAT = [{"role": "user", "content": "hi"}]
+LOOPING = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+GROWING = "{{ 'x' * 1500000000 }}"
+
+
+def _auth(key: str) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _error(r: httpx.Response) -> dict:
+    return r.json()["error"]
+
+
+# --- chat templates ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/tokenize"])
+def test_a_template_in_chat_template_kwargs_is_refused_without_the_flag(live, keys, route):
+    body = {"model": BASE, "messages": CHAT, "chat_template_kwargs": {"chat_template": "{{ 'owned' }}"}}
+    if route == "/v1/chat/completions":
+        body["max_tokens"] = 1
+    r = httpx.post(f"{live.base_url}{route}", json=body, headers=_auth(keys.acme), timeout=10)
+    assert r.status_code == 400, r.text
+    assert _error(r)["param"] == "chat_template_kwargs.chat_template"
+    assert "--trust-request-chat-template" in _error(r)["message"]
+
+
+def _health_latency(url: str, stop: threading.Event, worst: list[float]) -> None:
+    with httpx.Client(timeout=30) as http:
+        while not stop.is_set():
+            t = time.perf_counter()
+            http.get(f"{url}/health")
+            worst[0] = max(worst[0], time.perf_counter() - t)
+            time.sleep(0.05)
+
+
+def test_trusted_request_templates_render_in_a_bounded_sandbox(tiny_llama_chat, keys, tmp_path):
+    limits = __import__("loraledger.server.limits", fromlist=["ServerLimits"]).ServerLimits(chat_template_seconds=1.5)
+    config = server_config(tiny_llama_chat, tmp_path, keys, trust_request_chat_template=True, limits=limits)
+    with LiveServer(config) as server:
+        url = server.base_url
+        ok = httpx.post(f"{url}/tokenize", headers=_auth(keys.acme), timeout=90,
+                        json={"model": BASE, "messages": CHAT, "chat_template": "[{{ messages[0]['content'] }}]"})  # fmt: skip
+        assert ok.status_code == 200, ok.text  # a request template still works (the first render starts the worker)
+        rss = psutil.Process(os.getpid()).memory_info().rss
+        for template in (LOOPING, GROWING):
+            stop, worst = threading.Event(), [0.0]
+            watcher = threading.Thread(target=_health_latency, args=(url, stop, worst), daemon=True)
+            watcher.start()
+            t = time.perf_counter()
+            r = httpx.post(f"{url}/v1/chat/completions", headers=_auth(keys.acme), timeout=60, json={
+                "model": BASE, "messages": CHAT, "max_tokens": 1, "chat_template_kwargs": {"chat_template": template},
+            })  # fmt: skip
+            took = time.perf_counter() - t
+            stop.set()
+            watcher.join(timeout=10)
+            assert r.status_code == 400, r.text
+            assert took < 15, f"a hostile template held its request {took:.1f} s"
+            assert worst[0] < 1.0, f"/health waited {worst[0]:.2f} s while a template rendered"
+        grown = psutil.Process(os.getpid()).memory_info().rss - rss
+        assert grown < 200 << 20, f"the server grew by {grown >> 20} MiB"
+        again = httpx.post(f"{url}/v1/chat/completions", headers=_auth(keys.acme), timeout=90,
+                           json={"model": BASE, "messages": CHAT, "max_tokens": 2, "chat_template": "{{ messages[0]['content'] }}"})  # fmt: skip
+        assert again.status_code == 200, again.text  # a new worker took the killed one's place
+
+
+# --- clients without keys, and slow clients ------------------------------------------------------------------
+
+
+def _half_request(port: int, key: str | None = None) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    s.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}Content-Length: 10\r\n\r\n".encode()
+    )
+    return s
+
+
+def test_clients_without_keys_or_bodies_do_not_lock_out_tenants(tiny_llama_chat, keys, tmp_path):
+    from loraledger.server.limits import ServerLimits
+
+    config = server_config(
+        tiny_llama_chat, tmp_path, keys, max_pending_requests=8,
+        limits=ServerLimits(body_seconds=1.5, max_body_readers=4),
+    )  # fmt: skip
+    with LiveServer(config) as server:
+        anonymous = [_half_request(server.port) for _ in range(32)]
+        try:
+            # every keyless one is answered 401 at once, without waiting for its body
+            for s in anonymous[:4]:
+                assert s.recv(64).startswith(b"HTTP/1.1 401")
+            good = httpx.post(f"{server.base_url}/v1/completions", headers=_auth(keys.acme), timeout=30,
+                              json={"model": BASE, "prompt": "hello", "max_tokens": 3})  # fmt: skip
+            assert good.status_code == 200, good.text
+            # a slow client with a key waits in the slow clients' budget, gets 408 at the body deadline, and never
+            # counts against the requests in flight
+            slow = [_half_request(server.port, keys.acme) for _ in range(3)]
+            time.sleep(0.3)
+            assert server.state.in_flight == 0 and server.state.body_readers == 3
+            good = httpx.post(f"{server.base_url}/v1/completions", headers=_auth(keys.acme), timeout=30,
+                              json={"model": BASE, "prompt": "hello", "max_tokens": 3})  # fmt: skip
+            assert good.status_code == 200, good.text
+            for s in slow:
+                s.settimeout(10)
+                assert s.recv(64).startswith(b"HTTP/1.1 408")
+                s.close()
+            assert server.state.body_readers == 0
+        finally:
+            for s in anonymous:
+                s.close()
+
+
+def test_a_chunked_body_over_the_limit_is_413(live, keys):
+    def chunks():
+        for _ in range(10):
+            yield b"x" * (1 << 20)
+
+    r = httpx.post(f"{live.base_url}/v1/completions", content=chunks(), timeout=30,
+                   headers={**_auth(keys.acme), "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 413 and _error(r)["code"] == "request_too_large"
+
+
+# --- stop lists and other caller-controlled counts -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("stop", [f"s{i}" for i in range(200_000)], "--max-stop-strings"),
+        ("stop", [f"s{i}" for i in range(65)], "--max-stop-strings"),
+        ("stop", ["x" * 5000, "y" * 5000], "--max-stop-chars"),
+        ("bad_words", [f"w{i}" for i in range(65)], "--max-stop-strings"),
+        ("stop_token_ids", list(range(5000)), "--max-token-id-list"),
+        ("allowed_token_ids", [1] * 5000, "--max-token-id-list"),
+        ("logit_bias", {str(i): 1.0 for i in range(1100)}, "--max-logit-bias"),
+    ],
+)
+def test_lists_over_their_bounds_are_400(live, keys, field, value, flag):
+    body = {"model": BASE, "prompt": "hi", "max_tokens": 1, "n": 32, field: value}
+    t = time.perf_counter()
+    r = httpx.post(f"{live.base_url}/v1/completions", content=json.dumps(body), timeout=30,
+                   headers={**_auth(keys.acme), "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert _error(r)["param"] == field and flag in _error(r)["message"]
+    assert time.perf_counter() - t < 5
+
+
+def test_a_stop_list_at_its_bound_works_and_does_not_stall_others(live, keys):
+    stops = [f"zz{i:03d}" + "q" * 100 for i in range(64)]
+    heavy = {"model": BASE, "prompt": "hi", "max_tokens": 24, "n": 8, "ignore_eos": True, "stop": stops}
+    light = {"model": BASE, "prompt": "hello", "max_tokens": 8, "temperature": 0}
+    with httpx.Client(base_url=live.base_url, headers=_auth(keys.acme), timeout=60) as http:
+        t = time.perf_counter()
+        assert http.post("/v1/completions", json=light).status_code == 200
+        alone = time.perf_counter() - t
+        done: list[int] = []
+        worker = threading.Thread(target=lambda: done.append(http.post("/v1/completions", json=heavy).status_code))
+        worker.start()
+        t = time.perf_counter()
+        assert http.post("/v1/completions", json=light).status_code == 200
+        beside = time.perf_counter() - t
+        worker.join(timeout=60)
+    assert done == [200]
+    assert beside < max(2.0, 10 * alone), (
+        f"an 8-token request took {beside:.2f} s beside the stop list ({alone:.2f} s alone)"
+    )
