@@ -34,8 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "show", "the full lineage of one request: binding, prompt, adapter, completions, events", _show)
     p.add_argument(
         "request_id", metavar="REQUEST_ID",
-        help="the request's audit key (RequestOutput.audit_id), any unique prefix of it, or the caller's own request id "
-        "(every request that used it is shown)",
+        help="the request's audit key (RequestOutput.audit_id; it always wins), or else the caller's own request id "
+        "(every request that used it is shown) or a unique prefix of an audit key (4 characters or more)",
+    )  # fmt: skip
+    p.add_argument(
+        "--caller-id", action="store_true",
+        help="take REQUEST_ID as a caller's own request id only (default: an exact audit key wins, then caller ids and "
+        "key prefixes; both matching is an error listing them)",
     )  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for programs")
 
@@ -343,16 +348,27 @@ def _show(args: argparse.Namespace) -> int:
     """One request's lineage; for a caller id that several requests used, each of theirs (a JSON list with --format
     json), oldest first."""
     out = sys.stdout
+    from loraledger.audit.log import CALLER_ID, KEY, PREFIX
+
     with _open(args) as log:
-        keys, total = log.resolve_request_ids(args.request_id)
+        match = log.match_request(args.request_id, caller_id_only=args.caller_id)
+        keys, total = match.keys, match.total
         lineages = [log.request(key) for key in keys]
     if args.format == "json":
         shown = lineages[0] if total == 1 else lineages
         out.write(msgspec.json.format(msgspec.json.encode(shown), indent=2).decode() + "\n")
+        if match.kind != KEY:
+            print(f"{args.request_id} matched as a {match.kind}, not an audit key", file=sys.stderr)
         return 0
-    if total > 1:
+    # what kind of match this is comes first, so that a caller's chosen id is never mistaken for an audit key
+    if match.kind == CALLER_ID:
         more = f"; the first {len(keys)} are shown" if total > len(keys) else ""
-        out.write(f"caller request id {args.request_id} was used by {total} requests{more}\n\n")
+        used = f"was used by {total} requests" if total > 1 else "was used by 1 request"
+        out.write(
+            f"caller request id {args.request_id} {used} (matched as the caller's id, not an audit key){more}\n\n"
+        )
+    elif match.kind == PREFIX:
+        out.write(f"audit key prefix {args.request_id} matches request {keys[0]}\n\n")
     out.write("\n".join(format_lineage(lineage) for lineage in lineages))
     return 0
 
