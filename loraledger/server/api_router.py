@@ -105,5 +105,6 @@ async def version() -> Response:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    """Prometheus' text format; with keys configured, for a caller with any valid key (a scraper gets its own)."""
     return await _state(request).render_metrics()

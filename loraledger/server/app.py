@@ -22,7 +22,7 @@ from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
 AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
-    "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize",
+    "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/metrics",
 }  # fmt: skip
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_CALLER_ID_CHARS = 256

@@ -21,6 +21,7 @@ from loraledger.server.serving_engine import (
     RequestContext,
     caller_request_id,
     chat_logprobs,
+    check_unicode,
     response_id,
     sse,
     usage,
@@ -43,6 +44,9 @@ class OpenAIServingChat(OpenAIServing):
                 400, "a chat template in the request is refused: this server renders with the model's or the adapter's "
                 "template (start it with --trust-request-chat-template to allow request templates)", param=param,
             )  # fmt: skip
+        check_unicode(req.messages, "messages")
+        check_unicode(req.tools, "tools")
+        check_unicode(req.chat_template_kwargs, "chat_template_kwargs")
         tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
         options = dict(
             chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,

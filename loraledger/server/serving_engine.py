@@ -89,6 +89,24 @@ def outcome_of(exc: BaseException | None, outputs_aborted: bool = False) -> str:
     return "rejected" if status < 500 else "failed"
 
 
+def check_unicode(value: object, param: str) -> None:
+    """400 for text holding a lone surrogate (JSON can carry "\\ud800"; no tokenizer can encode it), anywhere in a
+    str or in the strs of nested lists and dicts (a body's: bounded by the body size limit)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise APIError(400, f"{param} is not valid Unicode text ({exc.reason})", param=param) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 # body field -> SamplingParams field, where the two names agree on the meaning
 _SAME = (
     "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -161,7 +179,7 @@ class OpenAIServing:
         return fp or self.engine.base_model_fingerprint
 
     def tracker(self, model: str, ctx: RequestContext) -> Tracker:
-        return Tracker(self.state.metrics, model, ctx)
+        return Tracker(self.state.metrics, self.models.label(model), ctx)
 
     async def create(self, req, caller: Caller, ctx: RequestContext):
         """Serve one generation request (the subclass's `_create`); its metrics record how it ended, whatever ends it."""

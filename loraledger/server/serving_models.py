@@ -16,6 +16,9 @@ from loraledger.server.errors import APIError
 OWNED_BY = "loraledger"
 
 
+UNKNOWN_LABEL = "unknown"  # the metrics label of every model name this server does not serve
+
+
 class OpenAIServingModels:
     def __init__(self, state) -> None:
         self._state = state
@@ -44,9 +47,13 @@ class OpenAIServingModels:
             raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
         return lora
 
+    def label(self, model: str) -> str:
+        """A model name as a metrics label: a served name, or "unknown" (a caller's made-up names never become series)."""
+        return model if model in self.base_names or model in self.adapters else UNKNOWN_LABEL
+
     async def deny(self, model: str, caller: Caller, route: str):
         state = self._state
-        state.metrics.access_denied.labels(adapter=model).inc()
+        state.metrics.access_denied.labels(adapter=self.label(model)).inc()
         self._log.warning("access denied", adapter=model, route=route)
         ctx = structlog.contextvars.get_contextvars()
         on_record = await state.engine.record_access_denied(

@@ -182,3 +182,62 @@ def test_a_stop_list_at_its_bound_works_and_does_not_stall_others(live, keys):
     assert beside < max(2.0, 10 * alone), (
         f"an 8-token request took {beside:.2f} s beside the stop list ({alone:.2f} s alone)"
     )
+
+
+# --- work on the event loop, metrics labels, several prompts ------------------------------------------------------
+
+
+def test_tokenize_runs_off_the_event_loop_and_is_bounded(live, keys):
+    stop, worst = threading.Event(), [0.0]
+    watcher = threading.Thread(target=_health_latency, args=(live.base_url, stop, worst), daemon=True)
+    watcher.start()
+    big = " ".join(f"w{i % 97}" for i in range(500_000))  # about 2.4 MB of text
+    r = httpx.post(
+        f"{live.base_url}/tokenize", headers=_auth(keys.acme), timeout=60, json={"model": BASE, "prompt": big}
+    )
+    stop.set()
+    watcher.join(timeout=10)
+    assert r.status_code == 200 and r.json()["count"] > 100_000
+    assert worst[0] < 1.0, f"/health waited {worst[0]:.2f} s while a long text was tokenized"
+    over = httpx.post(f"{live.base_url}/tokenize", headers=_auth(keys.acme), timeout=60,
+                      json={"model": BASE, "prompt": "x" * (5 << 20)})  # fmt: skip
+    assert over.status_code == 400 and "--max-rendered-chars" in _error(over)["message"]
+
+
+def test_unknown_model_names_never_become_metric_labels_and_metrics_need_a_key(live, keys):
+    with httpx.Client(base_url=live.base_url, headers=_auth(keys.admin), timeout=30) as http:
+        for i in range(200):
+            r = http.post("/v1/completions", json={"model": f"made-up-{i}", "prompt": "x", "max_tokens": 1})
+            assert r.status_code == 404
+        text = http.get("/metrics").text
+    assert "made-up-" not in text and 'adapter="unknown"' in text
+    assert httpx.get(f"{live.base_url}/metrics", timeout=10).status_code == 401
+
+
+def test_several_prompts_in_one_body_run_together(live, keys):
+    def timed(prompts) -> float:
+        body = {"model": BASE, "prompt": prompts, "max_tokens": 24, "ignore_eos": True}
+        t = time.perf_counter()
+        r = httpx.post(f"{live.base_url}/v1/completions", headers=_auth(keys.acme), json=body, timeout=120)
+        assert r.status_code == 200 and len(r.json()["choices"]) == len(prompts)
+        return time.perf_counter() - t
+
+    timed(["warm"])
+    one = min(timed(["a"]), timed(["b"]))
+    four = timed(["a", "b", "c", "d"])
+    assert four < 2.5 * one, f"4 prompts took {four:.2f} s against {one:.2f} s for one: run one after another"
+
+
+def test_bad_text_and_token_ids_are_400_not_500(live, keys):
+    h = _auth(keys.acme)
+    echo = {"model": BASE, "prompt": [-1], "max_tokens": 1, "echo": True}
+    r = httpx.post(f"{live.base_url}/v1/completions", headers=h, json=echo, timeout=30)
+    assert r.status_code == 400, r.text
+    surrogate = '{"model": "MODEL", "messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 1}'
+    surrogate = surrogate.replace("MODEL", BASE)
+    r = httpx.post(f"{live.base_url}/v1/chat/completions", content=surrogate, timeout=30,
+                   headers={**h, "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
+    r = httpx.post(f"{live.base_url}/tokenize", content='{"model": "MODEL", "prompt": "a\\udc00"}'.replace("MODEL", BASE), timeout=30,
+                   headers={**h, "Content-Type": "application/json"})  # fmt: skip
+    assert r.status_code == 400, r.text
