@@ -25,6 +25,7 @@ AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
     "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/metrics",
 }  # fmt: skip
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers counts in the slow clients' budget
 MAX_CALLER_ID_CHARS = 256
 KEYS_RELOAD_SECONDS = 10.0
 
@@ -227,19 +228,29 @@ class ServerMiddleware:
                 state.leave()
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
-        """The whole body, within the size limit and the body deadline, counted in the slow clients' budget."""
+        """The whole body, within the size limit and the body deadline. A body that is not all there at once (the
+        usual case for a small one: it came with the headers) waits in the slow clients' budget."""
         state, limits = self.state, self.state.limits
-        if state.body_readers >= limits.max_body_readers:
-            raise unavailable(
-                f"{state.body_readers} requests are still sending their bodies; retry shortly", "too_many_slow_clients"
-            )
-        state.body_readers += 1
         chunks: list[bytes] = []
         size = 0
+        counted = False
         try:
             with anyio.move_on_after(limits.body_seconds):
                 while True:
-                    message = await receive()
+                    message = None
+                    if not counted:
+                        with anyio.move_on_after(SLOW_BODY_SECONDS):  # cancelling a receive loses nothing
+                            message = await receive()
+                        if message is None or message.get("more_body", False):
+                            if state.body_readers >= limits.max_body_readers:
+                                raise unavailable(
+                                    f"{state.body_readers} requests are still sending their bodies; retry shortly",
+                                    "too_many_slow_clients",
+                                )
+                            state.body_readers += 1
+                            counted = True
+                    if message is None:
+                        message = await receive()
                     if message["type"] == "http.disconnect":
                         raise APIError(400, "the client went away before its body arrived", code="client_gone")
                     chunk = message.get("body", b"")
@@ -253,7 +264,8 @@ class ServerMiddleware:
                 408, f"the request body did not arrive within {limits.body_seconds:g} s", code="request_timeout"
             )
         finally:
-            state.body_readers -= 1
+            if counted:
+                state.body_readers -= 1
 
 
 def build_app(config: ServerConfig, *, engine=None) -> FastAPI:

@@ -149,6 +149,14 @@ def register(sub) -> None:
         "--max-body-readers", type=int, default=64,
         help="requests still sending their bodies at once; more get 503 (default 64)",
     )  # fmt: skip
+    limits.add_argument(
+        "--header-timeout", type=float, default=10.0,
+        help="seconds a connection may take to send a request's headers; then it is closed (default 10)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-connections-per-client", type=int, default=256,
+        help="open connections from one client address (behind a proxy: the proxy's); more are closed at once (default 256)",
+    )  # fmt: skip
     p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
@@ -255,7 +263,9 @@ def config_from_args(args: argparse.Namespace):
             chat_template_seconds=args.chat_template_timeout,
             body_seconds=args.body_timeout,
             max_body_readers=args.max_body_readers,
-        ),  # fmt: skip
+            header_seconds=args.header_timeout,
+            max_connections_per_client=args.max_connections_per_client,
+        ),
     )
 
 
@@ -274,6 +284,7 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
     import uvicorn
 
     from loraledger.server.app import build_app
+    from loraledger.server.connections import uvicorn_options
 
     log = structlog.get_logger().bind(actor="server")
     app = build_app(config)
@@ -288,7 +299,7 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
             log.warning("no --api-keys: serving on loopback only, without authentication", host=config.host)
     uv_config = uvicorn.Config(
         app, host=config.host, port=port, uds=uds, log_config=log_config, timeout_graceful_shutdown=config.shutdown_grace_seconds,
-        access_log=True, proxy_headers=False, server_header=False, lifespan="on",
+        access_log=True, proxy_headers=False, server_header=False, lifespan="on", **uvicorn_options(config.limits),
     )  # fmt: skip
     server = _Server(uv_config, on_exit=lambda sig: (state.mark_draining(), state.signals.post(sig)))
     if hasattr(signal, "SIGHUP"):

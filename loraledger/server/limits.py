@@ -26,6 +26,12 @@ class ServerLimits:
     )
     body_seconds: float = 30.0  # a request body must have arrived this long after its headers
     max_body_readers: int = 64  # requests whose body is still arriving, at once; more get 503 (slow clients' budget)
+    header_seconds: float = (
+        10.0  # a connection's request headers must be complete this long after it opens (or after its last response)
+    )
+    max_connections_per_client: int = (
+        256  # open connections from one client address (a proxy in front is one); more are closed at once
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -113,7 +113,7 @@ def test_clients_without_keys_or_bodies_do_not_lock_out_tenants(tiny_llama_chat,
             # a slow client with a key waits in the slow clients' budget, gets 408 at the body deadline, and never
             # counts against the requests in flight
             slow = [_half_request(server.port, keys.acme) for _ in range(3)]
-            time.sleep(0.3)
+            time.sleep(0.9)  # past the half second after which a body still missing counts as slow
             assert server.state.in_flight == 0 and server.state.body_readers == 3
             good = httpx.post(f"{server.base_url}/v1/completions", headers=_auth(keys.acme), timeout=30,
                               json={"model": BASE, "prompt": "hello", "max_tokens": 3})  # fmt: skip
@@ -241,3 +241,50 @@ def test_bad_text_and_token_ids_are_400_not_500(live, keys):
     r = httpx.post(f"{live.base_url}/tokenize", content='{"model": "MODEL", "prompt": "a\\udc00"}'.replace("MODEL", BASE), timeout=30,
                    headers={**h, "Content-Type": "application/json"})  # fmt: skip
     assert r.status_code == 400, r.text
+
+
+# --- connections: header deadline and per-client cap --------------------------------------------------------------
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    s.settimeout(seconds)
+    try:
+        return s.recv(64) == b""
+    except TimeoutError:
+        return False
+    except OSError:  # reset: closed too
+        return True
+
+
+def test_idle_and_slowloris_connections_are_closed_and_one_client_is_capped(tiny_llama_chat, keys, tmp_path):
+    from loraledger.server.limits import ServerLimits
+
+    limits = ServerLimits(header_seconds=1.0, max_connections_per_client=12)
+    with LiveServer(server_config(tiny_llama_chat, tmp_path, keys, limits=limits)) as server:
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(10)]
+        slow = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        time.sleep(0.2)
+        extra = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(4)]
+        try:
+            # past the 12th connection from this address: closed at once
+            assert sum(_closed_within(s, 0.5) for s in extra) >= 3
+            started = time.monotonic()
+            line = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            closed = False
+            for i in range(len(line)):  # a slowloris: one byte every 0.2 s
+                try:
+                    slow.sendall(line[i : i + 1])
+                except OSError:
+                    closed = True
+                    break
+                if _closed_within(slow, 0.2):
+                    closed = True
+                    break
+            assert closed and time.monotonic() - started < 5, "headers sent a byte at a time kept the connection"
+            assert all(_closed_within(s, 3) for s in idle), "connections that sent nothing stayed open"
+            good = httpx.post(f"{server.base_url}/v1/completions", headers=_auth(keys.acme), timeout=30,
+                              json={"model": BASE, "prompt": "hello", "max_tokens": 2})  # fmt: skip
+            assert good.status_code == 200, good.text
+        finally:
+            for s in [*idle, slow, *extra]:
+                s.close()

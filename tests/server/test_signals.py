@@ -22,11 +22,23 @@ def _args(tiny, keys_file, tmp_path) -> list[str]:
             "--log-level", "info"]  # fmt: skip
 
 
-def test_sighup_storm_under_traffic_then_sigterm_exits_cleanly(tiny_llama, tmp_path):
+def test_sighups_empty_keys_then_a_storm_under_traffic_then_sigterm(tiny_llama, tmp_path):
     keys_file = tmp_path / "keys.toml"
     _, key = add_key(keys_file, tenant="acme", adapters=["tiny"])
     headers = {"Authorization": f"Bearer {key}"}
-    with ServerProcess(_args(tiny_llama, keys_file, tmp_path), log=tmp_path / "server.log") as server:
+    log_file = tmp_path / "server.log"
+    with ServerProcess(_args(tiny_llama, keys_file, tmp_path), log=log_file) as server:
+        # an empty keys file (what a reader sees in the middle of an editor's truncate-and-write) keeps the old keys
+        kept = keys_file.read_text()
+        keys_file.write_text("")
+        server.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while "holds no keys" not in log_file.read_text():
+            assert time.monotonic() < deadline, "the reload's refusal was not logged"
+            time.sleep(0.05)
+        assert httpx.get(f"{server.base_url}/v1/models", headers=headers, timeout=10).status_code == 200
+        keys_file.write_text(kept)
+
         stop = threading.Event()
         answered: list[int] = []
 
@@ -42,7 +54,7 @@ def test_sighup_storm_under_traffic_then_sigterm_exits_cleanly(tiny_llama, tmp_p
         for w in workers:
             w.start()
         sent = 0
-        deadline = time.monotonic() + 4
+        deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
             server.proc.send_signal(signal.SIGHUP)
             sent += 1
@@ -54,28 +66,13 @@ def test_sighup_storm_under_traffic_then_sigterm_exits_cleanly(tiny_llama, tmp_p
             w.join(timeout=15)
         server.proc.send_signal(signal.SIGTERM)
         try:
-            code = server.proc.wait(timeout=20)
+            code = server.proc.wait(timeout=15)
         except Exception:
-            pytest.fail(f"the server froze: no exit within 20 s of SIGTERM after {sent} SIGHUPs")
+            pytest.fail(f"the server froze: no exit within 15 s of SIGTERM after {sent} SIGHUPs")
         assert code == 0
         assert answered and answered.count(200) == len(answered)
-    log = (tmp_path / "server.log").read_text()
+    log = log_file.read_text()
     assert "keys file reloaded" in log and "shutting down" in log
-
-
-def test_sighup_with_an_empty_keys_file_keeps_the_old_keys(tiny_llama, tmp_path):
-    keys_file = tmp_path / "keys.toml"
-    _, key = add_key(keys_file, tenant="acme", adapters=["tiny"])
-    headers = {"Authorization": f"Bearer {key}"}
-    with ServerProcess(_args(tiny_llama, keys_file, tmp_path), log=tmp_path / "server.log") as server:
-        keys_file.write_text("")  # what a reader sees in the middle of an editor's truncate-and-write
-        server.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while "holds no keys" not in (tmp_path / "server.log").read_text():
-            assert time.monotonic() < deadline, "the reload's refusal was not logged"
-            time.sleep(0.05)
-        assert httpx.get(f"{server.base_url}/v1/models", headers=headers, timeout=10).status_code == 200
-        assert server.terminate(timeout=20) == 0
 
 
 def test_signal_handlers_only_set_flags(tiny_llama, tmp_path):
