@@ -76,6 +76,10 @@ def register(sub) -> None:
         "--kv-cache-bytes", type=int, default=None, help="CPU: KV-cache size in bytes (default: the engine's sizing)"
     )
     p.add_argument("--seed", type=int, default=0, help="the engine's seed for unseeded requests")
+    p.add_argument(
+        "--start-timeout", type=float, default=600.0,
+        help="seconds the engine may take to start (model read, weights loaded); then it exits with an error (default 600)",
+    )  # fmt: skip
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: never replay CUDA graphs (default: off)")
     p.add_argument(
         "--no-enable-prefix-caching",
@@ -241,6 +245,7 @@ def config_from_args(args: argparse.Namespace):
         audit_timeout=args.audit_timeout, audit_lease_seconds=args.audit_lease_seconds, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
+        start_timeout=args.start_timeout,
     )  # fmt: skip
     return ServerConfig(
         engine_args=engine_args,
