@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import anyio
@@ -14,8 +15,7 @@ from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
 
 OWNED_BY = "loraledger"
-
-
+FORGET_SECONDS = 5.0  # undoing a failed load's registration (the loader's own bookkeeping: no store involved)
 UNKNOWN_LABEL = "unknown"  # the metrics label of every model name this server does not serve
 
 
@@ -114,8 +114,15 @@ class OpenAIServingModels:
                 lora = LoRARequest(name, self._next_id, path)
             except LoRARequestError as exc:
                 raise APIError(400, str(exc), param="lora_name") from None
-            await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
-            self._next_id += 1
+            self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
+            try:
+                await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
+            except BaseException:
+                # a load that failed half-way (its record timed out, say) must not leave its id or name registered
+                with anyio.move_on_after(FORGET_SECONDS, shield=True):
+                    with contextlib.suppress(Exception):
+                        await self._state.engine.remove_lora(lora.lora_int_id)
+                raise
             self.adapters[name] = lora
             self._created[name] = int(time.time())
             self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)
