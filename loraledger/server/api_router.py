@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
 from loraledger.server.auth import Caller, authenticate, require_admin
+from loraledger.server.errors import error_response
 from loraledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -96,6 +97,16 @@ async def health(request: Request) -> Response:
     state = _state(request)
     if state.draining or state.engine_dead():
         return Response(status_code=503, headers={"Retry-After": "1"})
+    return Response(status_code=200)
+
+
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Readiness (a Kubernetes readinessProbe): 200 while this server can serve, 503 with the reason otherwise;
+    /health is liveness (the process and its engine are alive)."""
+    reason = await _state(request).not_ready()
+    if reason is not None:
+        return error_response(503, reason, type="service_unavailable", code="not_ready", headers={"Retry-After": "1"})
     return Response(status_code=200)
 
 

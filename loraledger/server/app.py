@@ -28,6 +28,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers counts in the slow clients' budget
 MAX_CALLER_ID_CHARS = 256
 KEYS_RELOAD_SECONDS = 10.0
+READY_CHECK_SECONDS = 2.0
 
 
 class ServerState:
@@ -73,6 +74,20 @@ class ServerState:
     def close(self) -> None:
         if self._sandbox is not None:
             self._sandbox.close()
+
+    async def not_ready(self) -> str | None:
+        """Why this server should get no traffic now (None: ready): draining, the engine stopped, or the audit store
+        unreachable (requests would be refused until it is back)."""
+        if self.draining:
+            return "shutting down"
+        if self.engine_dead():
+            return "the engine has stopped"
+        with anyio.move_on_after(READY_CHECK_SECONDS):
+            metrics = await self.engine.get_metrics()
+            if metrics.audit_enabled and metrics.audit_store_down:
+                return "the audit store is unreachable; requests are refused until it answers"
+            return None
+        return "the engine did not answer the readiness check in time"
 
     def engine_dead(self) -> bool:
         core = getattr(self.engine, "_core", None)

@@ -288,3 +288,18 @@ def test_idle_and_slowloris_connections_are_closed_and_one_client_is_capped(tiny
         finally:
             for s in [*idle, slow, *extra]:
                 s.close()
+
+
+def test_ready_says_when_requests_would_be_refused(live, monkeypatch):
+    assert httpx.get(f"{live.base_url}/ready", timeout=10).status_code == 200
+    real = live.state.engine.get_metrics
+
+    async def store_down():
+        import msgspec
+
+        return msgspec.structs.replace(await real(), audit_store_down=True)
+
+    monkeypatch.setattr(live.state.engine, "get_metrics", store_down)
+    r = httpx.get(f"{live.base_url}/ready", timeout=10)
+    assert r.status_code == 503 and "audit store" in _error(r)["message"]
+    assert httpx.get(f"{live.base_url}/health", timeout=10).status_code == 200  # alive, not ready
