@@ -322,6 +322,15 @@ def _csv_cell(value: Any) -> Any:
     return csv_cell(value)  # no cell a spreadsheet would run as a formula
 
 
+def shown(text: str) -> str:
+    """text for a terminal: every character that is not printable (control characters, ANSI escapes, C1 controls,
+    line and paragraph separators, ...) written as its Python escape, so a name chosen by a caller can neither
+    forge lines nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _text(name: str, value: Any) -> str:
     if value is None:
         return "-"
@@ -329,7 +338,7 @@ def _text(name: str, value: Any) -> str:
         return value[:10] + " " + value[11:19] + "Z"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return shown(str(value))
 
 
 WHOLE = frozenset({"request_id"})  # never cut: `audit show` takes what the listing prints
@@ -355,8 +364,8 @@ def _show(args: argparse.Namespace) -> int:
         keys, total = match.keys, match.total
         lineages = [log.request(key) for key in keys]
     if args.format == "json":
-        shown = lineages[0] if total == 1 else lineages
-        out.write(msgspec.json.format(msgspec.json.encode(shown), indent=2).decode() + "\n")
+        data = lineages[0] if total == 1 else lineages
+        out.write(msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n")
         if match.kind != KEY:
             print(f"{args.request_id} matched as a {match.kind}, not an audit key", file=sys.stderr)
         return 0
@@ -424,7 +433,7 @@ def format_lineage(lineage: RequestLineage) -> str:
     lines.append(f"events ({len(lineage.events)})")
     for e in lineage.events:
         lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(shown(line) for line in lines) + "\n"
 
 
 # -- integrity -----------------------------------------------------------------------------

@@ -40,3 +40,24 @@ def test_a_caller_id_equal_to_another_tenants_key_or_its_prefix_does_not_hijack_
     out = capsys.readouterr().out
     assert out.startswith(f"caller request id {prefix} was used by 1 request (matched as the caller's id")
     assert f"request {attacker_prefix} " in out and "tenant        acme" in out
+
+
+def test_audit_listings_escape_control_characters_of_names(live, keys, capsys):
+    evil = "red\x1b[31m\x9b2J\u2028x"
+    r = httpx.post(f"{live.base_url}/v1/load_lora_adapter", headers={"Authorization": f"Bearer {keys.admin}"},
+                   json={"lora_name": evil, "lora_path": str(live.tiny.adapters["ogd_r16_rslora"])}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    rid = _complete_model(live, keys.admin, evil)
+    for argv in (["audit", "requests"], ["audit", "adapters"], ["audit", "show", rid]):
+        capsys.readouterr()  # the in-process server's own log lines are not the command's output
+        assert main([*argv, "--url", live.audit_url]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\x9b" not in out and "\u2028" not in out, argv
+    assert "red\\x1b[31m\\x9b2J\\u2028x" in out
+
+
+def _complete_model(live, key: str, model: str) -> str:
+    r = httpx.post(f"{live.base_url}/v1/completions", headers={"Authorization": f"Bearer {key}"}, timeout=60,
+                   json={"model": model, "prompt": "hello", "max_tokens": 2})  # fmt: skip
+    assert r.status_code == 200, r.text
+    return r.json()["id"]
