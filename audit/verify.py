@@ -26,6 +26,7 @@ from loraledger.audit.queries import A, C, E, I, R, stream
 from loraledger.audit.raw_rows import RawTable, describe, unix_times
 from loraledger.audit.records import Problem, VerifyResult
 from loraledger.audit.row_stream import RowStream
+from loraledger.audit.schema_objects import check_schema_objects
 from loraledger.errors import ConfigError
 from loraledger.store import instances
 from loraledger.store.canonical import canonical_json, digest
@@ -77,6 +78,7 @@ def verify_log(
     _check_unclaimed_recoveries(conn, walk.claims, found)
     _check_unvouched_completions(conn, found)
     _check_completion_adapters(conn, found)
+    check_schema_objects(conn, found.add)  # the views are as the migrations made them
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
     n_completions = conn.execute(select(func.count()).select_from(C)).scalar_one()
     return VerifyResult(
