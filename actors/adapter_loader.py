@@ -1,12 +1,14 @@
-"""AdapterLoader actor: reads PEFT adapters in worker threads, keeps a host LRU of max_cpu_loras, owns the name/id registry."""
+"""AdapterLoader actor: a shell over loraledger.lora that reads adapters in worker threads, caches and pins them."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
+from collections.abc import Callable
 
 import anyio
-from anyio.abc import TaskStatus
+from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from loraledger.actors.failures import request_error
@@ -16,6 +18,7 @@ from loraledger.actors.messages import (
     AuditAppend,
     ListLoras,
     PinLora,
+    PinSlot,
     RemoveLora,
     ResolveAdapter,
     Shutdown,
@@ -24,19 +27,23 @@ from loraledger.actors.messages import (
 from loraledger.actors.replies import answer
 from loraledger.errors import (
     AdapterError,
+    EngineDeadError,
     LoraLedgerError,
     LoRARequestConflictError,
     TooManyLoRAsError,
     UnknownRequestError,
 )
 from loraledger.gpu.config import ModelConfig
-from loraledger.gpu.lora_checkpoint import LoraCheckpoint, load_lora_checkpoint
 from loraledger.logging import get_logger
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.checkpoint import LoraCheckpoint
+from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+from loraledger.lora.host_cache import HostCache
+from loraledger.lora.registry import AdapterRegistry
+from loraledger.lora.request import LoRARequest
+from loraledger.sources import HubSettings, resolve
+from loraledger.sources.engine_sources import adapter_settings
+from loraledger.sources.fileset import ADAPTER
 from loraledger.store.records import EventKind, EventRecord
-
-# resumed requests' adapters not registered here take ids down from here: far from the ids callers count up from 1
-RESUMED_IDS_BELOW = 1 << 63
 
 
 class AdapterLoaderStats:
@@ -49,6 +56,9 @@ class AdapterLoaderStats:
 
 
 class AdapterLoader:
+    """Owns the adapter registry, the host cache and pinning; a load runs in a worker thread, one per adapter at a time
+    (later askers wait for the same load), and its outcome is put on record."""
+
     def __init__(
         self,
         inbox: MemoryObjectReceiveStream,
@@ -60,50 +70,49 @@ class AdapterLoader:
         max_cpu_loras: int,
         max_loras: int,
         base_model_fingerprint: str,
+        hub_settings: Callable[[], HubSettings] | None = None,  # how Hub adapters are fetched (read at each load)
     ) -> None:
         self._inbox = inbox
         self._audit = audit
         self._scheduler = scheduler
         self._model_config = model_config
         self._max_lora_rank = max_lora_rank
-        self._capacity = max_cpu_loras
-        self._max_loras = max_loras
         self._base_fp = base_model_fingerprint
-        self._registry: dict[int, LoRARequest] = {}  # lora_int_id -> first LoRARequest seen
-        self._names: dict[str, int] = {}
-        self._cache: OrderedDict[int, LoraCheckpoint] = OrderedDict()  # host LRU, most recent last
-        self._pinned: set[int] = set()
-        self._loading: dict[int, list[MemoryObjectSendStream]] = {}
+        self._hub_settings = hub_settings or _default_hub_settings
+        self._commits: dict[tuple[int, str], str] = {}  # (lora_int_id, lora_path) -> the Hub commit it was read at
+        self._registry = AdapterRegistry()
+        self._cache = HostCache(max_cpu_loras, max_pinned=max_loras)
+        self._loading: dict[int, list[MemoryObjectSendStream]] = {}  # lora_int_id -> who waits for its load
+        self._tg: TaskGroup | None = None  # the loads' and pins' tasks, while run() lasts
         self.stats = AdapterLoaderStats()
         self._log = get_logger("adapter_loader")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, anyio.create_task_group() as tg:
+        async with self._inbox, anyio.create_task_group() as self._tg:
             task_status.started()
             async for msg in self._inbox:
                 if isinstance(msg, Shutdown):
                     break
                 try:
-                    await self._handle(tg, msg)
-                except (
-                    Exception
-                ) as exc:  # the failure boundary: this message's asker gets the error, the loader goes on
+                    await self._handle(msg)
+                # the failure boundary: this message's asker gets the error, the loader goes on
+                except Exception as exc:
                     self._log.exception("message not handled", kind=type(msg).__name__)
                     await self._answer_error(msg, exc)
-            tg.cancel_scope.cancel()
+            self._tg.cancel_scope.cancel()
 
-    async def _handle(self, tg, msg) -> None:
+    async def _handle(self, msg) -> None:
         match msg:
             case ResolveAdapter(lora_request=lora, reply=reply, resumed=resumed):
-                self._resolve(tg, self._for_resume(lora) if resumed else lora, reply)
+                self._resolve(self._registry.for_resume(lora) if resumed else lora, reply)
             case AddLora(lora_request=lora, reply=reply):
-                self._resolve(tg, lora, reply)
+                self._resolve(lora, reply)
             case RemoveLora(lora_int_id=int_id, reply=reply):
                 await self._remove(int_id, reply)
             case PinLora(lora_int_id=int_id, reply=reply):
-                await self._pin(tg, int_id, reply)
+                await self._pin(int_id, reply)
             case ListLoras(reply=reply):
-                await answer(reply, sorted(self._registry))
+                await answer(reply, self._registry.ids())
 
     async def _answer_error(self, msg, exc: Exception) -> None:
         lora = getattr(msg, "lora_request", None)
@@ -116,53 +125,13 @@ class AdapterLoader:
         else:
             await answer(reply, error)
 
-    # --- registry -----------------------------------------------------------------------------
+    # --- resolving: the cached checkpoint, or one load shared by everyone who asks meanwhile --------
 
-    def _register(self, lora: LoRARequest) -> None:
-        known = self._registry.get(lora.lora_int_id)
-        # the registry keeps the adapter, not a request's one-off ask to read it again (pin_lora resolves what it holds)
-        kept = (
-            LoRARequest(lora.lora_name, lora.lora_int_id, lora.lora_path, lora.base_model_name)
-            if lora.load_inplace
-            else lora
-        )
-        if known is not None and lora.load_inplace and known.lora_name == lora.lora_name:
-            self._registry[lora.lora_int_id] = kept  # an in-place reload may read the adapter from a new folder
-            return
-        if known is not None and known.lora_path != lora.lora_path:
-            raise LoRARequestConflictError(
-                f"lora_int_id {lora.lora_int_id} is already registered for path {known.lora_path!r} "
-                f"(as {known.lora_name!r}); got path {lora.lora_path!r}. Use a new id for a different adapter, "
-                "remove_lora() the old one first, or reload it under the same name with load_inplace=True"
-            )
-        other = self._names.get(lora.lora_name)
-        if other is not None and self._registry[other].lora_path != lora.lora_path:
-            raise LoRARequestConflictError(
-                f"lora_name {lora.lora_name!r} is already registered for path {self._registry[other].lora_path!r}; "
-                f"got path {lora.lora_path!r}. Use a new name for a different adapter"
-            )
-        if known is None:
-            self._registry[lora.lora_int_id] = kept
-            self._names.setdefault(lora.lora_name, lora.lora_int_id)
-
-    def _for_resume(self, lora: LoRARequest) -> LoRARequest:
-        """A resumed request's adapter as this engine registers it. Its binding's lora_int_id is a handle the engine
-        that admitted it gave (a peer sharing the audit database, or this engine's previous run): here that id may
-        name another adapter, or be the one a caller (the server numbers its adapters from 1) gives another later.
-        So: the adapter registered here under the same name and path, else the highest id free here."""
-        same = self._names.get(lora.lora_name)
-        if same is not None and self._registry[same].lora_path == lora.lora_path:
-            return LoRARequest(lora.lora_name, same, lora.lora_path)
-        free = RESUMED_IDS_BELOW - 1
-        while free in self._registry:
-            free -= 1
-        return LoRARequest(lora.lora_name, free, lora.lora_path)
-
-    def _resolve(self, tg, lora: LoRARequest, reply: MemoryObjectSendStream) -> None:
+    def _resolve(self, lora: LoRARequest, reply: MemoryObjectSendStream) -> None:
         try:
-            self._register(lora)
+            self._registry.register(lora)
         except LoRARequestConflictError as exc:
-            tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, error=exc))
+            self._tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, error=exc))
             return
         waiters = self._loading.get(lora.lora_int_id)
         if waiters is not None:  # a load of this adapter is already running (an in-place reload too): share it
@@ -172,14 +141,13 @@ class AdapterLoader:
             # vLLM's in-place reload: read the folder again. Requests admitted before keep the checkpoint they were
             # bound to (its device slot and prefix-cache blocks are keyed by its fingerprint, the new content's by
             # its own), so nothing running changes under them.
-            self._cache.pop(lora.lora_int_id, None)
+            self._cache.discard(lora.lora_int_id)
         cached = self._cache.get(lora.lora_int_id)
         if cached is not None:
-            self._cache.move_to_end(lora.lora_int_id)
-            tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
+            self._tg.start_soon(answer, reply, AdapterResolved(lora_request=lora, checkpoint=cached))
             return
         self._loading[lora.lora_int_id] = [reply]
-        tg.start_soon(self._load, lora)
+        self._tg.start_soon(self._load, lora)
 
     async def _load(self, lora: LoRARequest) -> None:
         """Load one adapter in a worker thread and answer everyone waiting for it; whatever fails is their error."""
@@ -192,15 +160,9 @@ class AdapterLoader:
     async def _read(self, lora: LoRARequest) -> LoraCheckpoint:
         started = time.perf_counter()
         try:
-            ckpt = await _in_worker(
-                lambda: load_lora_checkpoint(
-                    lora.lora_path,
-                    lora_name=lora.lora_name,
-                    lora_int_id=lora.lora_int_id,
-                    model_config=self._model_config,
-                    max_lora_rank=self._max_lora_rank,
-                )
-            )
+            # read again after an eviction: the commit first resolved, unless the caller asked to reload it in place
+            earlier = None if lora.load_inplace else self._commits.get((lora.lora_int_id, lora.lora_path))
+            ckpt = await _in_worker(lambda: self._read_source(lora, earlier))
         except LoraLedgerError:
             raise
         except Exception as exc:  # an error load_lora_checkpoint does not type yet: still the adapter's problem
@@ -219,10 +181,25 @@ class AdapterLoader:
         )
         return ckpt
 
+    def _read_source(self, lora: LoRARequest, earlier: str | None) -> LoraCheckpoint:
+        """In a worker: lora_path resolved (a Hub repo id fetched, under its deadline and size limit), then read."""
+        source = resolve(lora.lora_path, kind=ADAPTER, settings=self._hub_settings(), at_commit=earlier)
+        ckpt = load_lora_checkpoint(
+            source.folder,
+            lora_name=lora.lora_name,
+            lora_int_id=lora.lora_int_id,
+            model_config=self._model_config,
+            max_lora_rank=self._max_lora_rank,
+        )
+        return dataclasses.replace(ckpt, path=lora.lora_path, source=source)
+
     async def _loaded(self, lora: LoRARequest, ckpt: LoraCheckpoint) -> None:
-        self._cache[lora.lora_int_id] = ckpt
+        evicted = self._cache.put(lora.lora_int_id, ckpt)
+        if ckpt.source is not None and ckpt.source.commit is not None:
+            self._commits[(lora.lora_int_id, lora.lora_path)] = ckpt.source.commit
         self.stats.loads[lora.lora_name] += 1
-        await self._evict_over_capacity()
+        for old in evicted:
+            await self._evicted(old)
         if self._audit is not None:
             await self._audit.send(
                 AuditAppend(
@@ -248,11 +225,8 @@ class AdapterLoader:
         self._log.warning("adapter load failed", adapter=lora.lora_name, lora_int_id=lora.lora_int_id, error=str(exc))
         error = request_error(exc, lora.lora_name, "adapter loader")
         # a failed adapter is forgotten so a corrected folder can be registered again
-        self._cache.pop(lora.lora_int_id, None)
-        if self._registry.get(lora.lora_int_id) == lora:
-            del self._registry[lora.lora_int_id]
-            if self._names.get(lora.lora_name) == lora.lora_int_id:
-                del self._names[lora.lora_name]
+        self._cache.discard(lora.lora_int_id)
+        self._registry.forget(lora)
         waiters = self._loading.pop(lora.lora_int_id, [])
         self.stats.failures[lora.lora_name] += 1
         try:
@@ -272,35 +246,31 @@ class AdapterLoader:
             for reply in waiters:
                 await answer(reply, AdapterResolved(lora_request=lora, error=error))
 
-    async def _evict_over_capacity(self) -> None:
-        while len(self._cache) > self._capacity:
-            victim = next((i for i in self._cache if i not in self._pinned), None)
-            if victim is None:
-                return
-            ckpt = self._cache.pop(victim)
-            self.stats.evictions[ckpt.name] += 1
-            self._log.info("adapter evicted from host cache", adapter=ckpt.name, fingerprint=ckpt.fingerprint[:12])
-            await self._record(
-                EventRecord(
-                    kind=EventKind.ADAPTER_EVICTED,
-                    at=time.time(),
-                    payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"},
-                )
+    async def _evicted(self, ckpt: LoraCheckpoint) -> None:
+        self.stats.evictions[ckpt.name] += 1
+        self._log.info("adapter evicted from host cache", adapter=ckpt.name, fingerprint=ckpt.fingerprint[:12])
+        await self._record(
+            EventRecord(
+                kind=EventKind.ADAPTER_EVICTED,
+                at=time.time(),
+                payload={"fingerprint": ckpt.fingerprint, "name": ckpt.name, "where": "host"},
             )
+        )
 
     async def _record(self, event: EventRecord) -> None:
         if self._audit is not None:
             await self._audit.send(AuditAppend(events=[event]))
 
+    # --- removing and pinning ----------------------------------------------------------------
+
     async def _remove(self, int_id: int, reply) -> None:
-        lora = self._registry.pop(int_id, None)
-        if lora is None:
+        removed = self._registry.remove(int_id)
+        if removed is None:
             await answer(reply, False)
             return
-        if self._names.get(lora.lora_name) == int_id:
-            del self._names[lora.lora_name]
-        self._pinned.discard(int_id)
-        ckpt = self._cache.pop(int_id, None)
+        self._commits.pop((int_id, removed.lora_path), None)
+        self._cache.unpin(int_id)
+        ckpt = self._cache.discard(int_id)
         if ckpt is not None:
             try:
                 await self._scheduler.send(UnpinSlot(fingerprint=ckpt.fingerprint))
@@ -308,17 +278,59 @@ class AdapterLoader:
                 pass
         await answer(reply, True)
 
-    async def _pin(self, tg, int_id: int, reply) -> None:
-        if int_id not in self._registry:
+    async def _pin(self, int_id: int, reply) -> None:
+        """Pin end to end: the adapter is loaded if need be and kept in host memory and in a device slot until it is
+        removed. The answer (True, or the error) comes once the scheduler holds the slot."""
+        lora = self._registry.get(int_id)
+        if lora is None:
             await answer(
                 reply, UnknownRequestError(f"no adapter with lora_int_id {int_id} is registered; add_lora() it first")
             )
             return
-        if int_id not in self._pinned and len(self._pinned) >= self._max_loras:
-            await answer(reply, TooManyLoRAsError(f"cannot pin more than max_loras={self._max_loras} adapters"))
+        was_pinned = self._cache.is_pinned(int_id)
+        try:
+            self._cache.pin(int_id)  # before the load ends, so the host cache cannot evict what is being pinned
+        except TooManyLoRAsError as exc:
+            await answer(reply, exc)
             return
-        self._pinned.add(int_id)
-        await answer(reply, self._registry[int_id])
+        resolved_send, resolved = anyio.create_memory_object_stream[AdapterResolved](1)
+        try:
+            self._resolve(lora, resolved_send)
+        except Exception:
+            if not was_pinned:
+                self._cache.unpin(int_id)
+            raise
+        self._tg.start_soon(self._pin_slot, int_id, was_pinned, resolved, reply)
+
+    async def _pin_slot(self, int_id: int, was_pinned: bool, resolved, reply) -> None:
+        outcome: object = EngineDeadError("the engine stopped before the adapter was pinned")
+        try:
+            async with resolved:
+                got: AdapterResolved = await resolved.receive()
+            if got.error is not None:
+                outcome = got.error
+                return
+            ckpt = got.checkpoint
+            slot_send, slot_answer = anyio.create_memory_object_stream[object](1)
+            try:
+                await self._scheduler.send(PinSlot(fingerprint=ckpt.fingerprint, checkpoint=ckpt, reply=slot_send))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
+            async with slot_answer:
+                outcome = await slot_answer.receive()
+        except anyio.EndOfStream:
+            pass
+        finally:
+            if isinstance(outcome, BaseException) and not was_pinned:
+                self._cache.unpin(int_id)  # a pin that failed holds nothing
+            await answer(reply, outcome)
+
+
+def _default_hub_settings() -> HubSettings:
+    """EngineArgs' defaults for adapter downloads (lora_download_timeout, max_lora_download_bytes)."""
+    from loraledger.engine_args import EngineArgs
+
+    return adapter_settings(EngineArgs(model="-"))
 
 
 async def _in_worker(load):

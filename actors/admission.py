@@ -8,8 +8,7 @@ request that is not on record. A request refused here produces no output, only i
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
+import functools
 import time
 
 import anyio
@@ -32,23 +31,19 @@ from loraledger.actors.messages import (
     Submit,
     TrackRequest,
 )
-from loraledger.actors.tokenize import bad_words_token_ids, tokenize
+from loraledger.digests import binding_digest, prompt_digest
 from loraledger.errors import (
     AdapterChangedError,
+    AdapterUnsupportedError,
     DuplicateRequestError,
     EngineDeadError,
-    LoRADisabledError,
     NoTokenizerError,
-    PromptError,
-    PromptTooLongError,
 )
+from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
-from loraledger.store.canonical import digest
+from loraledger.sources.engine_sources import adapter_fields, ships_own_tokenizer, tokenizer_lora
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
-from loraledger.structured_outputs import canonical_constraint
 from loraledger.version import __version__
-
-_INLINE_TOKENIZE_CHARS = 4096  # longer prompts are tokenized in a worker thread
 
 
 class Admission:
@@ -114,7 +109,7 @@ class Admission:
                 self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                 if isinstance(msg, Submit):
                     self._forget(rid, msg.channel)
-                    await _deliver(msg.channel, rid, request_error(exc, _shown_id(msg), "admission", audit_id=rid))
+                    await _deliver(msg.channel, rid, request_error(exc, shown_id(msg), "admission", audit_id=rid))
 
     async def _handle(self, tg, msg) -> None:
         match msg:
@@ -167,28 +162,29 @@ class Admission:
     async def _admit(self, msg: Submit) -> None:
         """Check, resolve and bind one request, then hand it on. Whatever it raises fails this request only."""
         rid = msg.request_id
-        shown = _shown_id(msg)
+        shown = shown_id(msg)
         lora = msg.lora_request
         log = request_logger(self._log, rid, lora.lora_name if lora else None)
         bound = False
         try:
-            tokenizer = await self._tokenizer_for(lora)
-            prompt_ids = await self._prompt_token_ids(msg, tokenizer)
-            bad_words = bad_words_token_ids(msg.params.bad_words, tokenizer, self._vocab_size, shown)
-            # checked and hashed once here (a schema may be 256 KiB of text): the grammar and the binding both use it
-            so = msg.params.structured_outputs
-            constraint = None if so is None else canonical_constraint(so)
-            grammar = await self._grammar_for(constraint, tokenizer)
             ckpt = None
             if lora is not None:
-                if not self._enable_lora:
-                    raise LoRADisabledError(
-                        f"request {shown!r} names adapter {lora.lora_name!r} but the engine was built with enable_lora=False; "
-                        "pass enable_lora=True (and max_loras / max_lora_rank) to serve adapters"
-                    )
                 resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
                 if msg.resume:
                     lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
+            # after the adapter: a Hub adapter's tokenizer files are in the snapshot its load fetched
+            if msg.chat_template_sha256 is not None and ships_own_tokenizer(ckpt):
+                raise AdapterUnsupportedError(
+                    "chat with a Hub adapter that ships its own tokenizer or chat template is not supported yet (the "
+                    "conversation was rendered with the model's template); download it (`hf download`) and give its "
+                    "folder as lora_path, or send the rendered prompt to generate",
+                    lora_name=lora.lora_name,
+                    lora_path=lora.lora_path,
+                )
+            tokenizer = await self._tokenizer_for(tokenizer_lora(lora, ckpt))
+            inputs = await self._model_inputs(msg, tokenizer)
+            prompt_ids, constraint = inputs.prompt_token_ids, inputs.constraint
+            grammar = await self._grammar_for(constraint, tokenizer)
             fingerprint = ckpt.fingerprint if ckpt is not None else None
             if msg.resume:
                 await self._record_resume(msg, fingerprint)
@@ -235,7 +231,7 @@ class Admission:
                     checkpoint=ckpt,
                     arrival_time=msg.arrival_time,
                     queued_time=queued,
-                    bad_words_token_ids=bad_words,
+                    bad_words_token_ids=inputs.bad_words_token_ids,
                     caller_request_id=msg.caller_request_id,
                     grammar=grammar,
                 )
@@ -277,7 +273,7 @@ class Admission:
         unless the cache has it; a constraint that does not compile fails this request with StructuredOutputError."""
         if constraint is None:
             return None
-        if tokenizer is None or self._grammars is None:
+        if self._grammars is None:
             raise NoTokenizerError(
                 "structured_outputs needs the model's tokenizer (the grammar is matched against its vocabulary), and this "
                 "engine was built with skip_tokenizer_init=True"
@@ -292,46 +288,19 @@ class Admission:
             return self._tokenizers.get(lora)
         return await anyio.to_thread.run_sync(self._tokenizers.get, lora)
 
-    async def _prompt_token_ids(self, msg: Submit, tokenizer) -> list[int]:
-        rid = _shown_id(msg)
-        truncate = msg.params.truncate_prompt_tokens
-        if truncate == -1:
-            truncate = self._max_model_len  # vLLM: -1 truncates to the model's length
-        if msg.prompt_token_ids is not None:
-            ids = msg.prompt_token_ids
-            if not ids:
-                raise PromptError(f"request {rid!r}: prompt_token_ids is empty; give at least one token")
-            ids = list(ids[-truncate:]) if truncate is not None else list(ids)
-        else:
-            if not isinstance(msg.prompt, str):
-                raise PromptError(
-                    f"request {rid!r}: a prompt must be a str or {{'prompt_token_ids': [...]}}, got {type(msg.prompt).__name__}"
-                )
-            if msg.prompt == "":
-                raise PromptError(f"request {rid!r}: the prompt is empty")
-            if tokenizer is None:
-                raise NoTokenizerError(
-                    f"request {rid!r}: a text prompt needs a tokenizer, and this engine was built with skip_tokenizer_init=True; "
-                    "send {'prompt_token_ids': [...]}"
-                )
-            if len(msg.prompt) > _INLINE_TOKENIZE_CHARS:  # a long text is tokenized off the event loop
-                ids = await anyio.to_thread.run_sync(tokenize, tokenizer, msg.prompt, truncate)
-            else:
-                ids = tokenize(tokenizer, msg.prompt, truncate)
-            if not ids:
-                raise PromptError(f"request {rid!r}: the prompt tokenizes to no tokens")
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self._vocab_size]
-        if bad:
-            raise PromptError(
-                f"request {rid!r}: token ids {bad[:5]} are outside the vocabulary [0, {self._vocab_size})"
-            )
-        if len(ids) >= self._max_model_len:
-            raise PromptTooLongError(
-                f"request {rid!r}: the prompt has {len(ids)} tokens but max_model_len is {self._max_model_len}, "
-                f"which leaves no room to generate; shorten the prompt to at most {self._max_model_len - 1} tokens "
-                "or raise max_model_len"
-            )
-        return ids
+    async def _model_inputs(self, msg: Submit, tokenizer):
+        """The input processor's model checks; a long text prompt is tokenized off the event loop."""
+        check = functools.partial(
+            check_model_inputs,
+            msg,
+            tokenizer,
+            vocab_size=self._vocab_size,
+            max_model_len=self._max_model_len,
+            enable_lora=self._enable_lora,
+        )
+        if msg.prompt_token_ids is None and isinstance(msg.prompt, str) and len(msg.prompt) > INLINE_TOKENIZE_CHARS:
+            return await anyio.to_thread.run_sync(check)
+        return check()
 
     async def _resolve(self, lora, *, resumed: bool = False):
         """The adapter as the loader registered it, and its checkpoint."""
@@ -392,10 +361,7 @@ class Admission:
     async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt, constraint) -> None:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
-        if prompt_text is not None:
-            prompt_hash = hashlib.sha256(prompt_text.encode("utf-8")).hexdigest()
-        else:
-            prompt_hash = hashlib.sha256(json.dumps(prompt_ids, separators=(",", ":")).encode()).hexdigest()
+        prompt_hash = prompt_digest(prompt_text, prompt_ids)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -419,8 +385,9 @@ class Admission:
             constraint_text=recordable(constraint.canonical)
             if constraint is not None and self._audit_prompts == "text"
             else None,
+            **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
         )
-        payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": digest(msgspec.to_builtins(binding))}
+        payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:
             payload["caller"] = {"user": recordable(msg.user)}
         if self._audit_prompts == "text":
@@ -440,11 +407,6 @@ class Admission:
                 admission=True,
             )
         )
-
-
-def _shown_id(msg: Submit) -> str:
-    """The id an error message names: the caller's own (the one it knows), else the audit key."""
-    return msg.caller_request_id or msg.request_id
 
 
 async def _deliver(channel, request_id: str, item: object) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
 from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.logging import get_logger
+from loraledger.sources.engine_sources import adapter_settings
 from loraledger.store.records import EventKind, EventRecord
 
 # inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
@@ -127,6 +129,7 @@ class EngineCore:
             max_cpu_loras=args.cpu_lora_capacity,
             max_loras=args.max_loras,
             base_model_fingerprint=s.base_model_fingerprint,
+            hub_settings=functools.partial(adapter_settings, args),
         )
         self.loader_stats = loader.stats
         await tg.start(self._supervise, "loader", loader)

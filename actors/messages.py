@@ -12,7 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from loraledger.gpu.step import StepOutput, StepPlan
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
 
@@ -109,6 +109,9 @@ class RemoveLora(Msg):
 
 
 class PinLora(Msg):
+    """Pin a registered adapter: the AdapterLoader loads it if need be, keeps it in its host cache and has the
+    Scheduler hold it in a device slot (PinSlot), then answers True or the error."""
+
     lora_int_id: int
     reply: object
 
@@ -150,7 +153,7 @@ class TrackRequest(Msg):
 
 
 class PinSlot(Msg):
-    """Keep an adapter in a device slot (pin_lora)."""
+    """AdapterLoader -> Scheduler: keep an adapter in a device slot (pin_lora); reply: True or the error."""
 
     fingerprint: str
     checkpoint: object
@@ -158,6 +161,8 @@ class PinSlot(Msg):
 
 
 class UnpinSlot(Msg):
+    """AdapterLoader -> Scheduler: a pinned adapter was removed; its slot may be reassigned."""
+
     fingerprint: str
 
 

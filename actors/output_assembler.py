@@ -31,10 +31,10 @@ from loraledger.actors.messages import (
     StopSeq,
     TrackRequest,
 )
+from loraledger.digests import completions_digest, stored_time
 from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
-from loraledger.store.canonical import digest
 from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
 
 
@@ -389,8 +389,8 @@ class OutputAssembler:
                 adapter_fingerprint=req.msg.adapter_fingerprint,
                 prompt_token_count=len(req.msg.prompt_token_ids),
                 generated_token_count=len(s.token_ids),
-                first_token_at=_stored_time(req.metrics.first_token_ts or None),
-                finished_at=_stored_time(now),
+                first_token_at=stored_time(req.metrics.first_token_ts or None),
+                finished_at=stored_time(now),
             )
             for s in req.seqs
         ]
@@ -401,7 +401,7 @@ class OutputAssembler:
             request_id=rid,
             # digests and counts only: a payload that grew with n would be read back with every completion
             payload={
-                "completions_sha256": digest([msgspec.to_builtins(r) for r in records]),
+                "completions_sha256": completions_digest(records),
                 "num_completions": len(records),
                 "finish_reason_counts": dict(sorted(Counter(reasons).items())),
                 "num_preemptions": req.metrics.num_preemptions,
@@ -476,8 +476,3 @@ async def _send_quietly(stream, msg) -> None:
         await stream.send(msg)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
-
-
-def _stored_time(t: float | None) -> float | None:
-    """Times as the store keeps them (microseconds), so the digest in the event can be recomputed from the rows."""
-    return None if t is None else round(t, 6)

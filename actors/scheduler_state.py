@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from loraledger.gpu.step import SamplingSpec
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 
 

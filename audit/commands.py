@@ -15,9 +15,10 @@ import msgspec
 from loraledger.audit.export import csv_cell
 from loraledger.audit.log import AuditLog
 from loraledger.audit.records import AdapterInfo, Problem, RequestLineage, RequestRow, VerifyResult
+from loraledger.audit.sources import describe
 from loraledger.audit.timefmt import iso
 from loraledger.errors import ConfigError
-from loraledger.store.instances import LeaseState
+from loraledger.store.instances import SOURCE_FIELDS, LeaseState
 from loraledger.store.records import AdapterRecord
 
 LISTING_FORMATS = ("table", "csv", "jsonl")
@@ -228,7 +229,7 @@ def _adapters(args: argparse.Namespace) -> int:
     out = sys.stdout
     table = (
         ("name", "name", 16), ("fingerprint", "fingerprint", 64), ("rank", "rank", 4), ("alpha", "alpha", 6),
-        ("requests", "requests", 9), ("first_used", "first used (UTC)", 20), ("last_used", "last used (UTC)", 20),
+        ("repo_id", "hub repo", 24), ("commit_sha", "commit", 40), ("requests", "requests", 9), ("first_used", "first used (UTC)", 20), ("last_used", "last used (UTC)", 20),
     )  # fmt: skip
     fields = (*AdapterRecord.__struct_fields__, "requests", "first_used", "last_used")
     with _open(args) as log:
@@ -247,7 +248,7 @@ def _instances(args: argparse.Namespace) -> int:
     table = (
         ("instance_id", "instance", 33), ("host", "host", 16), ("pid", "pid", 7), ("engine_version", "version", 7),
         ("started_at", "started (UTC)", 20), ("state", "lease", 9), ("expires_at", "lease ends (UTC)", 20),
-        ("recovered_by", "recovered by", 33),
+        ("recovered_by", "recovered by", 33), ("model", "model", 24), ("model_commit_sha", "model commit", 40),
     )  # fmt: skip
     fields = (
         "instance_id",
@@ -260,6 +261,7 @@ def _instances(args: argparse.Namespace) -> int:
         "expires_at",
         "recovered_by",
         "recovered_at",
+        *SOURCE_FIELDS,
     )
     with _open(args) as log:
         _emit(log.instances(), table, fields, args.format, sys.stdout, _instance_cells)
@@ -393,6 +395,20 @@ def readable_sampling(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _model_lines(source: dict[str, Any] | None) -> list[str]:
+    """Where the instance's base model and tokenizer were read from (nothing for a log from before it was kept)."""
+    if not source or source.get("model") is None:
+        return []
+    lines = []
+    for what in ("model", "tokenizer"):
+        name = source.get(what)
+        if name is None:
+            continue
+        origin = describe(source[f"{what}_repo_id"], source[f"{what}_revision"], source[f"{what}_commit_sha"])
+        lines.append(f"  {what:<13} {origin or name + ' (local folder)'}")
+    return lines
+
+
 def format_lineage(lineage: RequestLineage) -> str:
     b = lineage.binding
     lines = [
@@ -402,6 +418,7 @@ def format_lineage(lineage: RequestLineage) -> str:
         f"  tenant        {b.tenant or '-'}" + (f"  (API key {b.key_id})" if b.key_id else ""),
         f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
         f"  instance      {lineage.instance_id or '-'}",
+        *_model_lines(lineage.model_source),
         f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
     ]
     if b.prompt_text is not None:
@@ -418,6 +435,9 @@ def format_lineage(lineage: RequestLineage) -> str:
     else:
         lines.append(f"  lora_request  name={b.lora_name} int_id={b.lora_int_id} path={b.lora_path}")
         lines.append(f"  adapter       {b.adapter_fingerprint}")
+        source = describe(b.adapter_repo_id, b.adapter_revision, b.adapter_commit_sha)
+        if source is not None:
+            lines.append(f"  adapter from  {source}")
         a = lineage.adapter
         if a is not None:
             lines.append(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from collections.abc import Iterator, Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loraledger.audit.records import ExportedFile
+from loraledger.digests import FileDigest
 from loraledger.errors import ConfigError
 
 FORMATS = ("csv", "jsonl")
@@ -44,7 +44,7 @@ class _HashingSink(io.RawIOBase):
 
     def __init__(self, path: Path):
         self._file = open(path, "wb")
-        self.sha256 = hashlib.sha256()
+        self.sha256 = FileDigest()
         self.size = 0
 
     def writable(self) -> bool:
@@ -130,11 +130,3 @@ def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
                 if not isinstance(row, dict):
                     raise ValueError(f"{path.name} line {line} is not a JSON object")
                 yield row
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()

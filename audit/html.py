@@ -9,7 +9,9 @@ from html import escape
 from typing import Any
 
 from loraledger.audit.records import AdapterInfo, UsageRow
+from loraledger.audit.sources import describe
 from loraledger.audit.timefmt import iso
+from loraledger.store.records import AdapterRecord
 
 # Tableau 10: distinct for most color-vision deficiencies.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
@@ -253,6 +255,12 @@ def _short_number(value: float) -> str:
     return f"{value:g}"
 
 
+def _source_note(rec: AdapterRecord) -> str:
+    """Where the adapter's content came from (a Hub repo and commit), under its name; nothing for a folder."""
+    origin = describe(rec.repo_id, rec.revision, rec.commit_sha)
+    return "" if origin is None else f"<br><span class='muted'>{escape(origin)}</span>"
+
+
 def _inventory_section(adapters: Sequence[AdapterInfo], by_adapter: Sequence[Mapping[str, Any]]) -> str:
     in_window = {row["adapter_fingerprint"]: row for row in by_adapter}
     rows = []
@@ -260,7 +268,7 @@ def _inventory_section(adapters: Sequence[AdapterInfo], by_adapter: Sequence[Map
         rec = info.record
         counts = in_window.get(rec.fingerprint, {"requests": 0, "completions": 0})
         rows.append(
-            f"<tr><td>{escape(rec.name)}</td><td><code>{escape(rec.fingerprint)}</code></td>"
+            f"<tr><td>{escape(rec.name)}{_source_note(rec)}</td><td><code>{escape(rec.fingerprint)}</code></td>"
             f'<td class="n">{rec.rank}</td><td class="n">{rec.alpha:g}</td><td>{escape(", ".join(rec.target_modules))}</td>'
             f"<td><code>{escape(rec.base_model_fingerprint[:16])}</code></td>"
             f"<td>{escape(when(info.first_used))}</td><td>{escape(when(info.last_used))}</td>"

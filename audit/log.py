@@ -25,7 +25,7 @@ from loraledger.errors import (
     UnknownRequestError,
 )
 from loraledger.store.db import display_url, make_engine, normalize_url, unavailable_as_error
-from loraledger.store.instances import LeaseState, lease_states
+from loraledger.store.instances import SOURCE_FIELDS, LeaseState, lease_states
 from loraledger.store.migrate import current_revision
 from loraledger.store.records import Checkpoint
 
@@ -166,6 +166,11 @@ class AuditLog:
                     select(q.C).where(q.C.c.request_id == request_id).order_by(q.C.c.completion_index)
                 )
             ]
+            model_source = None
+            if binding_row.instance_id is not None:
+                columns = [q.I.c[name] for name in SOURCE_FIELDS]
+                found = conn.execute(select(*columns).where(q.I.c.instance_id == binding_row.instance_id)).first()
+                model_source = None if found is None else dict(found._mapping)
             events = [
                 EventEntry(
                     sequence=row.seq,
@@ -187,6 +192,7 @@ class AuditLog:
             events=events,
             status=status,
             instance_id=binding_row.instance_id,
+            model_source=model_source,
         )
 
     def match_request(

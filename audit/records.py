@@ -31,6 +31,8 @@ class RequestLineage(msgspec.Struct, frozen=True, kw_only=True):
     events: list[EventEntry]
     status: str  # FINISHED | ABORTED | FAILED | INTERRUPTED | PENDING
     instance_id: str | None = None  # the engine instance that admitted it (None: written before instances existed)
+    # where that instance's base model and tokenizer came from (the `instances` source columns; None: no instance)
+    model_source: dict | None = None
 
 
 class RequestRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,7 +7,6 @@ and per-day counters are kept in memory, so a report of any size exports in boun
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -17,17 +16,18 @@ from typing import Any
 import msgspec
 
 from loraledger.audit import queries as q
-from loraledger.audit.export import check_format, sha256_file
+from loraledger.audit.export import check_format
 from loraledger.audit.html import render_report_html
 from loraledger.audit.log import AuditLog, adapter_info
 from loraledger.audit.progress import Progress
 from loraledger.audit.records import ExportedFile, VerifyResult
 from loraledger.audit.report_rows import Tally, export_rows
 from loraledger.audit.signing import UNSIGNED, Signature, Signer, signer_for
+from loraledger.audit.sources import adapter_source, model_sources
 from loraledger.audit.timefmt import Instant, iso, to_unix
 from loraledger.audit.verify import verify_log
+from loraledger.digests import bytes_sha256, file_sha256, report_signed_message
 from loraledger.errors import AuditCorruptError, ConfigError, LoraLedgerError
-from loraledger.store.canonical import canonical_json
 from loraledger.store.db import display_url
 from loraledger.store.records import Checkpoint
 from loraledger.version import __version__
@@ -40,11 +40,6 @@ HTML = "report.html"
 def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
     """The one byte form of manifest.json: any other layout of the same content is an edit."""
     return (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
-
-
-def signed_message(manifest: Mapping[str, Any]) -> bytes:
-    """What the signature covers: the manifest without its signature, as canonical JSON."""
-    return canonical_json({k: v for k, v in manifest.items() if k != "signature"})
 
 
 def write_report(
@@ -107,6 +102,7 @@ def _write_bundle(
             first_seq, last_seq = conn.execute(q.events_window(flt)).one()
             fingerprints = [fp for fp in tally.by_adapter if fp is not None]
             adapters = [adapter_info(row) for row in q.stream(conn, q.adapters_statement(fingerprints))]
+            models = model_sources(conn, flt)
         except (TypeError, ValueError, AttributeError) as exc:
             first = verification.first_problem
             if first is None or isinstance(exc, LoraLedgerError):
@@ -130,14 +126,16 @@ def _write_bundle(
         "verification": _verification(verification, previous_head),
         "previous": previous_info,
         "files": [msgspec.to_builtins(f) for f in files],
+        # where the base model, tokenizer and adapters of the exported requests were read from (Hub commits)
+        "sources": {"instances": models, "adapters": [adapter_source(a.record) for a in adapters]},
     }
     html_path = out / HTML
     # the page names the signature's scheme and key; the signature then covers the page through its sha256
     signing = msgspec.to_builtins(signer.identity() if signer else Signature(algorithm=UNSIGNED))
     html_path.write_text(render_report_html(manifest, adapters, tally.daily_usage(), signing), encoding="utf-8")
-    html_file = ExportedFile(name=HTML, rows=None, bytes=html_path.stat().st_size, sha256=sha256_file(html_path))
+    html_file = ExportedFile(name=HTML, rows=None, bytes=html_path.stat().st_size, sha256=file_sha256(html_path))
     manifest["files"].append(msgspec.to_builtins(html_file))
-    signature = signer.sign(signed_message(manifest)) if signer else Signature(algorithm=UNSIGNED)
+    signature = signer.sign(report_signed_message(manifest)) if signer else Signature(algorithm=UNSIGNED)
     manifest["signature"] = msgspec.to_builtins(signature)
     (out / MANIFEST).write_bytes(manifest_bytes(manifest))
     return manifest
@@ -177,7 +175,7 @@ def _previous(previous: Path | str | None) -> tuple[dict[str, Any] | None, Check
         checkpoint = None if head is None else msgspec.convert(head, Checkpoint)
     except (json.JSONDecodeError, AttributeError, msgspec.ValidationError):
         raise ConfigError(f"--previous {previous}: {path} is not a loraledger report manifest") from None
-    info = {"manifest_sha256": hashlib.sha256(data).hexdigest(), "chain_head": head}
+    info = {"manifest_sha256": bytes_sha256(data), "chain_head": head}
     return info, checkpoint
 
 

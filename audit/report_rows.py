@@ -20,6 +20,7 @@ REQUEST_COLUMNS = (
     "request_id", "caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",
     "base_model_fingerprint", "engine_version", "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
     "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text",
+    "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
     "sampling_params", "status", "num_completions", "generated_tokens",
 )  # fmt: skip
 COMPLETION_COLUMNS = (
@@ -37,6 +38,7 @@ _REQUEST_SELECT = (
         "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path", "base_model_fingerprint", "engine_version",
         "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
         "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text",
+        "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
     )),
     cast(q.R.c.sampling_params, Text).label("sampling_params_json"),
 )  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import Counter, defaultdict
@@ -12,11 +11,12 @@ from typing import Any
 
 import msgspec
 
-from loraledger.audit.export import FORMATS, read_rows, sha256_file
+from loraledger.audit.export import FORMATS, read_rows
 from loraledger.audit.records import FAILED, ReportCheck
-from loraledger.audit.report import HTML, MANIFEST, REPORT_FORMAT, manifest_bytes, signed_message
+from loraledger.audit.report import HTML, MANIFEST, REPORT_FORMAT, manifest_bytes
 from loraledger.audit.report_rows import group_counts, kind_counts, row_files
 from loraledger.audit.signing import UNSIGNED, Signature, check_signature
+from loraledger.digests import file_sha256, report_signed_message
 
 
 def verify_report(
@@ -61,7 +61,7 @@ def verify_report(
                     "the report is unsigned (written with --unsigned); pass --allow-unsigned to check it anyway"
                 )
         else:
-            wrong = check_signature(signature, signed_message(manifest), key_file=key_file, env=env)
+            wrong = check_signature(signature, report_signed_message(manifest), key_file=key_file, env=env)
             if wrong is not None:
                 problems.append(wrong)
     except msgspec.ValidationError as exc:
@@ -99,7 +99,7 @@ def _check_contents(directory: Path, manifest: Mapping[str, Any]) -> list[str]:
         if not path.is_file():
             problems.append(f"{name} is missing")
             continue
-        size, digest = path.stat().st_size, sha256_file(path)
+        size, digest = path.stat().st_size, file_sha256(path)
         if digest != entry["sha256"] or size != entry["bytes"]:
             problems.append(
                 f"{name} does not match its sha256 in {MANIFEST} ({size} bytes, sha256 {digest}): it was edited"
@@ -182,7 +182,7 @@ def _check_previous(manifest: Mapping[str, Any], previous: Path) -> list[str]:
     if recorded is None:
         return [f"the report names no previous report, but {previous} was given as its predecessor"]
     try:
-        actual = hashlib.sha256((previous / MANIFEST).read_bytes()).hexdigest()
+        actual = file_sha256(previous / MANIFEST)
     except OSError as exc:
         return [f"cannot read the previous report's {MANIFEST}: {exc.strerror}"]
     if actual != recorded:

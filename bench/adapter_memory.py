@@ -22,7 +22,7 @@ def _rss_bytes() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from loraledger.gpu.config import ModelConfig
-    from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
+    from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 
     parser = argparse.ArgumentParser(
         prog="python -m bench.run --only adapter-memory", description=__doc__.splitlines()[0]

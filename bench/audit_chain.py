@@ -31,7 +31,7 @@ def _batch(prefix: str, start: int, size: int):
     """What a group commit of `size` finished requests writes, with the payloads verify checks (binding, completions digest)."""
     import msgspec
 
-    from loraledger.audit.rows import binding_digest, completions_digest
+    from loraledger.digests import binding_digest, completions_digest
     from loraledger.store.records import AuditBatch, CompletionRecord, EventKind, EventRecord, RequestRecord
 
     now = time.time()

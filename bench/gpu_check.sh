@@ -3,6 +3,8 @@
 #   bash bench/gpu_check.sh [OUTDIR] [STEP ...]      (steps: env sweep engine kernels step decode; default all)
 # Each step writes its log (and JSON where it has figures) under OUTDIR and runs under its own time
 # limit, so one failing or hanging step does not hide the others. Exit status: the number of failed steps.
+# PYSPY_OUT=FILE: the decode step runs under `py-spy record` (every thread, collapsed stacks, without
+# pausing the process) so the engine's host time per step can be read off afterwards.
 set -u
 out=${1:-gpu-check}
 shift || true
@@ -30,7 +32,7 @@ for s in $steps; do
     engine) step engine "${ENGINE_LIMIT:-200}" "$py" -m pytest tests/gpu/test_cuda_engine.py tests/api/test_reference_outputs.py -m gpu -q -rs -s -p no:cacheprovider --timeout 150 ;;
     kernels) step kernels "${KERNELS_LIMIT:-240}" "$py" bench/kernels.py --json "$out/kernels.json" ${KERNELS_ARGS:-} ;;
     step) step step "${STEP_LIMIT:-300}" "$py" -m bench.gpu_step --json "$out/gpu_step.json" ${STEP_ARGS:-} ;;
-    decode) step decode "${DECODE_LIMIT:-300}" "$py" -m bench.gpu_decode --json "$out/gpu_decode.json" ${DECODE_ARGS:-} ;;
+    decode) step decode "${DECODE_LIMIT:-300}" ${PYSPY_OUT:+"$($py -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/py-spy" record --nonblocking --threads --rate 200 --format raw --output "$PYSPY_OUT" --} "$py" -m bench.gpu_decode --json "$out/gpu_decode.json" ${DECODE_ARGS:-} ;;
     *) echo "unknown step $s (env sweep engine kernels step decode)"; failed=$((failed + 1)) ;;
     esac
 done

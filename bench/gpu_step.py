@@ -100,7 +100,7 @@ def random_weights(config, dtype: torch.dtype, device: torch.device, seed: int =
 
 def random_adapter(config, slot: int, device: torch.device):
     """A stand-in for a loaded LoraCheckpoint: rank-RANK stacks for all seven projections, made on the device."""
-    from loraledger.gpu.lora_slots import FUSED_MODULES, SlotStacks, fused_layout
+    from loraledger.lora.slot_stacks import FUSED_MODULES, SlotStacks, fused_layout
 
     gen = torch.Generator(device=device).manual_seed(1000 + slot)
     groups = {}

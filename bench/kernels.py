@@ -177,7 +177,7 @@ def bench_lora(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
         modes = ("fused", "bgmv") if case.run == 1 else ("sgmv",)
         for mode in modes:
             ops = CudaOps("cuda", lora_kernel=mode)
-            if mode == "fused" and ops._launcher.compute_capability < (9, 0):
+            if mode == "fused" and ops.compute_capability < (9, 0):
                 continue
             meta = ops.lora_prepare(slots, case.adapters)
             if case.ranks:
@@ -251,7 +251,13 @@ def bench_attention(copy_gbps: float, warmup: int, iters: int) -> list[Result]:
     return results
 
 
-def sweep_attention(copy_gbps: float, warmup: int, iters: int) -> list[dict]:
+def sweep_attention(
+    copy_gbps: float,
+    warmup: int,
+    iters: int,
+    us: tuple[int, ...] = (1, 2, 4),
+    splits: tuple[int, ...] = (512, 1024, 2048, 4096),
+) -> list[dict]:
     """Each attention case under other tokens-per-lane (U) and shortest splits, the kernel template widened to match."""
     import loraledger.gpu.ops_cuda as ops_cuda
     from loraledger.gpu import kernel_sources as ks
@@ -259,19 +265,19 @@ def sweep_attention(copy_gbps: float, warmup: int, iters: int) -> list[dict]:
     shipped_template, shipped_u, shipped_split = (
         ks.PAGED_ATTENTION_DECODE,
         ks.attention_tokens_per_lane,
-        ops_cuda._SPLIT_MIN,
+        ops_cuda.SPLIT_MIN,
     )
     gen = torch.Generator().manual_seed(23)
     rows = []
     try:
-        for u in (2, 4, 8):
+        for u in us:
             extra = tuple((t, hp, epl, str(u)) for t, hp, epl, _ in shipped_template.instantiations)
             ks.PAGED_ATTENTION_DECODE = replace(
                 shipped_template, instantiations=shipped_template.instantiations + extra
             )
             ks.attention_tokens_per_lane = lambda ctype, hp, epl, u=u: u
-            for split_min in (128, 256, 512, 1024):
-                ops_cuda._SPLIT_MIN = split_min
+            for split_min in splits:
+                ops_cuda.SPLIT_MIN = split_min
                 ops = ops_cuda.CudaOps("cuda")
                 for case in ATTENTION_CASES:
                     args, nbytes = _attention_call(case, gen)
@@ -295,7 +301,7 @@ def sweep_attention(copy_gbps: float, warmup: int, iters: int) -> list[dict]:
                     )
                     del args
     finally:
-        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda._SPLIT_MIN = (
+        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda.SPLIT_MIN = (
             shipped_template,
             shipped_u,
             shipped_split,
@@ -328,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep", action="store_true", help="also sweep paged attention's tokens per lane and split length"
     )
+    parser.add_argument("--sweep-u", type=int, nargs="+", default=[1, 2, 4], help="tokens per lane to sweep")
+    parser.add_argument(
+        "--sweep-split", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shortest splits to sweep"
+    )
     args = parser.parse_args(argv)
     if no_gpu("bench/kernels.py"):
         return 2
@@ -339,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     device = torch.cuda.get_device_name()
     print(f"device: {device}\n{_table(results)}")
-    sweep = sweep_attention(copy.gbps, 5, 60) if args.sweep else []
+    sweep = sweep_attention(copy.gbps, 5, 60, tuple(args.sweep_u), tuple(args.sweep_split)) if args.sweep else []
     for case in ATTENTION_CASES:
         mine = [r for r in sweep if r["case"] == case.name]
         if mine:

@@ -152,15 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     engine = OfflineEngine(assets.model_dir, assets.adapters, num_threads=args.threads)
     try:
         engine.generate(workload(WARMUP_SEED))
-        portal = engine.llm.llm_engine._portal  # the event loop's thread: where the actors run
+        bridge = engine.llm.llm_engine  # calls run on the event loop's thread: where the actors run
         loop_profiler = Profiler(interval=0.0005)
-        portal.call(loop_profiler.start)
+        bridge.call(loop_profiler.start)
         steps.enabled = True
         started = time.perf_counter()
         run = engine.generate(workload(0))
         wall = time.perf_counter() - started
         steps.enabled = False
-        portal.call(loop_profiler.stop)
+        bridge.call(loop_profiler.stop)
     finally:
         engine.close()
     e = run.engine

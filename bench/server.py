@@ -36,6 +36,7 @@ import httpx
 from bench.assets import model_assets
 from bench.stats import environment, median, percentiles
 from bench.workload import batch_workload
+from loraledger.engine_client import EngineClient
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,7 +65,7 @@ async def _closed_loop(n: int, concurrency: int, one) -> float:
     return time.perf_counter() - started
 
 
-async def in_process(engine, loras, workload, args, measure: bool = True) -> dict:
+async def in_process(engine: EngineClient, loras, workload, args, measure: bool = True) -> dict:
     from loraledger import SamplingParams
     from loraledger.sampling_params import RequestOutputKind
 

@@ -27,6 +27,7 @@ from bench.assets import BenchAssets
 from bench.hf_baseline import HFModel, TokenClock
 from bench.stats import percentiles, stats_delta
 from bench.workload import Workload, batch_workload, serving_workload
+from loraledger.engine_client import EngineClient
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _stream_params(n: int):
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
 
 
-async def measure_capacity(engine, loras: list, prompt_len: int, vocab_size: int) -> float:
+async def measure_capacity(engine: EngineClient, loras: list, prompt_len: int, vocab_size: int) -> float:
     """Generated tokens/s for 32 prompts x 32 tokens over `loras` round-robin (twice; the first call warms up)."""
     warm = batch_workload(
         10_001, num_prompts=32, prompt_len=prompt_len, max_tokens=32, vocab_size=vocab_size, num_adapters=len(loras)
@@ -171,7 +172,7 @@ async def measure_capacity(engine, loras: list, prompt_len: int, vocab_size: int
     return calibration
 
 
-async def stream_workload(engine, loras: list, workload: Workload) -> dict:
+async def stream_workload(engine: EngineClient, loras: list, workload: Workload) -> dict:
     """Submit each request at its arrival time, stream its tokens, and summarise throughput and latencies.
 
     Throughput = generated tokens / (last finish - first arrival); TTFT, queue wait (first scheduled -

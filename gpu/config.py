@@ -1,4 +1,4 @@
-"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2)."""
+"""ModelConfig: the base model's shape, read from a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3, Gemma 2/3, Phi-3/4)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,21 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
+_MODEL_TYPES = {"gemma3_text": "gemma3"}  # config.json model_type -> our name, where they differ
+_GEMMA = ("gemma2", "gemma3")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the MLP's gate activation (hidden_act / hidden_activation)
 
 # LoRA targets we can apply, in the order the fused modules hold them
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
-    architecture: str  # "llama" | "mistral" | "qwen2"
+    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,6 +48,18 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # per layer, the attention window (None: full attention), as transformers' layer_types give it: Mistral's
     # window on every layer; Qwen2's (use_sliding_window) only on layers >= max_window_layers
     layer_windows: tuple[int | None, ...] = ()
+    qk_norm: bool = False  # an RMSNorm over each head of q and of k before rotary (Qwen3, Gemma 3)
+    # Gemma 2/3: RMSNorm weights stored as w for (1 + w), the embedding scaled by sqrt(hidden), norms around
+    # both the attention and the MLP output, tanh soft-capping of attention scores and of the final logits
+    norm_offset: float = 0.0
+    scale_embedding: bool = False
+    sandwich_norms: bool = False
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (default: head_dim)
+    hidden_act: str = "silu"
+    local_rope_theta: float | None = None  # Gemma 3: the rope base of sliding-window layers
+    fused_projections: bool = False  # Phi-3: the checkpoint holds qkv_proj and gate_up_proj already fused
 
     def window(self, layer: int) -> int | None:
         """The attention window of one layer (None: the whole context)."""
@@ -83,8 +102,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         archs = raw.get("architectures") or []
         arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            model_type = raw.get("model_type")
-            arch = model_type if model_type in ("llama", "mistral", "qwen2") else None
+            model_type = _MODEL_TYPES.get(raw.get("model_type"), raw.get("model_type"))
+            arch = model_type if model_type in SUPPORTED_ARCHITECTURES.values() else None
         if arch is None and raw.get("auto_map"):
             raise RemoteCodeError(
                 f"{source}: architecture {archs or raw.get('model_type')!r} comes with its own model code (config.json "
@@ -108,17 +127,31 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_scaling = raw.get("rope_scaling") or None
         rope_theta = raw.get("rope_theta")
+        local_rope_theta = raw.get("rope_local_base_freq") if arch == "gemma3" else None
         if rope_theta is None and isinstance(raw.get("rope_parameters"), dict):
-            # transformers >= 5 writes rope settings under rope_parameters
+            # transformers >= 5 writes rope settings under rope_parameters, per layer type where they differ
             params = raw["rope_parameters"]
+            if isinstance(params.get("full_attention"), dict):
+                local = params.get("sliding_attention") or {}
+                if local.get("rope_type", "default") != "default":
+                    raise ModelLoadError(f"{source}: rope scaling on sliding-window layers is not supported")
+                local_rope_theta = local.get("rope_theta")
+                params = params["full_attention"]
             rope_theta = params.get("rope_theta")
             if params.get("rope_type", "default") != "default":
                 rope_scaling = dict(params)
         sliding = raw.get("sliding_window")
-        if arch == "qwen2" and not raw.get("use_sliding_window", False):
+        if arch in ("qwen2", "qwen3") and not raw.get("use_sliding_window", False):
             sliding = None
         sliding = int(sliding) if sliding else None
         layers = int(raw["num_hidden_layers"])
+        rope_params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+        partial = float(raw.get("partial_rotary_factor") or rope_params.get("partial_rotary_factor") or 1.0)
+        if partial != 1.0:
+            raise ModelLoadError(
+                f"{source}: partial_rotary_factor {partial} (rotary on part of each head, as in Phi-4-mini) is not "
+                "supported; supported: rotary over the whole head"
+            )
         layer_windows = _layer_windows(raw, arch, layers, sliding, source)
         return cls(
             architecture=arch,
@@ -140,7 +173,30 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             eos_token_ids=tuple(int(e) for e in eos_ids),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             layer_windows=layer_windows,
+            qk_norm=arch in ("qwen3", "gemma3"),
+            fused_projections=arch == "phi3",
+            **_gemma_fields(raw, arch, local_rope_theta, source),
         )
+
+
+def _gemma_fields(raw: dict, arch: str, local_rope_theta: float | None, source: str) -> dict:
+    """What Gemma 2/3 change in the decoder (empty for the other families, which must use SiLU)."""
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if act not in ACTIVATIONS or (act != "silu" and arch not in _GEMMA):
+        raise ModelLoadError(f"{source}: MLP activation {act!r} is not supported for {arch}; supported: silu")
+    if arch not in _GEMMA:
+        return {}
+    scalar = raw.get("query_pre_attn_scalar")
+    return dict(
+        norm_offset=1.0,
+        scale_embedding=True,
+        sandwich_norms=True,
+        attn_softcap=float(raw["attn_logit_softcapping"]) if raw.get("attn_logit_softcapping") else None,
+        final_softcap=float(raw["final_logit_softcapping"]) if raw.get("final_logit_softcapping") else None,
+        query_pre_attn_scalar=float(scalar) if scalar else None,
+        hidden_act=act,
+        local_rope_theta=float(local_rope_theta) if local_rope_theta else (10000.0 if arch == "gemma3" else None),
+    )
 
 
 def _layer_windows(raw: dict, arch: str, layers: int, sliding: int | None, source: str) -> tuple[int | None, ...]:
@@ -160,7 +216,12 @@ def _layer_windows(raw: dict, arch: str, layers: int, sliding: int | None, sourc
         return tuple(sliding if t == "sliding_attention" else None for t in types)
     if sliding is None:
         return (None,) * layers
-    if arch == "qwen2":
+    if arch in ("qwen2", "qwen3"):
         first = int(raw.get("max_window_layers", 28))  # transformers' Qwen2Config default
         return tuple(sliding if i >= first else None for i in range(layers))
+    if arch == "gemma2":  # older config.json files: every other layer, from the first, has the window
+        return tuple(sliding if i % 2 == 0 else None for i in range(layers))
+    if arch == "gemma3":  # every sliding_window_pattern-th layer attends globally
+        pattern = int(raw.get("sliding_window_pattern", 6))
+        return tuple(None if (i + 1) % pattern == 0 else sliding for i in range(layers))
     return (sliding,) * layers

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 
 from loraledger.errors import ConfigError
-from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.ops import LoraMeta, Ops
 from loraledger.gpu.step import SeqWork
 from loraledger.gpu.transfer import to_device
+from loraledger.lora.device_slots import LoraSlots
 
 
 @dataclass

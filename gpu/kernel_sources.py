@@ -50,10 +50,13 @@ def attention_tokens_per_lane(ctype: str, hp: int, epl: int) -> int:
 
     Enough 16-byte loads in flight to cover the memory latency, within the registers a 128-thread
     block can have at 3 blocks per SM: the raw rows in flight take 4 * U * EPL * bytes / 4 registers
-    on top of the HP * EPL of q and of the accumulator each. Four 16-byte rows per lane is the base;
-    one query head per pass has registers to spare for twice that, eight heads only for half.
+    on top of the HP * EPL of q and of the accumulator each. Two 16-byte rows per lane is the base:
+    measured on an H100 (bf16, 4 query heads per pass, `bench/kernels.py --sweep`), U = 2 reached 55 %
+    of copy bandwidth where U = 4 reached 42-45 % and U = 8 33-38 %: more resident blocks hide the
+    latency better than more rows in flight per lane. One query head per pass takes twice the base,
+    eight heads half.
     """
-    u = 64 // (epl * _ELEMENT_BYTES[ctype])
+    u = 32 // (epl * _ELEMENT_BYTES[ctype])
     if hp == 1:
         u *= 2
     elif hp >= 8:

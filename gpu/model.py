@@ -1,4 +1,4 @@
-"""Model: our Llama / Mistral / Qwen2 decoder forward over a paged KV cache, with batched multi-LoRA.
+"""Model: our Llama / Mistral / Qwen2 / Qwen3 / Gemma 2-3 decoder forward over a paged KV cache, with batched multi-LoRA.
 
 Device-agnostic: the attention, norm, rotary and LoRA ops go through the `Ops` backend; the base
 GEMMs go through `Dense` (F.linear, or oneDNN pre-packed weights on the CPU); the embedding is plain
@@ -7,8 +7,10 @@ torch. No transformers model class is used at run time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import msgspec
 import torch
 import torch.nn.functional as F
 
@@ -16,10 +18,10 @@ from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.dense import Dense, prepack_supported
 from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
-from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.rotary import build_cos_sin_cache
 from loraledger.gpu.weights import ModelWeights
+from loraledger.lora.device_slots import LoraSlots
 
 
 @dataclass
@@ -32,6 +34,10 @@ class DecoderLayer:
     o: Dense
     gate_up: Dense
     down: Dense
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm weights of q and k (Qwen3, Gemma 3)
+    k_norm: torch.Tensor | None = None
+    pre_ff_norm: torch.Tensor | None = None  # Gemma 2/3: the MLP's own norms before and after it
+    post_ff_norm: torch.Tensor | None = None
 
 
 class Model:
@@ -67,29 +73,60 @@ class Model:
                 o=Dense(lw.o, prepack=prepack),
                 gate_up=Dense(lw.gate_up, prepack=prepack),
                 down=Dense(lw.down, prepack=prepack),
+                q_norm=lw.q_norm,
+                k_norm=lw.k_norm,
+                pre_ff_norm=lw.pre_ff_norm,
+                post_ff_norm=lw.post_ff_norm,
             )
             for lw in weights.layers
         ]
-        self.cos_sin_cache = build_cos_sin_cache(config, max_positions or config.max_position_embeddings, device)
-        self.scale = config.head_dim**-0.5
+        positions = max_positions or config.max_position_embeddings
+        self.cos_sin_cache = build_cos_sin_cache(config, positions, device)
+        # Gemma 3's sliding-window layers turn q and k with a rope base of their own, unscaled
+        self.local_cos_sin_cache = (
+            build_cos_sin_cache(
+                msgspec.structs.replace(config, rope_theta=config.local_rope_theta, rope_scaling=None),
+                positions,
+                device,
+            )
+            if config.local_rope_theta is not None
+            else self.cos_sin_cache
+        )
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        # Gemma scales the embedding by sqrt(hidden), rounded to the activations' dtype as transformers does
+        self.embed_scale = (
+            torch.tensor(math.sqrt(config.hidden_size), dtype=weights.embed.dtype).item()
+            if config.scale_embedding
+            else None
+        )
         self._split = (config.q_size, config.kv_size, config.kv_size)
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Run every token of the step; return fp32 logits [N, V] at batch.logits_indices only."""
         cfg, ops = self.config, self.ops
         hidden = F.embedding(batch.input_ids, self.embed)
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
         residual: torch.Tensor | None = None
+        eps = cfg.rms_norm_eps
         for i, lw in enumerate(self.layers):
-            x, residual = ops.rms_norm(hidden, lw.input_norm, cfg.rms_norm_eps, residual)
+            x, residual = ops.rms_norm(hidden, lw.input_norm, eps, residual)
             attn = self._attention(i, lw, x, batch, kv_cache)
-            x, residual = ops.rms_norm(attn, lw.post_norm, cfg.rms_norm_eps, residual)
-            hidden = self._mlp(i, lw, x, batch)
+            if lw.pre_ff_norm is None:
+                x, residual = ops.rms_norm(attn, lw.post_norm, eps, residual)
+                hidden = self._mlp(i, lw, x, batch)
+            else:  # Gemma: each sublayer's output is normalised before it joins the residual stream
+                x, residual = ops.rms_norm(ops.rms_norm(attn, lw.post_norm, eps)[0], lw.pre_ff_norm, eps, residual)
+                hidden = ops.rms_norm(self._mlp(i, lw, x, batch), lw.post_ff_norm, eps)[0]
         rows = batch.logits_indices
         if rows.shape[0] == 0:
             return hidden.new_zeros((0, cfg.vocab_size), dtype=torch.float32)
         # the final norm and lm_head only run where logits are wanted
-        out, _ = ops.rms_norm(hidden.index_select(0, rows), self.norm, cfg.rms_norm_eps, residual.index_select(0, rows))
-        return self.lm_head(out).float()
+        out, _ = ops.rms_norm(hidden.index_select(0, rows), self.norm, eps, residual.index_select(0, rows))
+        logits = self.lm_head(out).float()
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
 
     def _attention(
         self, layer: int, lw: DecoderLayer, x: torch.Tensor, batch: ForwardBatch, kv_cache: KVCache
@@ -103,15 +140,26 @@ class Model:
         q = q.view(tokens, cfg.num_attention_heads, cfg.head_dim)
         k = k.view(tokens, cfg.num_key_value_heads, cfg.head_dim)
         v = v.view(tokens, cfg.num_key_value_heads, cfg.head_dim)
-        ops.rotary_embedding(batch.positions, q, k, self.cos_sin_cache)
+        if lw.q_norm is not None:  # each head normalised on its own, before rotary
+            q = ops.rms_norm(q.reshape(-1, cfg.head_dim), lw.q_norm, cfg.rms_norm_eps)[0].view(q.shape)
+            k = ops.rms_norm(k.reshape(-1, cfg.head_dim), lw.k_norm, cfg.rms_norm_eps)[0].view(k.shape)
+        window = cfg.window(layer)
+        ops.rotary_embedding(batch.positions, q, k, self.cos_sin_cache if window is None else self.local_cos_sin_cache)
         k_cache, v_cache = kv_cache.k_caches[layer], kv_cache.v_caches[layer]
         ops.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         n_dec = batch.num_decode
-        window = cfg.window(layer)
+        capped = {} if cfg.attn_softcap is None else {"softcap": cfg.attn_softcap}
         decode_out = prefill_out = None
         if n_dec:
             decode_out = ops.paged_attention_decode(
-                q[:n_dec], k_cache, v_cache, batch.decode_block_tables, batch.decode_seq_lens, self.scale, window
+                q[:n_dec],
+                k_cache,
+                v_cache,
+                batch.decode_block_tables,
+                batch.decode_seq_lens,
+                self.scale,
+                window,
+                **capped,
             )
         if n_dec < tokens:
             prefill_out = ops.prefill_attention(
@@ -124,6 +172,7 @@ class Model:
                 self.scale,
                 window,
                 batch.prefill_sizes,
+                **capped,
             )
         if prefill_out is None:
             attn = decode_out
@@ -139,7 +188,11 @@ class Model:
     def _mlp(self, layer: int, lw: DecoderLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         gate_up = lw.gate_up(x)
         self._lora(layer, "gate_up", x, gate_up, batch)
-        act = self.ops.silu_and_mul(gate_up)
+        if self.config.hidden_act == "silu":
+            act = self.ops.silu_and_mul(gate_up)
+        else:  # gelu_pytorch_tanh (Gemma)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.gelu(gate, approximate="tanh") * up
         out = lw.down(act)
         self._lora(layer, "down", act, out, batch)
         return out

@@ -19,7 +19,6 @@ from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
 from loraledger.gpu.grammar_mask import GrammarMask
 from loraledger.gpu.kv_cache import KVCache
-from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.sampler import SampleJob, Sampler, SampleRow
@@ -34,6 +33,7 @@ from loraledger.gpu.step import (
 )
 from loraledger.gpu.transfer import to_device
 from loraledger.gpu.weights import load_weights
+from loraledger.lora.device_slots import LoraSlots
 
 
 @dataclass

@@ -125,12 +125,14 @@ class Ops(abc.ABC):
         seq_lens: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """One query token per sequence attends to its whole context in the paged cache.
 
         q: [B, Hq, D]; block_tables: [B, max_blocks] int32; seq_lens: [B] int32 (context length,
         the query's own token included, its KV already written). GQA: query head h reads KV head
-        h // (Hq // Hk). With sliding_window w, only the last w positions are attended.
+        h // (Hq // Hk). With sliding_window w, only the last w positions are attended. With softcap c,
+        each score s becomes c * tanh(s / c) before the softmax (Gemma 2).
         Returns [B, Hq, D] in q's dtype (softmax in fp32).
         """
 
@@ -146,8 +148,9 @@ class Ops(abc.ABC):
         scale: float,
         sliding_window: int | None = None,
         sizes: tuple[int, int] | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Causal attention for query chunks that follow a cached prefix.
+        """Causal attention for query chunks that follow a cached prefix (softcap as in paged_attention_decode).
 
         q: [Tq, Hq, D], the queries of P sequences laid end to end (query_start_loc: [P+1] int32).
         Sequence p's queries are its last (query_start_loc[p+1]-query_start_loc[p]) positions of

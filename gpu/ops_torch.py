@@ -78,6 +78,7 @@ class TorchOps(Ops):
         seq_lens: torch.Tensor,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         block_size = k_cache.shape[1]
         flat, used = self._context_blocks(block_tables, seq_lens, block_size, "decode")
@@ -96,7 +97,7 @@ class TorchOps(Ops):
         # ([B, Hk, Hq/Hk, D]), so K and V are read as they are instead of being expanded per query head
         batch, heads, dim = q.shape
         q_grouped = q.reshape(batch, keys.shape[1], heads // keys.shape[1], dim)
-        out = _sdpa(q_grouped, keys, values, allowed, scale)
+        out = _sdpa(q_grouped, keys, values, allowed, scale, softcap)
         return out.reshape(batch, heads, dim).to(q.dtype)
 
     def prefill_attention(
@@ -110,6 +111,7 @@ class TorchOps(Ops):
         scale: float,
         sliding_window: int | None = None,
         sizes: tuple[int, int] | None = None,  # host tensors here: nothing to read back
+        softcap: float | None = None,
     ) -> torch.Tensor:
         num_seqs = seq_lens.shape[0]
         block_size = k_cache.shape[1]
@@ -126,7 +128,7 @@ class TorchOps(Ops):
             q_pad.index_copy_(0, padded_at, q)
             q_pad = q_pad.view((num_seqs, max_q) + tuple(q.shape[1:]))
         keys, values = self._gather_blocks(k_cache, v_cache, flat, used, num_seqs)
-        out = _sdpa(q_pad.transpose(1, 2), keys, values, allowed, scale).transpose(1, 2)
+        out = _sdpa(q_pad.transpose(1, 2), keys, values, allowed, scale, softcap).transpose(1, 2)
         if padded_at is None:
             return out[0].to(q.dtype)
         return out.reshape((-1,) + tuple(out.shape[2:])).index_select(0, padded_at).to(q.dtype)
@@ -438,8 +440,19 @@ def _select_slots(stack: torch.Tensor, active_slots: torch.Tensor, num_slots: in
     return stack.index_select(0, active_slots)
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, Hq, Q, D], k/v [B, Hk, L, D], mask [B, 1, Q, L] bool (True = attend); softmax in fp32."""
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+) -> torch.Tensor:
+    """q [B, Hq, Q, D], k/v [B, Hk, L, D], mask [B, 1, Q, L] bool (True = attend); softmax in fp32.
+
+    With softcap c the scores are capped as c * tanh(s / c), which SDPA cannot do: computed in full then.
+    """
     if q.dtype != torch.float32:
         q, k, v = q.float(), k.float(), v.float()
+    if softcap is not None:
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        scores = torch.tanh(torch.matmul(q, k.transpose(-1, -2)) * (scale / softcap)) * softcap
+        return torch.matmul(torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1), v)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])

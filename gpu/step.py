@@ -82,7 +82,7 @@ class SlotLoad(msgspec.Struct, frozen=True):
 
     slot: int
     fingerprint: str
-    checkpoint: object  # loraledger.gpu.lora_checkpoint.LoraCheckpoint
+    checkpoint: object  # loraledger.lora.checkpoint.LoraCheckpoint
 
 
 class StepPlan(msgspec.Struct, frozen=True):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -12,13 +11,13 @@ import torch
 from safetensors import safe_open
 
 from loraledger import paths
+from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError
 from loraledger.gpu.config import ModelConfig
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
 _FINGERPRINT_CACHE = "model_fingerprints.json"
-_HASH_CHUNK = 8 << 20
 
 
 @dataclass
@@ -30,6 +29,10 @@ class LayerWeights:
     post_norm: torch.Tensor  # [H]
     gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
     down: torch.Tensor  # [H, I]
+    q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3, Gemma 3: per-head RMSNorm of q and k)
+    k_norm: torch.Tensor | None = None  # [head_dim]
+    pre_ff_norm: torch.Tensor | None = None  # [H] (Gemma 2/3: norms before and after the MLP; post_norm then
+    post_ff_norm: torch.Tensor | None = None  # [H]  normalises the attention output before the residual add)
 
 
 @dataclass
@@ -50,8 +53,7 @@ class ModelWeights:
         out = [self.embed, self.norm, self.lm_head]
         for lw in self.layers:
             out += [lw.input_norm, lw.qkv, lw.o, lw.post_norm, lw.gate_up, lw.down]
-            if lw.qkv_bias is not None:
-                out.append(lw.qkv_bias)
+            out += [t for t in (lw.qkv_bias, lw.q_norm, lw.k_norm, lw.pre_ff_norm, lw.post_ff_norm) if t is not None]
         return out
 
 
@@ -91,19 +93,31 @@ def load_weights(
         def fused(names: list[str]) -> torch.Tensor:
             return torch.cat([reader.get(n) for n in names], dim=0).to(device)
 
+        def norm(name: str) -> torch.Tensor:
+            """An RMSNorm weight as the forward multiplies by it: Gemma stores w for (1 + w)."""
+            t = reader.get(name)
+            return (t.float() + config.norm_offset).to(t.dtype).to(device) if config.norm_offset else t.to(device)
+
         layers = []
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")]
+            fused_qkv = get(f"{p}self_attn.qkv_proj.weight") if config.fused_projections else None
             layers.append(
                 LayerWeights(
-                    input_norm=get(f"{p}input_layernorm.weight"),
-                    qkv=fused([f"{a}.weight" for a in attn]),
+                    input_norm=norm(f"{p}input_layernorm.weight"),
+                    qkv=fused([f"{a}.weight" for a in attn]) if fused_qkv is None else fused_qkv,
                     qkv_bias=fused([f"{a}.bias" for a in attn]) if config.attention_bias else None,
                     o=get(f"{p}self_attn.o_proj.weight"),
-                    post_norm=get(f"{p}post_attention_layernorm.weight"),
-                    gate_up=fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
+                    post_norm=norm(f"{p}post_attention_layernorm.weight"),
+                    gate_up=get(f"{p}mlp.gate_up_proj.weight")
+                    if config.fused_projections
+                    else fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
                     down=get(f"{p}mlp.down_proj.weight"),
+                    q_norm=norm(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
+                    k_norm=norm(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
+                    pre_ff_norm=norm(f"{p}pre_feedforward_layernorm.weight") if config.sandwich_norms else None,
+                    post_ff_norm=norm(f"{p}post_feedforward_layernorm.weight") if config.sandwich_norms else None,
                 )
             )
         embed = get("model.embed_tokens.weight")
@@ -111,7 +125,7 @@ def load_weights(
             lm_head = embed
         else:
             lm_head = get("lm_head.weight")
-        weights = ModelWeights(embed=embed, layers=layers, norm=get("model.norm.weight"), lm_head=lm_head)
+        weights = ModelWeights(embed=embed, layers=layers, norm=norm("model.norm.weight"), lm_head=lm_head)
     finally:
         reader.close()
     _check_shapes(weights, config, model_dir)
@@ -175,6 +189,15 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
         ]
         if lw.qkv_bias is not None:
             expected.append((f"{p}self_attn.q/k/v_proj.bias", lw.qkv_bias, (qkv,)))
+        for name, tensor in (("q_norm", lw.q_norm), ("k_norm", lw.k_norm)):
+            if tensor is not None:
+                expected.append((f"{p}self_attn.{name}.weight", tensor, (config.head_dim,)))
+        for name, tensor in (
+            ("pre_feedforward_layernorm", lw.pre_ff_norm),
+            ("post_feedforward_layernorm", lw.post_ff_norm),
+        ):
+            if tensor is not None:
+                expected.append((f"{p}{name}.weight", tensor, (h,)))
     for name, tensor, shape in expected:
         if tuple(tensor.shape) != shape:
             raise ModelLoadError(
@@ -184,7 +207,7 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
 
 
 def model_fingerprint(model_dir: str | Path, *, cache_dir: str | Path | None = None) -> str:
-    """sha256 over the canonical config.json and every weight file's name and bytes (files in name order).
+    """sha256 over the canonical config.json and every weight file's name and bytes (files in name order; DIGESTS.md).
 
     The result is cached in loraledger's cache folder (loraledger.paths; never in the model folder), keyed by the folder's
     absolute path and each file's size and mtime, so a large model is hashed once, not at every start.
@@ -211,14 +234,7 @@ def _hash_model(config_path: Path, weight_paths: list[Path]) -> str:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelLoadError(f"{config_path} is not valid JSON: {exc}") from exc
-    digest = hashlib.sha256()
-    digest.update(json.dumps(config, sort_keys=True, separators=(",", ":")).encode())
-    for path in sorted(weight_paths, key=lambda p: p.name):
-        digest.update(b"\0" + path.name.encode() + b"\0")
-        with path.open("rb") as fh:
-            while chunk := fh.read(_HASH_CHUNK):
-                digest.update(chunk)
-    return digest.hexdigest()
+    return base_model_fingerprint(config, weight_paths)
 
 
 def _read_cache(path: Path) -> dict:

@@ -17,7 +17,7 @@ _EXPORTS = {
     "AsyncEngineArgs": "loraledger.engine_args",
     "SamplingParams": "loraledger.sampling_params",
     "RequestOutputKind": "loraledger.sampling_params",
-    "LoRARequest": "loraledger.lora_request",
+    "LoRARequest": "loraledger.lora.request",
     "RequestOutput": "loraledger.outputs",
     "CompletionOutput": "loraledger.outputs",
     "Logprob": "loraledger.outputs",
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from loraledger.errors import LoraLedgerError
     from loraledger.llm import LLM
     from loraledger.llm_engine import LLMEngine
-    from loraledger.lora_request import LoRARequest
+    from loraledger.lora.request import LoRARequest
     from loraledger.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, RequestStateStats
     from loraledger.prompts import PromptType, TextPrompt, TokensPrompt
     from loraledger.sampling_params import RequestOutputKind, SamplingParams

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -22,35 +21,30 @@ from loraledger.actors.messages import (
     GetStats,
     ListLoras,
     PinLora,
-    PinSlot,
     RemoveLora,
-    ResolveAdapter,
-    Submit,
 )
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
-from loraledger.engine_metrics import EngineMetrics
+from loraledger.engine_audit import access_denied_event, append_and_wait
+from loraledger.engine_metrics import EngineMetrics, engine_metrics
 from loraledger.errors import (
     AuditUnavailableError,
-    ConfigError,
     EngineDeadError,
-    InstanceLeaseLostError,
     LoRADisabledError,
-    LoRARequestError,
-    NoTokenizerError,
-    RequestIdError,
-    SamplingParamsError,
-    TenantError,
 )
-from loraledger.logging import get_logger
-from loraledger.lora_request import LoRARequest
+from loraledger.generate_many import generate_many
+from loraledger.input_processor import (
+    EdgeLimits,
+    check_abort_ids,
+    check_arguments,
+    check_audit_ids,
+    check_lora_int_id,
+    check_lora_request,
+)
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
-from loraledger.prompts import parse_prompt
+from loraledger.recovery import Recovery
 from loraledger.sampling_params import SamplingParams
-from loraledger.store.records import EventKind, EventRecord, recordable
-from loraledger.text import storable_text
-
-MAX_ID_CHARS = 1024  # request ids and tenants: keys of the audit log
 
 
 class AsyncEngine:
@@ -62,11 +56,8 @@ class AsyncEngine:
         self._stack: AsyncExitStack | None = None
         self._tg = None
         self._admission: MemoryObjectSendStream | None = None
-        # audit keys of the requests this engine recorded as interrupted: found unfinished at start, or later, of a peer instance
-        # (sharing the audit database) whose lease expired
-        self.interrupted: list[str] = []
-        self.resumed: dict[str, object] = {}  # with resume_interrupted: audit key -> final RequestOutput or error
-        self._resumes: list[anyio.Event] = []  # one per recovery that found requests: set once their outcomes are in
+        self._limits: EdgeLimits | None = None  # what check_arguments checks requests against, once started
+        self._recovery = Recovery(self)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
@@ -92,49 +83,36 @@ class AsyncEngine:
             _close_store(setup.store)
             raise
         self._admission = self._core.sender("admission")
+        self._limits = EdgeLimits(
+            max_model_len=setup.max_model_len,
+            vocab_size=setup.model_config.vocab_size,
+            max_n=setup.max_n,
+            max_logprobs=self.args.max_logprobs,
+            has_tokenizer=setup.tokenizer is not None,
+            enable_lora=self.args.enable_lora,
+        )
         if setup.store is not None:
             try:
-                await self._recover()
+                await self._recovery.start(self._tg)
             except BaseException:
                 await self.__aexit__(None, None, None)
                 raise
         return self
 
-    async def _recover(self) -> None:
-        from loraledger.recovery import record_interrupted
+    @property
+    def interrupted(self) -> list[str]:
+        """Audit keys of the requests this engine recorded as interrupted: found unfinished at start, or later, of a
+        peer instance (sharing the audit database) whose lease expired."""
+        return self._recovery.interrupted
 
-        self._resume(await record_interrupted(self))
-        self._tg.start_soon(self._watch_peers)
-
-    def _resume(self, unfinished: list) -> None:
-        from loraledger.recovery import resume
-
-        self.interrupted += [r.request_id for r in unfinished]
-        if unfinished and self.args.resume_interrupted:
-            done = anyio.Event()
-            self._resumes.append(done)
-            self._tg.start_soon(resume, self, unfinished, self.resumed, done)
-
-    async def _watch_peers(self) -> None:
-        """Recover the peer instances (sharing the audit database) whose lease expires while this engine runs:
-        a replacement started before its predecessor's lease ran out takes over its requests once it has."""
-        from loraledger.recovery import record_interrupted
-
-        log = get_logger("recovery")
-        while True:
-            await anyio.sleep(self.args.audit_lease_seconds / 3)
-            try:
-                self._resume(await record_interrupted(self, at_start=False))
-            except InstanceLeaseLostError:
-                return  # this engine's own lease is gone: its LeaseKeeper stops it
-            except AuditUnavailableError as exc:
-                log.warning("could not look for expired peer instances; trying again", error=str(exc))
+    @property
+    def resumed(self) -> dict[str, object]:
+        """With resume_interrupted: audit key -> final RequestOutput or error of each resumed request."""
+        return self._recovery.resumed
 
     async def wait_resumed(self) -> dict[str, object]:
         """Wait until every resumed request (so far) has its outcome (final RequestOutput or error) in `resumed`."""
-        for done in list(self._resumes):
-            await done.wait()
-        return self.resumed
+        return await self._recovery.wait()
 
     async def __aexit__(self, *exc_info) -> None:
         """Stop the engine. An exception from the `async with` body goes on as itself: it is not handed to the
@@ -157,10 +135,32 @@ class AsyncEngine:
                 _close_store(core.setup.store)
         return None
 
+    # --- the EngineClient seam: what code outside the engine may know of its state ---------------
+
+    @property
+    def is_running(self) -> bool:
+        """True while the engine serves: inside its `async with`, no fatal error."""
+        return self._core is not None and self._core.fatal is None
+
+    @property
+    def errored(self) -> bool:
+        """True once a fatal error (device lost, store corrupt, lease lost) has stopped the engine."""
+        return self._core is not None and self._core.fatal is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        """The EngineDeadError a caller of the stopped engine gets, naming (and chaining) the fatal error, if any."""
+        return self._dead_error("the engine has stopped")
+
+    @property
+    def store(self):
+        """The audit store this engine writes (an AuditStore; None with auditing off)."""
+        return self._live().setup.store
+
     @property
     def instance_id(self) -> str | None:
         """This engine's instance id in its audit database (on every requests row and event it writes); None with auditing off."""
-        store = self._live().setup.store
+        store = self.store
         return None if store is None else store.instance_id
 
     @property
@@ -251,10 +251,10 @@ class AsyncEngine:
         audit_id, a new UUIDv7 (loraledger.audit_ids) unless given: the caller passes its own only to know the key
         before the first output (generate and LLMEngine do, to abort precisely) or, with resume, the key on record.
 
-        The API edge of every entry point (LLM.generate, LLMEngine.add_request, generate): each argument's
-        type and value is checked here and the engine keeps its own immutable copy, so a value the
-        caller changes afterwards changes nothing; what only the model can tell (token ids in its
-        vocabulary, the prompt's length in tokens, the adapter) is checked at admission.
+        The API edge of every entry point (LLM.generate, LLMEngine.add_request, generate): the input processor's
+        check_arguments checks each argument's type and value here and makes the engine's own immutable copy, so a
+        value the caller changes afterwards changes nothing; what only the model can tell (token ids in its
+        vocabulary, the prompt's length in tokens, the adapter) is its check_model_inputs' at admission.
         chat_template_sha256: set by LLM.chat and the chat route, the digest of the template that rendered the prompt
         (the binding's chat_template_sha256).
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
@@ -263,30 +263,22 @@ class AsyncEngine:
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
-        submit = self._checked_submit(
-            request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core
+        submit = check_arguments(
+            request_id,
+            prompt,
+            params,
+            lora_request,
+            limits=self._limits,
+            audit_id=audit_id if audit_id is not None else new_audit_id(),
+            now=time.time(),
+            tenant=tenant,
+            arrival_time=arrival_time,
+            resume=resume,
+            bound_fingerprint=bound_fingerprint,
+            chat_template_sha256=chat_template_sha256,
+            key_id=key_id,
+            user=user,
         )
-        if audit_id is not None:
-            submit = msgspec.structs.replace(
-                submit,
-                request_id=storable_text(
-                    audit_id, "the audit id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False
-                ),
-            )
-        if chat_template_sha256 is not None:
-            submit = msgspec.structs.replace(
-                submit,
-                chat_template_sha256=storable_text(
-                    chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64
-                ),
-            )
-        caller = {
-            name: storable_text(value, f"the {name}", TenantError, max_chars=MAX_ID_CHARS)
-            for name, value in (("key_id", key_id), ("user", user))
-            if value is not None
-        }
-        if caller:
-            submit = msgspec.structs.replace(submit, **caller)
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send)
         try:
@@ -305,79 +297,6 @@ class AsyncEngine:
             raise first.item
         assert isinstance(first.item, Accepted)
         return receive
-
-    def _checked_submit(
-        self, request_id, prompt, params, lora_request, tenant, arrival_time, resume, bound_fingerprint, core
-    ) -> Submit:
-        """The Submit message for these arguments, every one checked and copied (see submit)."""
-        rid = storable_text(request_id, "the request id", RequestIdError, max_chars=MAX_ID_CHARS, allow_nul=False)
-        if not rid:
-            raise RequestIdError("the request id is empty; give a non-empty str (or leave it out to have one made)")
-        if tenant is not None:
-            tenant = storable_text(tenant, "the tenant", TenantError, max_chars=MAX_ID_CHARS)
-        if not isinstance(params, SamplingParams):
-            raise SamplingParamsError(
-                f"sampling params must be a SamplingParams, got {type(params).__name__}; build one with SamplingParams(...)"
-            )
-        setup = core.setup
-        frozen = params.frozen(
-            max_n=setup.max_n,
-            max_logprobs=self.args.max_logprobs,
-            vocab_size=setup.model_config.vocab_size,
-            max_model_len=setup.max_model_len,
-        )
-        text, ids = parse_prompt(
-            prompt, max_model_len=setup.max_model_len, truncating=frozen.truncate_prompt_tokens is not None
-        )
-        if setup.tokenizer is None:
-            needs = (
-                "a text prompt"
-                if ids is None
-                else "stop strings"
-                if frozen.stop
-                else "bad_words"
-                if frozen.bad_words
-                else None
-            )
-            if needs is not None:
-                raise NoTokenizerError(
-                    f"{needs} needs a tokenizer, and this engine was built with skip_tokenizer_init=True; send token ids "
-                    "({'prompt_token_ids': [...]}) and stop on stop_token_ids"
-                )
-        if lora_request is not None:
-            if not isinstance(lora_request, LoRARequest):
-                raise LoRARequestError(
-                    f"lora_request must be a LoRARequest or None, got {type(lora_request).__name__}; "
-                    "use LoRARequest(lora_name, lora_int_id, lora_path)"
-                )
-            if not self.args.enable_lora:
-                raise LoRADisabledError(
-                    f"request {rid!r} names adapter {lora_request.lora_name!r} but the engine was built with enable_lora=False; "
-                    "pass enable_lora=True to serve adapters"
-                )
-        if arrival_time is None:
-            arrival_time = time.time()
-        elif (
-            isinstance(arrival_time, bool)
-            or not isinstance(arrival_time, (int, float))
-            or not math.isfinite(arrival_time)
-        ):
-            raise ConfigError(
-                f"arrival_time must be a finite number of seconds (time.time()), got {type(arrival_time).__name__}"
-            )
-        return Submit(
-            request_id=new_audit_id(),
-            caller_request_id=rid,
-            prompt=text,
-            prompt_token_ids=ids,
-            params=frozen,
-            lora_request=lora_request,
-            tenant=tenant,
-            arrival_time=float(arrival_time),
-            channel=None,
-            resume=bool(resume),
-            bound_fingerprint=bound_fingerprint,
-        )
 
     async def generate(
         self,
@@ -440,72 +359,17 @@ class AsyncEngine:
         """Admit every request first (a refused one raises before any output is awaited, and the rest are aborted),
         then wait for all final outputs, returned in the given order. on_finished(output) is called as each
         request finishes (a progress bar); chat_template_sha256: per request, the template that rendered it."""
-        n = len(requests)
-        channels: list[MemoryObjectReceiveStream | None] = [None] * n
-        errors: list[BaseException | None] = [None] * n
-        audit_ids = [new_audit_id() for _ in range(n)]
-
-        async def admit(i: int) -> None:
-            rid, prompt, params, lora, tenant = requests[i]
-            sha = chat_template_sha256[i] if chat_template_sha256 is not None else None
-            try:
-                channels[i] = await self.submit(
-                    rid, prompt, params, lora, tenant=tenant, chat_template_sha256=sha, audit_id=audit_ids[i]
-                )
-            except Exception as exc:  # reported below, in prompt order
-                errors[i] = exc
-
-        async with anyio.create_task_group() as tg:
-            for i in range(n):
-                tg.start_soon(admit, i)
-        first_error = next((e for e in errors if e is not None), None)
-        if first_error is not None:
-            await self.abort_audit_ids([audit_ids[i] for i in range(n) if channels[i] is not None])
-            for channel in channels:
-                if channel is not None:
-                    channel.close()
-            raise first_error
-
-        results: list[RequestOutput | None] = [None] * n
-
-        async def collect(i: int) -> None:
-            async with channels[i] as channel:
-                async for delivery in channel:
-                    item = delivery.item
-                    if isinstance(item, BaseException):
-                        errors[i] = item
-                        return
-                    if item.finished:
-                        results[i] = item
-                        if on_finished is not None:
-                            on_finished(item)
-                        return
-            errors[i] = EngineDeadError(f"the engine stopped before request {requests[i][0]!r} finished")
-
-        async with anyio.create_task_group() as tg:
-            for i in range(n):
-                tg.start_soon(collect, i)
-        first_error = next((e for e in errors if e is not None), None)
-        if first_error is not None:
-            raise first_error
-        return results  # type: ignore[return-value]
+        return await generate_many(self, requests, on_finished=on_finished, chat_template_sha256=chat_template_sha256)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort requests by the caller's id; ids that are not in flight are ignored. An aborted request's id is free
         for a new request at once (vLLM); its audit record ends as aborted, with what it generated."""
-        if isinstance(request_id, str):
-            ids = [request_id]
-        elif isinstance(request_id, (list, tuple, set, frozenset)) and all(isinstance(rid, str) for rid in request_id):
-            ids = list(request_id)
-        else:
-            raise RequestIdError(f"abort takes a request id (str) or a list of them, got {type(request_id).__name__}")
+        ids = check_abort_ids(request_id)
         await self._send_abort(Abort(request_ids=ids))
 
     async def abort_audit_ids(self, audit_ids: list[str]) -> None:
         """Abort requests by their audit keys (RequestOutput.audit_id); keys not in flight are ignored."""
-        if not isinstance(audit_ids, (list, tuple)) or not all(isinstance(k, str) for k in audit_ids):
-            raise RequestIdError(f"abort_audit_ids takes a list of audit ids (str), got {type(audit_ids).__name__}")
-        await self._send_abort(Abort(request_ids=[], audit_ids=list(audit_ids)))
+        await self._send_abort(Abort(request_ids=[], audit_ids=check_audit_ids(audit_ids)))
 
     async def _send_abort(self, msg: Abort) -> None:
         if self._admission is None:
@@ -531,19 +395,8 @@ class AsyncEngine:
         if not self.args.enable_lora:
             raise LoRADisabledError("adapters need an engine built with enable_lora=True")
 
-    @staticmethod
-    def _check_lora(lora_request: object) -> LoRARequest:
-        if not isinstance(lora_request, LoRARequest):
-            raise LoRARequestError(
-                f"expected a LoRARequest, got {type(lora_request).__name__}; use LoRARequest(lora_name, lora_int_id, lora_path)"
-            )
-        return lora_request
-
-    @staticmethod
-    def _check_int_id(lora_int_id: object) -> int:
-        if isinstance(lora_int_id, bool) or not isinstance(lora_int_id, int):
-            raise LoRARequestError(f"lora_int_id must be an int, got {type(lora_int_id).__name__}")
-        return int(lora_int_id)
+    _check_lora = staticmethod(check_lora_request)
+    _check_int_id = staticmethod(check_lora_int_id)
 
     async def add_lora(self, lora_request: LoRARequest) -> bool:
         """Register and load an adapter now (validated and fingerprinted); raises its typed error if it is bad."""
@@ -568,21 +421,10 @@ class AsyncEngine:
         return bool(await self._ask("loader", lambda reply: RemoveLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def pin_lora(self, lora_int_id: int) -> bool:
-        """Keep an adapter in host memory and in a device slot until it is removed."""
+        """Keep an adapter in host memory and in a device slot until it is removed (loaded first if need be)."""
         self._need_lora()
         lora_int_id = self._check_int_id(lora_int_id)
-        lora: LoRARequest = await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply))
-        answer: AdapterResolved = await self._ask(
-            "loader", lambda reply: ResolveAdapter(lora_request=lora, reply=reply)
-        )
-        if answer.error is not None:
-            raise answer.error
-        ckpt = answer.checkpoint
-        return bool(
-            await self._ask(
-                "scheduler", lambda reply: PinSlot(fingerprint=ckpt.fingerprint, checkpoint=ckpt, reply=reply)
-            )
-        )
+        return bool(await self._ask("loader", lambda reply: PinLora(lora_int_id=lora_int_id, reply=reply)))
 
     async def list_loras(self) -> set[int]:
         if not self.args.enable_lora:
@@ -597,21 +439,7 @@ class AsyncEngine:
         """What a server's /metrics shows of the engine: the Scheduler's queues and KV use, adapter loads and
         evictions (host cache and device slots), the audit writer's queue depth and failures."""
         core = self._live()
-        snapshot = await self.get_stats()
-        loader, audit = core.loader_stats, core.audit_stats
-        return EngineMetrics(
-            stats=snapshot,
-            host_loads=dict(loader.loads) if loader is not None else {},
-            host_evictions=dict(loader.evictions) if loader is not None else {},
-            host_load_failures=dict(loader.failures) if loader is not None else {},
-            audit_enabled=audit is not None,
-            audit_queue_depth=core.audit_queue_depth(),
-            audit_commits=audit.commits if audit is not None else 0,
-            audit_failures=audit.failures if audit is not None else 0,
-            audit_refused=audit.refused if audit is not None else 0,
-            audit_store_down=audit.store_down if audit is not None else False,
-            dead=core.fatal is not None,
-        )
+        return engine_metrics(core, await self.get_stats())
 
     # --- the audit log ------------------------------------------------------------------------
 
@@ -622,14 +450,9 @@ class AsyncEngine:
         the model (adapter) asked for and the route; no request id, no binding. Waits for the commit, at most
         audit_timeout seconds; False when it is not on record by then (the store is down: the writer keeps it and
         retries) or auditing is off."""
-        core = self._live()
-        if core.setup.store is None:
+        if self.store is None:
             return False
-        payload = {"tenant": tenant, "key_id": key_id, "adapter": adapter, "route": route}
-        if caller_request_id is not None:
-            payload["caller_request_id"] = caller_request_id
-        payload = {k: recordable(v) if isinstance(v, str) else v for k, v in payload.items()}
-        event = EventRecord(kind=EventKind.ACCESS_DENIED, at=time.time(), payload=payload)
+        event = access_denied_event(tenant, key_id, adapter, route, caller_request_id)
         try:
             await self._append_and_wait(
                 AuditAppend(events=[event]), "access was denied", timeout=self.args.audit_timeout
@@ -642,18 +465,8 @@ class AsyncEngine:
         """Send records to the audit writer and wait until they are committed (or refused: its error is raised).
         timeout: at most this long (default: twice audit_timeout, and a connect), then AuditUnavailableError."""
         limit = timeout if timeout is not None else 2 * self.args.audit_timeout + 2
-        send, receive = anyio.create_memory_object_stream[object](1)
         async with self._live().sender("audit") as audit:
-            await audit.send(msgspec.structs.replace(msg, reply=send))
-        async with receive:
-            with anyio.move_on_after(limit):
-                outcome = await receive.receive()
-                if outcome is not None:
-                    raise outcome
-                return
-        raise AuditUnavailableError(
-            f"{what}, but the audit store did not commit its record within {limit:g} s; it is held and retried"
-        )
+            await append_and_wait(audit, msg, what, limit)
 
 
 def _close_store(store) -> None:

@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator
 import anyio
 
 from loraledger.engine_args import EngineArgs, check_argument_names
+from loraledger.engine_client import EngineClient
 from loraledger.errors import ConfigError, EngineDeadError
 from loraledger.llm_engine import LLMEngine
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.sampling_params import SamplingParams
 
@@ -32,7 +33,7 @@ class AsyncLLMEngine:
 
     def __init__(self, args: EngineArgs) -> None:
         self._thread = LLMEngine(args)  # the actors, on their own event loop in a background thread
-        self.engine = self._thread.engine  # the AsyncEngine on that loop
+        self.engine: EngineClient = self._thread.engine  # the AsyncEngine on that loop
         self.args = args
 
     @classmethod
@@ -58,15 +59,20 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return not self._thread._closed and self.engine._core is not None and self.engine._core.fatal is None
+        return not self._thread.closed and self.engine.is_running
 
     @property
     def errored(self) -> bool:
-        return self.engine._core is not None and self.engine._core.fatal is not None
+        return self.engine.errored
 
     @property
     def dead_error(self) -> BaseException:
-        return self.engine._dead_error("the engine has stopped")
+        return self.engine.dead_error
+
+    @property
+    def store(self):
+        """The audit store the engine writes (None with auditing off)."""
+        return self.engine.store
 
     async def check_health(self) -> None:
         if not self.is_running:
@@ -152,10 +158,10 @@ class AsyncLLMEngine:
 
     def _start(self, fn, *args, **kwargs):
         """Run `fn(*args, **kwargs)` on the engine's loop; its concurrent Future."""
-        if self._thread._closed:
+        if self._thread.closed:
             raise EngineDeadError("the engine was shut down; build a new one with AsyncLLMEngine.from_engine_args(...)")
         try:
-            return self._thread._portal.start_task_soon(functools.partial(fn, *args, **kwargs))
+            return self._thread.start_task(functools.partial(fn, *args, **kwargs))
         except RuntimeError as exc:  # the portal's loop has stopped
             raise EngineDeadError(
                 "the engine has stopped; build a new one with AsyncLLMEngine.from_engine_args(...)"

@@ -15,11 +15,11 @@ The sha256 of the template text used comes with the result, to be put on record 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from loraledger.digests import text_sha256
 from loraledger.errors import ChatTemplateError, NoTokenizerError
 
 CONTENT_FORMATS = ("auto", "string", "openai")
@@ -128,9 +128,7 @@ def render_chat(
     if not isinstance(text, str):
         raise ChatTemplateError(f"the chat template rendered {type(text).__name__}, not text")
     token_ids = list(tokenizer.encode(text, add_special_tokens=False))
-    return RenderedChat(
-        text=text, token_ids=token_ids, template_sha256=hashlib.sha256(template_text.encode("utf-8")).hexdigest()
-    )
+    return RenderedChat(text=text, token_ids=token_ids, template_sha256=text_sha256(template_text))
 
 
 def _message(message: object, index: int, content_format: str) -> dict:

@@ -9,7 +9,8 @@ import sys
 
 # each module exposes register(subparsers) and sets args.func on its parsers
 COMMAND_MODULES = (
-    "loraledger.commands",  # demo, generate
+    "loraledger.demo.command",  # demo
+    "loraledger.commands",  # generate
     "loraledger.store.commands",  # db upgrade / current / check
     "loraledger.audit.commands",  # audit show / requests / usage / verify / report / verify-report
     "loraledger.server.cli",  # serve, keys add / list

@@ -64,13 +64,14 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     vLLM's arguments that have no counterpart here are accepted with the meaning given beside each:
     some act (tokenizer_mode, generation_config, skip_tokenizer_init, enable_chunked_prefill,
     gpu_memory_utilization on CUDA, max_seq_len_to_capture), some are checked for the one value that
-    works here (tensor_parallel_size, pipeline_parallel_size, revision, tokenizer_revision), and the
+    works here (tensor_parallel_size, pipeline_parallel_size), revision, tokenizer_revision and
+    download_dir act as in vLLM for Hub repo ids (loraledger/sources), and the
     rest change nothing (swap_space, disable_log_stats, trust_remote_code): the README's table
     "Differences from vLLM" lists them.
     """
 
-    model: str
-    tokenizer: str | None = None  # default: the model folder
+    model: str  # a checkpoint folder, or a Hugging Face Hub repo id (`org/name`; a folder that exists wins)
+    tokenizer: str | None = None  # a folder or a Hub repo id; default: the model's
     dtype: str = "auto"  # "auto" | "float32" ("float") | "bfloat16" | "float16" ("half"), or a torch dtype
     device: str = "auto"  # "auto" | "cpu" | "cuda"
     seed: int | None = 0  # None: a random seed for the engine's unseeded requests
@@ -114,8 +115,15 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     pipeline_parallel_size: int = 1  # only 1, as tensor_parallel_size
     disable_log_stats: bool = False  # accepted; the engine logs no periodic statistics (get_stats() asks for them)
     tokenizer_mode: str = "auto"  # "auto": the fast tokenizer where there is one; "slow": the Python one
-    revision: str | None = None  # local folders only: None
-    tokenizer_revision: str | None = None  # local folders only: None
+    revision: str | None = None  # a Hub model's branch, tag or commit sha (None: "main"); the commit read is on record
+    tokenizer_revision: str | None = (
+        None  # the same for a Hub tokenizer (None: revision when the tokenizer is the model's)
+    )
+    download_dir: str | None = None  # the Hub cache folder (default: HF_HUB_CACHE, else $HF_HOME/hub)
+    download_timeout: float = 3600.0  # seconds resolving and downloading the model (or tokenizer) may take
+    max_download_bytes: int = 1 << 40  # bytes one model (or tokenizer) download may take; the listing is checked first
+    lora_download_timeout: float = 300.0  # seconds resolving and downloading one Hub adapter may take
+    max_lora_download_bytes: int = 4 << 30  # bytes one Hub adapter download may take
     # "auto": the model folder's generation_config.json gives default sampling parameters and extra EOS ids;
     # "vllm": ignore it; or a folder holding a generation_config.json
     generation_config: str = "auto"
@@ -245,12 +253,19 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
             value = getattr(self, name)
             need(value >= 1, f"{name} must be >= 1, got {value}")
             need(value == 1, f"{name}={value} is not supported: {SCALE_OUT}")
-        for name in ("revision", "tokenizer_revision"):
+        for name in ("revision", "tokenizer_revision", "download_dir"):
             value = getattr(self, name)
             need(
-                value is None,
-                f"{name}={value!r}: loraledger loads local folders only, so there is no revision to choose; check out the "
-                f"revision you want into a folder and pass its path (with {name}=None)",
+                value is None or (isinstance(value, str) and 0 < len(value) <= 4096 and value.isprintable()),
+                f"{name} must be None or a non-empty printable string, got {value!r}",
+            )
+        for name in ("download_timeout", "lora_download_timeout"):
+            need(_positive(getattr(self, name)), f"{name} must be a number of seconds > 0, got {getattr(self, name)!r}")
+        for name in ("max_download_bytes", "max_lora_download_bytes"):
+            value = getattr(self, name)
+            need(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                f"{name} must be an integer number of bytes >= 1, got {value!r}",
             )
         need(
             self.tokenizer_mode in ("auto", "slow"),
@@ -283,6 +298,13 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     @property
     def tokenizer_path(self) -> str:
         return str(self.tokenizer or self.model)
+
+    @property
+    def tokenizer_revision_resolved(self) -> str | None:
+        """The tokenizer's revision: tokenizer_revision, else the model's revision when the tokenizer is the model's."""
+        if self.tokenizer_revision is not None or self.tokenizer not in (None, self.model):
+            return self.tokenizer_revision
+        return self.revision
 
     @property
     def torch_dtype_name(self) -> str:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from loraledger.actors.step_stats import StatsSnapshot
+
+if TYPE_CHECKING:
+    from loraledger.actors.engine_core import EngineCore
 
 
 class EngineMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -19,3 +24,21 @@ class EngineMetrics(msgspec.Struct, frozen=True, kw_only=True):
     audit_refused: int  # messages the database refused for good
     audit_store_down: bool  # the last write failed to reach the store
     dead: bool  # a fatal error stopped the engine
+
+
+def engine_metrics(core: EngineCore, stats: StatsSnapshot) -> EngineMetrics:
+    """The metrics of a running engine's actors, with the Scheduler's snapshot `stats`."""
+    loader, audit = core.loader_stats, core.audit_stats
+    return EngineMetrics(
+        stats=stats,
+        host_loads=dict(loader.loads) if loader is not None else {},
+        host_evictions=dict(loader.evictions) if loader is not None else {},
+        host_load_failures=dict(loader.failures) if loader is not None else {},
+        audit_enabled=audit is not None,
+        audit_queue_depth=core.audit_queue_depth(),
+        audit_commits=audit.commits if audit is not None else 0,
+        audit_failures=audit.failures if audit is not None else 0,
+        audit_refused=audit.refused if audit is not None else 0,
+        audit_store_down=audit.store_down if audit is not None else False,
+        dead=core.fatal is not None,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import msgspec
 import torch
 
 from loraledger.actors.engine_core import EngineSetup
@@ -13,6 +14,7 @@ from loraledger.errors import ConfigError, EngineStartError, ModelLoadError
 from loraledger.generation_config import read_generation_config
 from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
+from loraledger.sources.engine_sources import instance_fields, resolve_model
 from loraledger.tokenizer_group import TokenizerGroup, load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,10 +41,12 @@ def prepare(args: EngineArgs) -> EngineSetup:
     from loraledger.gpu.model_runner import ModelRunner
     from loraledger.gpu.weights import model_fingerprint
 
-    model_dir = Path(args.model)
+    model_source, tokenizer_source = resolve_model(args)  # a Hub repo id: fetched, under its deadline and size limit
+    model_dir = Path(model_source.folder)
     if not model_dir.is_dir():
         raise ModelLoadError(
-            f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder"
+            f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder or a Hub "
+            "repo id (org/name)"
         )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
@@ -63,7 +67,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
             "enable_chunked_prefill=False, so a long prompt could never run; raise max_num_batched_tokens, lower "
             "max_model_len, or leave chunked prefill on"
         )
-    tokenizer = None if args.skip_tokenizer_init else load_tokenizer(args.tokenizer_path, mode=args.tokenizer_mode)
+    tokenizer = None if tokenizer_source is None else load_tokenizer(tokenizer_source.folder, mode=args.tokenizer_mode)
     generation = read_generation_config(model_dir, args.generation_config)
     per_block = KVCache.bytes_per_block(config, args.block_size, dtype)
     graph_batch = 0 if args.enforce_eager or device.type != "cuda" else min(args.max_num_seqs, 256)
@@ -82,7 +86,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         raise ConfigError(f"the KV cache holds only {num_blocks} block(s); raise num_kv_blocks or kv_cache_bytes")
     max_model_len = fit_max_model_len(args, max_model_len, num_blocks, config)
     fingerprint = model_fingerprint(str(model_dir))
-    store = open_store(args)
+    store = open_store(args, instance_fields(model_source, tokenizer_source))
     make_runner = functools.partial(
         ModelRunner,
         str(model_dir),
@@ -263,7 +267,9 @@ def _cuda_kv_budget(
     return budget
 
 
-def open_store(args: EngineArgs):
+def open_store(args: EngineArgs, sources: dict | None = None):
+    """The audit store, with this engine registered in it as an instance (`sources`: where its model and tokenizer
+    came from, as sources.engine_sources.instance_fields gives them)."""
     if args.audit_url is None:
         log.warning("auditing is OFF (audit_url=None): outputs are not recorded")
         return None
@@ -278,7 +284,8 @@ def open_store(args: EngineArgs):
     store.open()
     try:
         # this engine joins the database as an instance: its row on the chain, and a lease it renews while it runs
-        instance = store.register(this_instance(__version__, args.audit_lease_seconds))
+        record = this_instance(__version__, args.audit_lease_seconds)
+        instance = store.register(msgspec.structs.replace(record, **(sources or {})))
     except BaseException:
         store.close()
         raise

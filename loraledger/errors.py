@@ -158,3 +158,8 @@ class AuditCorruptError(LoraLedgerError, RuntimeError):
 
 class InstanceLeaseLostError(AuditIntegrityError):
     """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""
+
+
+class DemoFetchError(LoraLedgerError, RuntimeError):
+    """The demo's model could not be had: not fetched from the package index (offline, pip failed, not the pinned
+    bytes), or another demo's build of it held the cache folder past the deadline."""

@@ -10,7 +10,7 @@ import msgspec
 from loraledger.engine_args import EngineArgs, check_argument_names
 from loraledger.errors import LoRARequestError, SamplingParamsError
 from loraledger.llm_engine import LLMEngine
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.prompts import PromptType, as_prompt_list
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
@@ -106,7 +106,7 @@ class LLM:
         requests = [(str(next(self.request_counter)), prompt_list[i], params[i], loras[i], tenant) for i in range(n)]
         bar = _progress_bar(use_tqdm, n)
         try:
-            return self.llm_engine._portal.call(
+            return self.llm_engine.call(
                 lambda: engine.generate_many(
                     requests, on_finished=None if bar is None else _advance(bar), chat_template_sha256=chat_shas
                 )

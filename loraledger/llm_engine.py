@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
 from contextlib import ExitStack
+from typing import Any
 
 import anyio
 from anyio.from_thread import start_blocking_portal
@@ -13,8 +16,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from loraledger.async_engine import AsyncEngine
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
+from loraledger.engine_client import EngineClient
 from loraledger.errors import DuplicateRequestError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import CompletionOutput, RequestOutput
 from loraledger.sampling_params import SamplingParams
 
@@ -27,7 +31,7 @@ class LLMEngine:
         self._stack = ExitStack()
         self._portal = self._stack.enter_context(start_blocking_portal())
         try:
-            self.engine: AsyncEngine = self._stack.enter_context(
+            self.engine: EngineClient = self._stack.enter_context(
                 self._portal.wrap_async_context_manager(AsyncEngine(args))
             )
         except BaseException:
@@ -50,6 +54,22 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
+
+    # --- the bridge to the engine's event loop (LLM and AsyncLLMEngine cross it) ----------------
+
+    @property
+    def closed(self) -> bool:
+        """True once close() has begun: the engine takes no more calls."""
+        return self._closed
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` (a coroutine function or a plain one) on the engine's event loop; block for its result."""
+        return self._portal.call(fn, *args)
+
+    def start_task(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Start `fn(*args)` (a coroutine function) on the engine's event loop; its concurrent Future. RuntimeError
+        when that loop has stopped."""
+        return self._portal.start_task_soon(fn, *args)
 
     # --- requests -----------------------------------------------------------------------------
 

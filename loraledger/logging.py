@@ -10,6 +10,12 @@ import structlog
 _configured = False
 
 
+def keep_configuration() -> None:
+    """Another structlog configuration is in place (the server's JSON logs): configure() leaves it as it is."""
+    global _configured
+    _configured = True
+
+
 def configure(level: str | None = None) -> None:
     """Configure structlog once per process (idempotent); LORALEDGER_LOG_LEVEL overrides the level."""
     global _configured

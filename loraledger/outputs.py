@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 
 
 class Logprob(msgspec.Struct):

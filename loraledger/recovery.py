@@ -12,22 +12,67 @@ written before instances existed (revision 0007).
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
-from loraledger.errors import LoraLedgerError
+from loraledger.errors import AuditUnavailableError, InstanceLeaseLostError, LoraLedgerError
 from loraledger.logging import get_logger
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.structured_outputs import from_canonical
+
+if TYPE_CHECKING:
+    from loraledger.engine_client import EngineClient
 
 log = get_logger("recovery")
 
 
-async def record_interrupted(engine, *, at_start: bool = True) -> list:
+class Recovery:
+    """One engine's recovery of the instances that are gone: at its start, then every third of its lease while it runs
+    (a replacement started before its predecessor's lease ran out takes over its requests once it has)."""
+
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
+        self.interrupted: list[str] = []  # audit keys of the requests this engine recorded as interrupted
+        self.resumed: dict[str, object] = {}  # with resume_interrupted: audit key -> final RequestOutput or error
+        self._resumes: list[anyio.Event] = []  # one per recovery that found requests: set once their outcomes are in
+        self._tg = None
+
+    async def start(self, tg) -> None:
+        """Recover at start; then watch for peers whose lease expires, in a task of `tg` (the engine's)."""
+        self._tg = tg
+        self._found(await record_interrupted(self.engine))
+        tg.start_soon(self._watch_peers)
+
+    def _found(self, unfinished: list) -> None:
+        self.interrupted += [r.request_id for r in unfinished]
+        if unfinished and self.engine.args.resume_interrupted:
+            done = anyio.Event()
+            self._resumes.append(done)
+            self._tg.start_soon(resume, self.engine, unfinished, self.resumed, done)
+
+    async def _watch_peers(self) -> None:
+        while True:
+            await anyio.sleep(self.engine.args.audit_lease_seconds / 3)
+            try:
+                self._found(await record_interrupted(self.engine, at_start=False))
+            except InstanceLeaseLostError:
+                return  # this engine's own lease is gone: its LeaseKeeper stops it
+            except AuditUnavailableError as exc:
+                log.warning("could not look for expired peer instances; trying again", error=str(exc))
+
+    async def wait(self) -> dict[str, object]:
+        """Wait until every resumed request (so far) has its outcome (final RequestOutput or error) in `resumed`."""
+        for done in list(self._resumes):
+            await done.wait()
+        return self.resumed
+
+
+async def record_interrupted(engine: EngineClient, *, at_start: bool = True) -> list:
     """Claim the instances that are gone and record their unfinished requests as interrupted; returns those requests."""
-    store = engine._live().setup.store
+    store = engine.store
     recover = functools.partial(store.recover_expired, resume=engine.args.resume_interrupted, at_start=at_start)
     recovery = await anyio.to_thread.run_sync(recover)
     if recovery.instances or recovery.requests:
@@ -40,10 +85,10 @@ async def record_interrupted(engine, *, at_start: bool = True) -> list:
     return recovery.requests
 
 
-async def resume(engine, unfinished: list, results: dict, done: anyio.Event) -> None:
+async def resume(engine: EngineClient, unfinished: list, results: dict, done: anyio.Event) -> None:
     """Re-run interrupted requests under their original binding; each outcome (final output or error) lands in `results`,
     keyed by the request's audit key (RequestOutput.audit_id; its request_id is the caller's id, as first submitted)."""
-    store = engine._live().setup.store
+    store = engine.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
 
     async def one(record) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 import msgspec
 
+from loraledger.digests import text_sha256
 from loraledger.errors import StructuredOutputError
 from loraledger.text import storable_text
 
@@ -107,7 +107,7 @@ def canonical_constraint(params: StructuredOutputsParams) -> Constraint:
         spec=spec,
         any_whitespace=not params.disable_any_whitespace,
         canonical=canonical,
-        sha256=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+        sha256=text_sha256(canonical),
     )
 
 

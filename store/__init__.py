@@ -1,10 +1,8 @@
-"""The audit store: schema, append-only guards, hash chain and the AuditWriter's persistence."""
+"""The audit store: schema, append-only guards and the AuditWriter's persistence (the hashes it writes: loraledger.digests)."""
 
 from loraledger.store.audit_store import AuditStore
-from loraledger.store.canonical import canonical_json, digest
 from loraledger.store.db import default_audit_url, make_engine
 from loraledger.store.guards import guards_present
-from loraledger.store.hashchain import GENESIS_HASH, event_hash, verify_chain
 from loraledger.store.migrate import current_revision, ensure_schema, head_revision, upgrade
 from loraledger.store.records import (
     AdapterRecord,
@@ -17,7 +15,6 @@ from loraledger.store.records import (
 )
 
 __all__ = [
-    "GENESIS_HASH",
     "AdapterRecord",
     "AuditBatch",
     "AuditStore",
@@ -26,15 +23,11 @@ __all__ = [
     "EventKind",
     "EventRecord",
     "RequestRecord",
-    "canonical_json",
     "current_revision",
     "default_audit_url",
-    "digest",
     "ensure_schema",
-    "event_hash",
     "guards_present",
     "head_revision",
     "make_engine",
     "upgrade",
-    "verify_chain",
 ]

@@ -9,13 +9,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Engine, Table, false, insert, select, true
+from sqlalchemy import Connection, Engine, Table, false, insert, inspect, select, true
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from loraledger.digests import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break, json_roundtrip
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store import instances, process_identity
-from loraledger.store.canonical import json_roundtrip
 from loraledger.store.db import (
     display_url,
     make_engine,
@@ -25,7 +25,6 @@ from loraledger.store.db import (
     write_transaction,
 )
 from loraledger.store.deadline import Operation, Watchdog
-from loraledger.store.hashchain import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break
 from loraledger.store.instances import InstanceRecord, LeaseState
 from loraledger.store.migrate import ensure_schema
 from loraledger.store.models import Adapter, Completion, Event, Request, utc_from_unix
@@ -190,7 +189,7 @@ def write_batch(conn: Connection, batch: AuditBatch, instance_id: str | None = N
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
     _insert_completions(conn, batch.completions)
-    # the chain's turn: from here to the commit, no other writer appends (see store/hashchain.py)
+    # the chain's turn: from here to the commit, no other writer appends (see store/db.py)
     take_writer_lock(conn)
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)
@@ -244,7 +243,10 @@ def backfill_registrations(conn: Connection, revision: str) -> int:
     """Append an adapter_registered event for every `adapters` row that has none (rows written before
     adapters entered the chain); returns how many. Runs inside db.write_transaction (the migration's)."""
     now = time.time()
-    rows = [dict(row._mapping) for row in conn.execute(unregistered(ADAPTERS, EVENTS))]
+    # the columns the table has at the revision running this (a later revision may add more to the model)
+    present = {c["name"] for c in inspect(conn).get_columns("adapters")}
+    query = unregistered(ADAPTERS, EVENTS).with_only_columns(*(c for c in ADAPTERS.c if c.name in present))
+    rows = [dict(row._mapping) for row in conn.execute(query)]
     if rows:
         append_events(conn, [registration_event(row, at=now, backfilled_by=revision) for row in rows])
     return len(rows)

@@ -1,4 +1,22 @@
-"""Database URLs and engines: SQLite (WAL, synchronous=FULL) by default, PostgreSQL via psycopg 3."""
+"""Database URLs and engines: SQLite (WAL, synchronous=FULL) by default, PostgreSQL via psycopg 3.
+
+DESIGN: several engines, one chain. Every engine sharing an audit database appends to one chain,
+its appends serialized by the database: each group commit runs in `write_transaction`, which
+takes PostgreSQL's transaction-scoped advisory lock (SQLite: BEGIN IMMEDIATE, the file's write
+lock), reads the head, chains its events on and commits before the next writer can read the head.
+So sequence numbers stay gap-free and every prev_hash is the hash of the event before it, whatever
+the number of writers; each event names the instance that wrote it (`instance_id`, hashed), so a
+per-instance view is a filter over the one chain, not a second structure to reconcile.
+The alternative, a chain per instance with a signed head over all, would let writers append in
+parallel, but verify would need every instance's head and a key to trust, and "the log" would stop
+being one sequence an auditor can read in order. The price of serializing is one lock hand-over per
+group commit, which the group commit shares among every record in it, and the lock is held only for
+the chain's part of it on PostgreSQL: a writer inserts its own requests and completions rows first
+and takes the lock just before it reads the head (a batch registering an adapter takes it first,
+since two instances may register one adapter at once). `python -m bench.run --only audit-chain`
+measures events/s with 1 and 4 writer processes (bench/RESULTS.md, "Several writers, one chain").
+The chain's hashes themselves are defined in loraledger/digests.py (spec: DIGESTS.md).
+"""
 
 from __future__ import annotations
 

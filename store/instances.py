@@ -26,9 +26,9 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Select, Table, Text, insert, literal, select, text, update
 
+from loraledger.digests import registration_digest
 from loraledger.errors import InstanceLeaseLostError
 from loraledger.store import process_identity
-from loraledger.store.canonical import digest
 from loraledger.store.models import Instance, InstanceLease, utc_from_unix
 from loraledger.store.records import EventKind, EventRecord
 from loraledger.store.registration import registered_form
@@ -36,7 +36,17 @@ from loraledger.store.registration import registered_form
 INSTANCES: Table = Instance.__table__  # type: ignore[assignment]
 LEASES: Table = InstanceLease.__table__  # type: ignore[assignment]
 KEY_PREFIX = "instance:"  # dedup_key of the instance_registered event: KEY_PREFIX + instance id
-TOOL_CLAIMER = "(a tool)"  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
+TOOL_CLAIMER = "(a tool)"
+SOURCE_FIELDS = (
+    "model",
+    "model_repo_id",
+    "model_revision",
+    "model_commit_sha",
+    "tokenizer",
+    "tokenizer_repo_id",
+    "tokenizer_revision",
+    "tokenizer_commit_sha",
+)  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +58,15 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     engine_version: str
     started_at: float  # unix time (the database's clock, set at registration)
     lease_seconds: float
+    # the base model and tokenizer as given, and their Hub source (repo, revision asked, commit sha read; None: local)
+    model: str | None = None
+    model_repo_id: str | None = None
+    model_revision: str | None = None
+    model_commit_sha: str | None = None
+    tokenizer: str | None = None
+    tokenizer_repo_id: str | None = None
+    tokenizer_revision: str | None = None
+    tokenizer_commit_sha: str | None = None
 
 
 class LeaseState(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,6 +126,7 @@ def instance_row(record: InstanceRecord) -> dict[str, Any]:
         "engine_version": record.engine_version,
         "started_at": utc_from_unix(record.started_at),
         "lease_seconds": float(record.lease_seconds),
+        **{name: getattr(record, name) for name in SOURCE_FIELDS},
     }
 
 
@@ -118,6 +138,7 @@ def instance_record(row: Any) -> InstanceRecord:
         engine_version=row.engine_version,
         started_at=row.started_at.timestamp(),
         lease_seconds=row.lease_seconds,
+        **{name: getattr(row, name) for name in SOURCE_FIELDS},
     )
 
 
@@ -127,7 +148,7 @@ def registration_event(row: Mapping[str, Any]) -> EventRecord:
     return EventRecord(
         kind=EventKind.INSTANCE_REGISTERED,
         at=float(instance["started_at"]),
-        payload={"instance": instance, "instance_sha256": digest(instance)},
+        payload={"instance": instance, "instance_sha256": registration_digest(instance)},
         dedup_key=registration_key(str(instance["instance_id"])),
     )
 

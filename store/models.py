@@ -34,6 +34,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeEngine
 
+from loraledger.digests import stored_datetime
+
 # Fixed before the first revision: constraint names are part of the schema, and a later change
 # of convention would make every existing database drift from the models.
 NAMING_CONVENTION = {
@@ -54,8 +56,8 @@ _SQLITE_UTC_REGEXP = r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d{6})\
 
 
 def utc_from_unix(seconds: float) -> dt.datetime:
-    """A record's unix time as an aware UTC datetime, rounded to the microsecond."""
-    return dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
+    """A record's unix time as an aware UTC datetime, rounded to the microsecond (the rounding digests define)."""
+    return stored_datetime(seconds)
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -109,7 +111,9 @@ class Adapter(Base):
     Columns: `fingerprint` (PK, sha256 hex of the canonical adapter config and tensor bytes),
     `name` and `int_id` (as first seen), `path` (as first seen), `rank`, `alpha`,
     `target_modules` (JSON list of module names), `base_model_fingerprint`, `use_rslora`,
-    `first_seen` (UTC). The same content loaded later under another name keeps the first row;
+    `first_seen` (UTC), and where that content came from (revision 0009): `repo_id` (the Hugging Face Hub repo;
+    NULL for a local folder), `revision` (the branch, tag or sha asked for, "main" when none was) and `commit_sha`
+    (the commit the files were read from; also set for a local folder that is a Hub cache snapshot). The same content loaded later under another name keeps the first row;
     the name a request used is in `requests.lora_name`.
     """
 
@@ -125,6 +129,9 @@ class Adapter(Base):
     base_model_fingerprint: Mapped[str] = mapped_column(Sha256)
     use_rslora: Mapped[bool]
     first_seen: Mapped[dt.datetime]
+    repo_id: Mapped[str | None]
+    revision: Mapped[str | None]
+    commit_sha: Mapped[str | None] = mapped_column(String(40))
 
     requests: Mapped[list[Request]] = relationship(back_populates="adapter", lazy="raise")
 
@@ -146,6 +153,8 @@ class Request(Base):
     (structured outputs: the constraint's kind, the sha256 of its canonical JSON text, and that text where
     prompts are audited as text; NULL for unconstrained requests; revision 0008), `instance_id` (the engine
     instance that admitted it, see `instances`; NULL for rows written before revision 0007).
+    `adapter_repo_id` / `adapter_revision` / `adapter_commit_sha` (revision 0009): the Hub repo, the revision asked
+    for and the commit the request's adapter was read from (NULL for the base model and local folders).
     """
 
     __tablename__ = "requests"
@@ -177,6 +186,9 @@ class Request(Base):
     constraint_sha256: Mapped[str | None] = mapped_column(Sha256)
     constraint_text: Mapped[str | None]
     instance_id: Mapped[str | None]
+    adapter_repo_id: Mapped[str | None]
+    adapter_revision: Mapped[str | None]
+    adapter_commit_sha: Mapped[str | None] = mapped_column(String(40))
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -224,7 +236,7 @@ class Event(Base):
     admission has events but no binding), `payload` (JSON), `dedup_key` (UNIQUE, NULL-able: a
     second event with the same key is never written), `prev_hash` (the previous row's `hash`;
     64 zeros for seq 1) and `hash` = sha256(prev_hash || canonical JSON of [seq, at, kind,
-    request_id, payload, dedup_key]), see `loraledger.store.hashchain`; `instance_id` (the engine instance
+    request_id, payload, dedup_key]), see `loraledger.digests` and DIGESTS.md; `instance_id` (the engine instance
     that wrote the event; NULL for events written by tools and before revision 0007; when set, it is hashed too).
     """
 
@@ -251,7 +263,10 @@ class Instance(Base):
     instance_registered event.
 
     Columns: `instance_id` (PK, made by the engine, unique forever), `host`, `pid`, `engine_version`,
-    `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal).
+    `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal); revision 0009:
+    `model` / `tokenizer` (as given: a folder or a Hub repo id), and for each the Hub repo, the revision asked for
+    and the commit sha read (`model_repo_id`, `model_revision`, `model_commit_sha`, and the same for the tokenizer;
+    NULL for a local folder, and for engines that had no tokenizer or started before 0009).
     """
 
     __tablename__ = "instances"
@@ -262,6 +277,14 @@ class Instance(Base):
     engine_version: Mapped[str]
     started_at: Mapped[dt.datetime]
     lease_seconds: Mapped[float]
+    model: Mapped[str | None]
+    model_repo_id: Mapped[str | None]
+    model_revision: Mapped[str | None]
+    model_commit_sha: Mapped[str | None] = mapped_column(String(40))
+    tokenizer: Mapped[str | None]
+    tokenizer_repo_id: Mapped[str | None]
+    tokenizer_revision: Mapped[str | None]
+    tokenizer_commit_sha: Mapped[str | None] = mapped_column(String(40))
 
 
 class InstanceLease(Base):

@@ -55,6 +55,11 @@ class AdapterRecord(msgspec.Struct, frozen=True, kw_only=True):
     base_model_fingerprint: str
     use_rslora: bool = False
     first_seen: float = 0.0  # unix time
+    # where the content first seen came from (revision 0009): a Hub repo id, the revision asked for and the commit sha
+    # it resolved to; None for a local folder (a folder inside a Hub cache names its repo and commit)
+    repo_id: str | None = None
+    revision: str | None = None
+    commit_sha: str | None = None
 
 
 class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +93,11 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     constraint_kind: str | None = None
     constraint_sha256: str | None = None
     constraint_text: str | None = None
+    # the adapter's source for this request (revision 0009): Hub repo id, revision asked for, commit sha loaded;
+    # None for the base model and for local folders (the same content may come from several commits)
+    adapter_repo_id: str | None = None
+    adapter_revision: str | None = None
+    adapter_commit_sha: str | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Select, Table, Text, literal, select
 
-from loraledger.store.canonical import digest
+from loraledger.digests import registration_digest
 from loraledger.store.records import EventKind, EventRecord
 
 KEY_PREFIX = "adapter:"  # dedup_key of the event: KEY_PREFIX + fingerprint
@@ -35,7 +35,7 @@ def registered_form(row: Mapping[str, Any]) -> dict[str, Any]:
 def registration_event(row: Mapping[str, Any], *, at: float, backfilled_by: str | None = None) -> EventRecord:
     """The adapter_registered event for an `adapters` row (as store.rows.adapter_row makes it, or as read back)."""
     adapter = registered_form(row)
-    payload: dict[str, Any] = {"adapter": adapter, "adapter_sha256": digest(adapter)}
+    payload: dict[str, Any] = {"adapter": adapter, "adapter_sha256": registration_digest(adapter)}
     if backfilled_by is not None:
         payload["backfilled_by"] = backfilled_by  # the revision that put a row written before it on the chain
     return EventRecord(

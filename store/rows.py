@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraledger.store.canonical import json_roundtrip
+from loraledger.digests import json_roundtrip
 from loraledger.store.models import utc_from_unix
 from loraledger.store.records import AdapterRecord, CompletionRecord, RequestRecord
 
@@ -22,6 +22,9 @@ def adapter_row(r: AdapterRecord) -> dict[str, Any]:
         "base_model_fingerprint": r.base_model_fingerprint,
         "use_rslora": r.use_rslora,
         "first_seen": utc_from_unix(r.first_seen),
+        "repo_id": r.repo_id,
+        "revision": r.revision,
+        "commit_sha": r.commit_sha,
     }
 
 
@@ -47,6 +50,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "constraint_kind": r.constraint_kind,
         "constraint_sha256": r.constraint_sha256,
         "constraint_text": r.constraint_text,
+        "adapter_repo_id": r.adapter_repo_id,
+        "adapter_revision": r.adapter_revision,
+        "adapter_commit_sha": r.adapter_commit_sha,
     }
 
 
@@ -81,6 +87,9 @@ def adapter_record(row: Any) -> AdapterRecord:
         base_model_fingerprint=row.base_model_fingerprint,
         use_rslora=bool(row.use_rslora),
         first_seen=row.first_seen.timestamp(),
+        repo_id=row.repo_id,
+        revision=row.revision,
+        commit_sha=row.commit_sha,
     )
 
 
@@ -106,4 +115,7 @@ def request_record(row: Any) -> RequestRecord:
         constraint_kind=row.constraint_kind,
         constraint_sha256=row.constraint_sha256,
         constraint_text=row.constraint_text,
+        adapter_repo_id=row.adapter_repo_id,
+        adapter_revision=row.adapter_revision,
+        adapter_commit_sha=row.adapter_commit_sha,
     )

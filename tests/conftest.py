@@ -8,13 +8,16 @@ import tempfile
 # run lives under this folder ($LORALEDGER_HOME, see loraledger.paths), subprocesses included.
 os.environ["LORALEDGER_HOME"] = tempfile.mkdtemp(prefix="loraledger-test-home-")
 os.environ.pop("LORALEDGER_AUDIT_URL", None)  # a developer's own audit database is never a test's default
+# no test reaches the real Hub: a repo id resolves against a port nothing listens on (tests/fake_hub.py serves one)
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+os.environ["HF_HOME"] = os.path.join(os.environ["LORALEDGER_HOME"], "hf-home")
 
 import shutil
 
 import pytest
 import torch
 
-pytest_plugins = ["tests.model_fixtures", "tests.db_fixtures"]
+pytest_plugins = ["tests.model_fixtures", "tests.db_fixtures", "tests.fake_hub"]
 
 # the test models are tiny: one intra-op thread is as fast, and keeps timings steady when the
 # machine is busy (two threads fighting a loaded second core made steps 10-40x slower)

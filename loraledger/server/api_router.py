@@ -64,6 +64,12 @@ async def list_models(request: Request, caller: Caller = Depends(authenticate)) 
     return _json({"object": "list", "data": _state(request).models.cards(caller)})
 
 
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    """OpenAI's models.retrieve: one card, key-filtered as the list is (a name the key may not use is not found)."""
+    return _json(_state(request).models.card(model_id, caller))
+
+
 @router.post("/v1/load_lora_adapter")
 async def load_lora_adapter(
     body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loraledger.engine_client import EngineClient
 from loraledger.server.auth import KeyRing, RateLimiter, presented_key
 from loraledger.server.config import ServerConfig
 from loraledger.server.errors import APIError, install_handlers, unavailable
@@ -34,14 +35,14 @@ READY_CHECK_SECONDS = 2.0
 class ServerState:
     """Everything the routes share: the engine, the served models, the keys, the metrics, and the drain state."""
 
-    def __init__(self, config: ServerConfig, engine=None) -> None:
+    def __init__(self, config: ServerConfig, engine: EngineClient | None = None) -> None:
         from loraledger.server.serving_chat import OpenAIServingChat
         from loraledger.server.serving_completion import OpenAIServingCompletion
         from loraledger.server.serving_models import OpenAIServingModels
         from loraledger.server.serving_tokenization import OpenAIServingTokenization
 
         self.config = config
-        self.engine = engine  # None: the lifespan starts one from config.engine_args
+        self.engine: EngineClient | None = engine  # None: the lifespan starts one from config.engine_args
         self.keys: KeyRing | None = KeyRing(config.api_keys_file) if config.api_keys_file is not None else None
         self.limiter = RateLimiter()
         self.metrics = ServerMetrics(config.model_name)
@@ -90,8 +91,7 @@ class ServerState:
         return "the engine did not answer the readiness check in time"
 
     def engine_dead(self) -> bool:
-        core = getattr(self.engine, "_core", None)
-        return self.engine is None or core is None or core.fatal is not None
+        return self.engine is None or not self.engine.is_running
 
     def mark_draining(self) -> None:
         """Shutdown has begun: new requests get 503, running ones go on. Only sets a flag, so a signal handler may
@@ -283,7 +283,7 @@ class ServerMiddleware:
                 state.body_readers -= 1
 
 
-def build_app(config: ServerConfig, *, engine=None) -> FastAPI:
+def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> FastAPI:
     """The server's FastAPI app. Without `engine`, its lifespan starts an AsyncEngine from config.engine_args and
     stops it (flushing the audit writer) at shutdown; with one (already running: a host that owns its engine, as a
     Ray Serve replica does), it serves that engine and leaves its life to the host."""

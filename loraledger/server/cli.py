@@ -13,7 +13,7 @@ SERVE_HELP = (
 
 def register(sub) -> None:
     p = sub.add_parser("serve", help=SERVE_HELP, description=SERVE_HELP)
-    p.add_argument("model", help="Hugging Face checkpoint folder (Llama, Mistral or Qwen2)")
+    p.add_argument("model", help="Hugging Face checkpoint folder, or Hub repo id org/name (Llama, Mistral or Qwen2)")
     p.add_argument(
         "--served-model-name",
         nargs="+",
@@ -89,7 +89,12 @@ def register(sub) -> None:
     )
     p.add_argument("--max-logprobs", type=int, default=20, help="most logprobs a request may ask for")
     p.add_argument("--generation-config", default="auto", help="'auto' (the model folder's), 'vllm' (none) or a folder")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or Hub repo id (default: the model's)")
+    p.add_argument("--revision", default=None, help="the Hub model's branch, tag or commit (default: main)")
+    p.add_argument(
+        "--tokenizer-revision", default=None, help="the Hub tokenizer's branch, tag or commit (default: --revision)"
+    )
+    p.add_argument("--download-dir", default=None, help="the Hub cache folder (default: HF_HUB_CACHE / HF_HOME's)")
     p.add_argument("--tokenizer-mode", default="auto", choices=("auto", "slow"), help="fast or slow tokenizer")
     p.add_argument(
         "--trust-remote-code",
@@ -245,6 +250,7 @@ def config_from_args(args: argparse.Namespace):
         audit_timeout=args.audit_timeout, audit_lease_seconds=args.audit_lease_seconds, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
+        revision=args.revision, tokenizer_revision=args.tokenizer_revision, download_dir=args.download_dir,
         start_timeout=args.start_timeout,
     )  # fmt: skip
     return ServerConfig(

@@ -15,7 +15,8 @@ DEFAULT_GRACE_SECONDS = 30.0
 
 @dataclass(frozen=True)
 class LoRAModule:
-    """An adapter served from start: `--lora-modules name=path` (vLLM's flag)."""
+    """An adapter served from start: `--lora-modules name=path` (vLLM's flag); path may be a Hub repo id,
+    `org/name` or `org/name@revision`."""
 
     name: str
     path: str

@@ -9,6 +9,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from loraledger import errors as e
+from loraledger.sources import (
+    HubAccessError,
+    HubNotFoundError,
+    HubOfflineError,
+    HubTimeoutError,
+    HubTooLargeError,
+    HubUnavailableError,
+)
 
 RETRY_AFTER_S = 1  # what a 503 for a transient cause (audit store down, over capacity) tells clients to wait
 
@@ -47,6 +55,13 @@ _STATUSES: tuple[tuple[type[Exception], int, str, str | None], ...] = (
     (e.AuditIntegrityError, 500, "server_error", "audit_refused"),
     (e.RequestFailedError, 500, "server_error", "request_failed"),
     (e.AdapterChangedError, 409, "invalid_request_error", "adapter_changed"),
+    # a Hub repo (an adapter's lora_path): the Hub's own trouble is transient, the name's is the caller's
+    (HubTimeoutError, 503, "service_unavailable", "hub_timeout"),
+    (HubUnavailableError, 503, "service_unavailable", "hub_unavailable"),
+    (HubNotFoundError, 404, "invalid_request_error", "hub_not_found"),
+    (HubAccessError, 403, "invalid_request_error", "hub_access_denied"),
+    (HubOfflineError, 400, "invalid_request_error", "hub_offline"),
+    (HubTooLargeError, 413, "invalid_request_error", "hub_too_large"),
     (e.DuplicateRequestError, 409, "invalid_request_error", "duplicate_request_id"),
     (e.AdapterNotFoundError, 400, "invalid_request_error", "adapter_not_found"),
     (e.AdapterError, 400, "invalid_request_error", "invalid_adapter"),

@@ -42,7 +42,7 @@ def configure_json(level: str = "info") -> dict:
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=False,
     )
-    ll_logging._configured = True  # the engine's loggers keep this configuration
+    ll_logging.keep_configuration()  # the engine's loggers keep this configuration
     return {
         "version": 1,
         "disable_existing_loggers": False,

@@ -12,8 +12,9 @@ import msgspec
 import structlog
 
 from loraledger.audit_ids import new_audit_id
+from loraledger.engine_client import EngineClient
 from loraledger.errors import SamplingParamsError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller
@@ -124,7 +125,7 @@ class OpenAIServing:
         self._log = structlog.get_logger().bind(actor="server")
 
     @property
-    def engine(self):
+    def engine(self) -> EngineClient:
         return self.state.engine
 
     @property

@@ -10,7 +10,7 @@ import anyio
 import structlog
 
 from loraledger.errors import LoRARequestError
-from loraledger.lora_request import LoRARequest
+from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
 
@@ -88,6 +88,13 @@ class OpenAIServingModels:
             if caller.may_use(name):
                 out.append(_card(name, self._created[name], lora.lora_path, self.base_name, max_len))
         return out
+
+    def card(self, name: str, caller: Caller) -> dict:
+        """The card of one served name the caller may use; 404 otherwise, so a key learns nothing of other names."""
+        for card in self.cards(caller):
+            if card["id"] == name:
+                return card
+        raise APIError(404, f"The model `{name}` does not exist.", code="model_not_found", param="model")
 
     async def load(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
         """Register, load and fingerprint an adapter; it is on record (the `adapters` table) before any request can

@@ -55,9 +55,9 @@ async def test_an_engine_whose_lease_a_peer_recovered_stops_and_writes_nothing_m
 
         assert me in await anyio.to_thread.run_sync(stall_and_recover)
         with anyio.fail_after(10 * LEASE_S):  # the next renewal finds the lease gone: the engine stops
-            while engine._core.fatal is None:
+            while not engine.errored:
                 await anyio.sleep(0.05)
-        assert isinstance(engine._core.fatal, InstanceLeaseLostError)
+        assert not engine.is_running and isinstance(engine.dead_error.__cause__, InstanceLeaseLostError)
         with pytest.raises(EngineDeadError, match="lost its lease"):
             await engine.submit("after", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2))
     with AuditStore(db_url) as store:

@@ -42,7 +42,7 @@ def test_from_engine_args_serves_at_once_and_shutdown_stops_it(tiny_llama):
         return final.outputs[0].token_ids
 
     async def main() -> list[list[int]]:
-        assert engine.is_running
+        assert engine.is_running and not engine.errored and engine.store is None  # audit_url=None
         await engine.check_health()
         results = await asyncio.gather(*(one(i) for i in range(3)))
         with pytest.raises(E.PromptError):
@@ -59,7 +59,7 @@ def test_from_engine_args_serves_at_once_and_shutdown_stops_it(tiny_llama):
         assert asyncio.run(main()) == ref
     finally:
         engine.shutdown()
-    assert not engine.is_running
+    assert not engine.is_running and not engine.errored and isinstance(engine.dead_error, E.EngineDeadError)
 
     async def after() -> None:
         async for _ in engine.generate({"prompt_token_ids": prompts[0]}, GREEDY, "late"):

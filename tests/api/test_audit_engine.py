@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.api.conftest import loras_for

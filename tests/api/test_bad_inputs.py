@@ -251,7 +251,7 @@ def _call(llm, entry, prompt, params, lora, rid, tenant):
         async for _ in engine.engine.generate(prompt, params, rid, lora, tenant=tenant):
             pass
 
-    return engine._portal.call(run)
+    return engine.call(run)
 
 
 def test_a_params_object_changed_after_submission_changes_nothing(llm):

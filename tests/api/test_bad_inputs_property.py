@@ -415,7 +415,7 @@ def _submit(env: Env, entry: str, prompt, params, lora, rid, tenant) -> str | No
             async for _ in engine.engine.generate(prompt, params, rid, lora, tenant=tenant):
                 pass
 
-        engine._portal.call(run)
+        engine.call(run)
         return None
     rid = rid if rid is not None else f"odd-{uuid.uuid4().hex}"
     engine.add_request(rid, prompt, params, lora, tenant=tenant)

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from loraledger import AsyncEngine, EngineArgs, RequestOutput
 from loraledger.errors import AdapterChangedError
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.stress.checks import log_problems

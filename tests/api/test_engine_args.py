@@ -103,8 +103,10 @@ def test_more_than_one_device_names_the_scale_out_path(name):
 @pytest.mark.parametrize(
     "kwargs, words",
     [
-        ({"revision": "main"}, ["revision", "local folders"]),
-        ({"tokenizer_revision": "v1"}, ["tokenizer_revision", "local folders"]),
+        ({"revision": ""}, ["revision", "non-empty"]),
+        ({"tokenizer_revision": 3}, ["tokenizer_revision", "string"]),
+        ({"download_timeout": 0}, ["download_timeout"]),
+        ({"max_lora_download_bytes": 0}, ["max_lora_download_bytes"]),
         ({"tokenizer_mode": "mistral"}, ["tokenizer_mode"]),
         ({"gpu_memory_utilization": 0}, ["gpu_memory_utilization"]),
         ({"gpu_memory_utilization": 1.5}, ["gpu_memory_utilization"]),

@@ -35,14 +35,14 @@ class Injected(RuntimeError):
 def _inject(monkeypatch, where: str) -> None:
     """Make the actor `where` raise Injected while it handles the request (or adapter) called "victim"."""
     if where == "admission":
-        original = Admission._prompt_token_ids
+        original = Admission._model_inputs
 
         async def patched(self, msg, *args):
             if msg.caller_request_id == "victim":
                 raise Injected("admission")
             return await original(self, msg, *args)
 
-        monkeypatch.setattr(Admission, "_prompt_token_ids", patched)
+        monkeypatch.setattr(Admission, "_model_inputs", patched)
     elif where == "scheduler":
         original = Scheduler._add
 

@@ -13,7 +13,7 @@ import torch
 
 from loraledger import LLM, EngineArgs, LLMEngine, LoRARequest, SamplingParams
 from loraledger.audit import AuditLog
-from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from tests.api.conftest import random_prompts
 from tests.model_fixtures import hf_reference_generate
 
@@ -175,13 +175,13 @@ def test_after_an_in_place_reload_the_adapter_is_registered_without_the_reload(t
         llm.llm_engine.add_lora(LoRARequest("policy", 1, str(a)))
         llm.llm_engine.add_lora(LoRARequest("policy", 1, str(b), load_inplace=True))
         engine = llm.llm_engine.engine
-        loads = llm.llm_engine._portal.call(engine.get_metrics).host_loads["policy"]
+        loads = llm.llm_engine.call(engine.get_metrics).host_loads["policy"]
         assert loads == 2
-        assert llm.llm_engine._portal.call(engine.pin_lora, 1)
-        assert llm.llm_engine._portal.call(engine.get_metrics).host_loads["policy"] == loads
+        assert llm.llm_engine.call(engine.pin_lora, 1)
+        assert llm.llm_engine.call(engine.get_metrics).host_loads["policy"] == loads
         out = llm.generate("hello", GREEDY, lora_request=LoRARequest("policy", 1, str(b)), use_tqdm=False)[0]
         # an RL loop's first step may ask for the reload already: registered, it is the adapter alone too
         llm.llm_engine.add_lora(LoRARequest("first", 2, str(a), load_inplace=True))
-        assert llm.llm_engine._portal.call(engine.pin_lora, 2)
-        assert llm.llm_engine._portal.call(engine.get_metrics).host_loads["first"] == 1
+        assert llm.llm_engine.call(engine.pin_lora, 2)
+        assert llm.llm_engine.call(engine.get_metrics).host_loads["first"] == 1
     assert out.metrics.adapter_fingerprint == fingerprint_adapter(str(b))

@@ -74,7 +74,7 @@ def test_peft_per_module_options_match_transformers_and_peft_in_one_mixed_batch(
 
 
 def test_per_module_ranks_and_layers_reach_the_checkpoint(tiny_llama, variant_adapters):
-    from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
+    from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 
     def load(name):
         return load_lora_checkpoint(

@@ -22,7 +22,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_GPU)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_llm_mixed_batch_equals_hf_peft(arch, device, request):
     tiny = request.getfixturevalue(f"tiny_{arch}")
     loras = loras_for(tiny)

@@ -14,12 +14,12 @@ from transformers import AutoTokenizer
 from loraledger import AsyncEngine, EngineArgs, RequestOutput, SamplingParams
 from loraledger.audit import AuditLog
 from loraledger.audit_ids import new_audit_id
-from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
-from loraledger.lora_request import LoRARequest
+from loraledger.digests import digest
+from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store import process_identity
 from loraledger.store.audit_store import EVENTS, AuditStore
-from loraledger.store.canonical import digest
 from loraledger.store.instances import this_instance
 from loraledger.store.records import AdapterRecord, AuditBatch, EventKind, EventRecord, RequestRecord
 from loraledger.structured_outputs import canonical_constraint

@@ -28,7 +28,7 @@ import msgspec
 
 from loraledger.audit import AuditLog
 from loraledger.audit.report import write_report
-from loraledger.audit.rows import binding_digest, completions_digest
+from loraledger.digests import binding_digest, completions_digest
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.records import AdapterRecord, AuditBatch, CompletionRecord, EventKind, EventRecord, RequestRecord
 

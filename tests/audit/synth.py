@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from loraledger.audit.rows import binding_digest, completions_digest
+from loraledger.digests import binding_digest, completions_digest
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.records import (
     AdapterRecord,
@@ -44,6 +44,10 @@ ADAPTERS = tuple(
         base_model_fingerprint=BASE_FP,
         use_rslora=rank == 16,
         first_seen=START,
+        # read from a Hub repo at a commit (revision 0009 on)
+        repo_id=f"org/{name}",
+        revision="main",
+        commit_sha=hashlib.sha1(name.encode()).hexdigest(),
     )
     for i, (name, rank) in enumerate((("legal-qa", 4), ("support-de", 8), ("sql-gen", 16)))
 )
@@ -93,7 +97,17 @@ def _binding(
         chat_template_sha256=hashlib.sha256(f"template {tenant}".encode()).hexdigest() if tenant and key_ids else None,
         # and some were constrained to a JSON schema (revision 0008 on)
         **(_constraint(request_id) if tenant and key_ids else {}),
+        # the adapter's Hub source for this request (revision 0009 on)
+        **(_adapter_source(adapter) if adapter and key_ids else {}),
     )
+
+
+def _adapter_source(adapter: AdapterRecord) -> dict:
+    return {
+        "adapter_repo_id": adapter.repo_id,
+        "adapter_revision": adapter.revision,
+        "adapter_commit_sha": adapter.commit_sha,
+    }
 
 
 def _constraint(request_id: str) -> dict:

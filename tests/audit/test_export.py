@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from loraledger.audit.export import RowWriter, check_format, csv_cell, csv_text, read_rows, sha256_file
+from loraledger.audit.export import RowWriter, check_format, csv_cell, csv_text, read_rows
+from loraledger.digests import file_sha256
 from loraledger.errors import ConfigError
 
 ROWS = [
@@ -24,7 +25,7 @@ def test_rows_round_trip_and_the_digest_is_the_file_digest(tmp_path, fmt):
             writer.write(row)
         entry = writer.close()
     assert entry.rows == 2 and entry.bytes == path.stat().st_size
-    assert entry.sha256 == sha256_file(path)
+    assert entry.sha256 == file_sha256(path)
     back = list(read_rows(path, fmt))
     assert [r["id"] for r in back] == ["r1", "r2"]
     assert back[0]["text"] == ROWS[0][2]

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 
 from loraledger.audit import AuditLog
-from loraledger.audit.rows import stored_time
+from loraledger.digests import stored_time
 from loraledger.errors import AuditSchemaError, AuditUnavailableError, ConfigError, UnknownRequestError
 from loraledger.store.db import make_engine
 from loraledger.store.records import EventKind

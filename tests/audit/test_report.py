@@ -13,9 +13,9 @@ from loraledger.audit import AuditLog
 from loraledger.audit.export import read_rows
 from loraledger.audit.report import MANIFEST, write_report
 from loraledger.audit.report_verify import verify_report
-from loraledger.audit.rows import stored_time
 from loraledger.audit.signing import generate_ed25519_key
 from loraledger.audit.timefmt import iso
+from loraledger.digests import stored_time
 from loraledger.errors import ConfigError
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from loraledger.audit import AuditLog
-from loraledger.audit.export import sha256_file
 from loraledger.audit.report import MANIFEST, manifest_bytes, write_report
 from loraledger.audit.report_verify import verify_report
+from loraledger.digests import file_sha256
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.migrate import upgrade
 from tests.audit.conftest import REPORT_KEY
@@ -90,7 +90,7 @@ def test_an_edited_csv_cell_fails_even_with_a_fixed_up_digest(copy: Path):
     assert not check.ok and any("requests.csv does not match its sha256" in p for p in check.problems)
     # an intruder without the key updates the digest too: the signature and the recount still fail
     entry = next(f for f in manifest["files"] if f["name"] == "requests.csv")
-    entry["sha256"], entry["bytes"] = sha256_file(path), path.stat().st_size
+    entry["sha256"], entry["bytes"] = file_sha256(path), path.stat().st_size
     (copy / MANIFEST).write_bytes(manifest_bytes(manifest))
     check = verify_report(copy, env=ENV)
     assert not check.ok

@@ -7,10 +7,10 @@ from sqlalchemy import text
 
 from loraledger.audit import AuditLog
 from loraledger.audit.verify import read_checkpoint, write_checkpoint
+from loraledger.digests import EventFields, event_hash
 from loraledger.errors import ConfigError
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
-from loraledger.store.hashchain import EventFields, event_hash
 from tests.audit.synth import SynthLog
 from tests.audit.tampering import event_seq, tamper
 

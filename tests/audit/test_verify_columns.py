@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 from sqlalchemy import JSON, Boolean, Connection, Double, Integer, String, Table, select, text, update
@@ -25,7 +26,7 @@ from loraledger.audit.verify import verify_log
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from loraledger.store.guards import guards_for
-from loraledger.store.instances import this_instance
+from loraledger.store.instances import SOURCE_FIELDS, this_instance
 from loraledger.store.migrate import upgrade
 from loraledger.store.models import AUDIT_TABLES, COORDINATION_TABLES, Base
 from loraledger.store.records import EventKind
@@ -62,7 +63,9 @@ def log(log_url: str) -> tuple[str, SynthLog]:
     upgrade(log_url)
     with AuditStore(log_url) as store:
         # written by a registered engine instance: its row, and its id on every requests row and event
-        store.register(this_instance("0.1.0", lease_seconds=60))
+        instance = this_instance("0.1.0", lease_seconds=60)
+        sources = {name: f"org/{name}" if "commit" not in name else "c" * 40 for name in SOURCE_FIELDS}
+        store.register(msgspec.structs.replace(instance, **sources))
         synth = build_log(store, n_requests=40, days=3, seed=5)
     return log_url, synth
 
@@ -134,8 +137,9 @@ def _other_value(column: Any, value: Any) -> Any:
         base = value or dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)
         return base + dt.timedelta(seconds=1)
     if isinstance(kind, String):
-        if getattr(kind, "length", None) == 64:  # a sha256 hex column
-            return "e" * 64 if value != "e" * 64 else "d" * 64
+        width = getattr(kind, "length", None)
+        if width in (40, 64):  # a commit sha or a sha256, in hex
+            return "e" * width if value != "e" * width else "d" * width
         return "forged" if value is None else value + "-forged"
     raise AssertionError(f"no edit known for {column.table.name}.{column.name} ({kind!r}): teach this test its type")
 

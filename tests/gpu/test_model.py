@@ -10,13 +10,13 @@ import torch
 from loraledger.gpu.dense import prepack_supported
 from loraledger.gpu.forward_batch import build_forward_batch, order_for_batch
 from loraledger.gpu.kv_cache import KVCache
-from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
-from loraledger.gpu.lora_slots import LoraSlots
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops_cuda import CudaOps
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.gpu.step import SeqWork
 from loraledger.gpu.weights import load_weights
+from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+from loraledger.lora.device_slots import LoraSlots
 from tests.gpu.cuda_emulation import EmulatedLauncher, emulation_problem
 from tests.model_fixtures import TinyModel, hf_reference_logits
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
-from loraledger.gpu.lora_checkpoint import load_lora_checkpoint
 from loraledger.gpu.model_runner import ModelRunner
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 from tests.model_fixtures import TinyModel, hf_reference_generate, hf_reference_logits
 
 BLOCK_SIZE = 4
@@ -105,7 +105,7 @@ class Driver:
         return [outputs[sid] for sid in seq_ids], [logprobs[sid] for sid in seq_ids]
 
 
-@pytest.fixture(params=["llama", "qwen2"])
+@pytest.fixture(params=["llama", "qwen2", "qwen3"])
 def tiny(request) -> TinyModel:
     return request.getfixturevalue(f"tiny_{request.param}")
 

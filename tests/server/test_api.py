@@ -304,6 +304,18 @@ def test_models_lists_what_the_key_may_use_as_vllm_does(live, keys, client):
     assert cards["qv_r4"].model_extra["max_model_len"] == 256
 
 
+def test_models_retrieve_gives_one_card_and_hides_names_the_key_may_not_use(live, keys, client):
+    card = client.models.retrieve("qv_r4")
+    assert card.id == "qv_r4" and card.model_extra["parent"] == BASE
+    assert client.models.retrieve(BASE).id == BASE
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("all_r8")  # served, but not to this key: not found, as if absent
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    with openai_client(live, keys.globex) as globex:
+        assert globex.models.retrieve("all_r8").id == "all_r8"
+
+
 def test_only_admin_keys_load_and_unload_adapters_and_a_loaded_one_is_on_record_first(live, keys):
     url, path = live.base_url, str(live.tiny.adapters["ogd_r16_rslora"])
     body = {"lora_name": "fresh_r8", "lora_path": path}
@@ -457,7 +469,7 @@ def _metric(live, family: str) -> dict:
 def test_load_inplace_reloads_a_loaded_adapter_from_its_new_folder(live, keys):
     """vLLM's load_inplace on /v1/load_lora_adapter: an adapter already loaded is read again (here from another folder,
     as a training loop writes a new checkpoint), and requests admitted from then on run on the new content."""
-    from loraledger.gpu.lora_checkpoint import fingerprint_adapter
+    from loraledger.lora.checkpoint_reader import fingerprint_adapter
 
     url, admin = live.base_url, {"Authorization": f"Bearer {keys.admin}"}
     first, second = str(live.tiny.adapters["all_r8"]), str(live.tiny.adapters["ogd_r16_rslora"])

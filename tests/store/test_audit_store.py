@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 
+from loraledger.digests import GENESIS_HASH, verify_chain
 from loraledger.errors import AuditIntegrityError, AuditSchemaError, AuditUnavailableError, DuplicateRequestError
 from loraledger.store import audit_store as audit_store_module
 from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.db import make_engine
-from loraledger.store.hashchain import GENESIS_HASH, verify_chain
 from loraledger.store.migrate import upgrade
 from loraledger.store.records import AuditBatch, EventKind, EventRecord
 from tests.db_fixtures import FP_A, FP_B, T0, make_adapter, make_completion, make_request, sample_batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from alembic import command
-from sqlalchemy import func, select, text
+from sqlalchemy import MetaData, Table, func, select, text
 
 from loraledger.audit import AuditLog
 from loraledger.errors import AuditSchemaError
@@ -28,6 +28,13 @@ ADDED_COLUMNS = [
     ("0008_structured_outputs", "requests", "constraint_kind"),
     ("0008_structured_outputs", "requests", "constraint_sha256"),
     ("0008_structured_outputs", "requests", "constraint_text"),
+    *(("0009_hub_sources", "adapters", c) for c in ("repo_id", "revision", "commit_sha")),
+    *(("0009_hub_sources", "requests", f"adapter_{c}") for c in ("repo_id", "revision", "commit_sha")),
+    *(
+        ("0009_hub_sources", "instances", f"{what}{c}")
+        for what in ("model", "tokenizer")
+        for c in ("", "_repo_id", "_revision", "_commit_sha")
+    ),
 ]
 ADDED_TABLES = [("0007_instances", "instances"), ("0007_instances", "instance_leases")]
 
@@ -38,17 +45,22 @@ def _revisions_after(start: str) -> set[str]:
 
 def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> None:
     """Write batch into a database at revision `start`, without the columns later revisions added."""
-    dropped = {column for rev, table, column in ADDED_COLUMNS if rev in _revisions_after(start) and table == "requests"}
     with monkeypatch.context() as patch:
-        if dropped:
-            from sqlalchemy import MetaData, Table
-
-            old = Table("requests", MetaData(), *(c._copy() for c in REQUESTS.columns if c.name not in dropped))
-            row = audit_store.request_row
-            patch.setattr(audit_store, "REQUESTS", old)
-            patch.setattr(audit_store, "request_row", lambda r: {k: v for k, v in row(r).items() if k not in dropped})
+        for table, current, make_row in (
+            ("requests", REQUESTS, "request_row"),
+            ("adapters", audit_store.ADAPTERS, "adapter_row"),
+        ):
+            dropped = {c for rev, t, c in ADDED_COLUMNS if rev in _revisions_after(start) and t == table}
+            if dropped:
+                old = Table(table, MetaData(), *(c._copy() for c in current.columns if c.name not in dropped))
+                patch.setattr(audit_store, table.upper(), old)
+                patch.setattr(audit_store, make_row, _without(getattr(audit_store, make_row), dropped))
         with write_transaction(engine) as conn:
             write_batch(conn, batch)
+
+
+def _without(make_row, dropped: set[str]):
+    return lambda record: {k: v for k, v in make_row(record).items() if k not in dropped}
 
 
 def drop_guard(url: str, name: str) -> None:
@@ -243,8 +255,10 @@ def _verify_with_later_columns(engine):
     with engine.connect() as conn:
         trans = conn.begin()
         try:
+            created = {table for _, table in ADDED_TABLES}  # made below with every column of today
             for _, table, column in ADDED_COLUMNS:
-                conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
+                if table not in created:
+                    conn.exec_driver_sql(f"ALTER TABLE {table} ADD COLUMN {column} TEXT")
             for _, table in ADDED_TABLES:
                 Base.metadata.tables[table].create(conn)
             return verify_log(conn)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from loraledger.digests import digest
 from loraledger.store.audit_store import ADAPTERS, EVENTS
-from loraledger.store.canonical import digest
 from loraledger.store.records import AuditBatch, EventKind
 from loraledger.store.registration import registered_form, registration_key, unregistered
 from loraledger.store.rows import adapter_row

@@ -1,0 +1,127 @@
+"""LoraSlots: the device-resident adapter slots, stacked per fused module (qkv, o, gate_up, down) and layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from loraledger.errors import ConfigError
+from loraledger.gpu.config import ModelConfig
+from loraledger.lora.slot_stacks import FUSED_MODULES, fused_layout, stack_for_slots
+
+
+@dataclass
+class LoraStack:
+    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    slice_offsets: tuple[int, ...]
+
+
+class LoraSlots:
+    def __init__(
+        self, config: ModelConfig, max_loras: int, max_lora_rank: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        if max_loras < 1 or max_lora_rank < 1:
+            raise ConfigError(f"max_loras ({max_loras}) and max_lora_rank ({max_lora_rank}) must be >= 1")
+        self.config = config
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.dtype = dtype
+        self.device = torch.device(device)
+        layers, r = config.num_hidden_layers, max_lora_rank
+        self.stacks: dict[str, LoraStack] = {}
+        for group, modules in FUSED_MODULES.items():
+            in_features, offsets = fused_layout(config, group)
+            self.stacks[group] = LoraStack(
+                a=torch.zeros((layers, max_loras, len(modules) * r, in_features), dtype=dtype, device=self.device),
+                b=torch.zeros((layers, max_loras, offsets[-1], r), dtype=dtype, device=self.device),
+                slice_offsets=offsets,
+            )
+        self._targets: list[frozenset[str]] = [frozenset()] * max_loras
+        self.fingerprints: list[str | None] = [None] * max_loras
+        # each slot's adapter rank (0: free): rank rows past it are zero padding, which the CUDA kernels
+        # skip (a rank-8 adapter in rank-64 slots reads an eighth of the padded bytes)
+        self.ranks = torch.zeros(max_loras, dtype=torch.int32, device=self.device)
+
+    def rank_table(self) -> dict[str, object]:
+        """The LoraMeta extension that lets the ops skip each slot's zero rank rows: slot_ranks and max_rank."""
+        return {"slot_ranks": self.ranks, "max_rank": self.max_lora_rank}
+
+    def layer(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+        """(A [S, n*R, in], B [S, out_total, R], slice offsets) of one fused module in one layer."""
+        stack = self.stacks[group]
+        return stack.a[layer], stack.b[layer], stack.slice_offsets
+
+    def targets(self, slot: int) -> frozenset[str]:
+        """The fused modules the adapter in `slot` changes (empty when the slot is free)."""
+        return self._targets[slot]
+
+    def groups_for(self, active_slots: Iterable[int]) -> frozenset[str]:
+        """The fused modules that at least one of the given slots targets: the others can skip LoRA work."""
+        out: set[str] = set()
+        for slot in active_slots:
+            out |= self._targets[slot]
+        return frozenset(out)
+
+    def load(self, slot: int, ckpt: object, fingerprint: str | None = None) -> None:
+        """Copy an adapter into `slot`: A zero-padded to max_lora_rank, B pre-multiplied by the adapter's scale.
+
+        `ckpt` is a LoraCheckpoint (loraledger.lora.checkpoint); modules it does not target are zeroed.
+        A checkpoint loaded for this max_lora_rank carries its slot-ready stacks (built by the adapter
+        loader's thread, off the step), so this is a copy of A and a scaled copy of B per fused module;
+        otherwise they are built here. B is scaled in fp32 before any cast to the slots' dtype.
+        """
+        self._check_slot(slot)
+        stacked = getattr(ckpt, "slot_stacks", None)
+        if stacked is None or stacked.rank != self.max_lora_rank:
+            stacked = stack_for_slots(self.config, self.max_lora_rank, ckpt)
+        for group, stack in self.stacks.items():
+            pair = stacked.groups.get(group)
+            if pair is None:
+                stack.a[:, slot].zero_()
+                stack.b[:, slot].zero_()
+            else:
+                stack.a[:, slot].copy_(pair[0])
+                scales = stacked.slice_scales.get(group)
+                if scales is None:
+                    _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
+                else:  # per-module scales (PEFT alpha_pattern / rank_pattern): each slice its own, per layer
+                    offsets = stack.slice_offsets
+                    for m in range(len(offsets) - 1):
+                        lo, hi = offsets[m], offsets[m + 1]
+                        _copy_scaled(stack.b[:, slot, lo:hi], pair[1][:, lo:hi], scales[:, m, None, None])
+        self._targets[slot] = frozenset(stacked.groups)
+        self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
+        rank = getattr(ckpt, "slot_rank", None) or getattr(ckpt, "rank", self.max_lora_rank)
+        self.ranks[slot] = min(int(rank), self.max_lora_rank)
+
+    def clear(self, slot: int) -> None:
+        """Free `slot`: zero its tensors so a stale adapter can never leak into a later step."""
+        self._check_slot(slot)
+        for stack in self.stacks.values():
+            stack.a[:, slot].zero_()
+            stack.b[:, slot].zero_()
+        self._targets[slot] = frozenset()
+        self.fingerprints[slot] = None
+        self.ranks[slot] = 0
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_loras:
+            raise ConfigError(f"adapter slot {slot} is out of range: the engine has max_loras={self.max_loras} slots")
+
+
+def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float | torch.Tensor) -> None:
+    """dst = src * scale (a number, or a host fp32 tensor that broadcasts over src), the product taken in
+    src's fp32 and rounded once into dst's dtype.
+
+    On one device the product is written straight into dst (torch computes in fp32 and casts on the
+    store); across devices it is formed on src's side, as the scaled host copy was before.
+    """
+    if dst.device == src.device:
+        torch.mul(src, scale, out=dst)
+    else:
+        dst.copy_(src * scale)

@@ -1,0 +1,81 @@
+"""What an engine reads from where: its model and tokenizer (resolved once, at start) and the Hub settings of each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loraledger.sources.fileset import MODEL, TOKENIZER
+from loraledger.sources.hub_settings import HubSettings
+from loraledger.sources.source import Source, resolve
+
+
+def model_settings(args) -> HubSettings:
+    """The Hub settings a model or tokenizer download runs under (EngineArgs: download_*)."""
+    return HubSettings.from_env(
+        timeout=args.download_timeout, max_bytes=args.max_download_bytes, cache_dir=args.download_dir
+    )
+
+
+def adapter_settings(args) -> HubSettings:
+    """The Hub settings an adapter download runs under (EngineArgs: lora_download_timeout, max_lora_download_bytes)."""
+    return HubSettings.from_env(
+        timeout=args.lora_download_timeout, max_bytes=args.max_lora_download_bytes, cache_dir=args.download_dir
+    )
+
+
+def resolve_model(args) -> tuple[Source, Source | None]:
+    """The model's Source and the tokenizer's (None with skip_tokenizer_init; the model's own when it is the same
+    name at the same revision, so both are read from one commit). Blocks: run it off the event loop."""
+    model = resolve(str(args.model), revision=args.revision, kind=MODEL, settings=model_settings(args))
+    if args.skip_tokenizer_init:
+        return model, None
+    revision = args.tokenizer_revision_resolved
+    if args.tokenizer_path == str(args.model) and revision == args.revision:
+        return model, model
+    tokenizer = resolve(args.tokenizer_path, revision=revision, kind=TOKENIZER, settings=model_settings(args))
+    return model, tokenizer
+
+
+def instance_fields(model: Source, tokenizer: Source | None) -> dict[str, Any]:
+    """The `instances` columns that say where the engine's model and tokenizer came from."""
+    out: dict[str, Any] = {}
+    for what, source in (("model", model), ("tokenizer", tokenizer)):
+        out[what] = None if source is None else source.name
+        out[f"{what}_repo_id"] = None if source is None else source.repo_id
+        out[f"{what}_revision"] = None if source is None else source.revision
+        out[f"{what}_commit_sha"] = None if source is None else source.commit
+    return out
+
+
+def adapter_fields(source: Source | None, prefix: str = "") -> dict[str, Any]:
+    """An adapter's source as the `adapters` columns (prefix "") or the `requests` columns (prefix "adapter_")."""
+    return {
+        f"{prefix}repo_id": None if source is None else source.repo_id,
+        f"{prefix}revision": None if source is None else source.revision,
+        f"{prefix}commit_sha": None if source is None else source.commit,
+    }
+
+
+def tokenizer_lora(lora, ckpt):
+    """The LoRARequest a TokenizerGroup reads an adapter's own tokenizer files through: for an adapter read from a
+    Hub snapshot, the snapshot's folder (so a new commit is a new tokenizer too); otherwise the request's own."""
+    source = getattr(ckpt, "source", None)
+    if lora is None or source is None or source.folder == lora.lora_path:
+        return lora
+    from loraledger.lora.request import LoRARequest
+
+    return LoRARequest(lora.lora_name, lora.lora_int_id, source.folder)
+
+
+def ships_own_tokenizer(ckpt) -> bool:
+    """Whether an adapter read from a Hub snapshot carries tokenizer files or a chat template of its own. A chat
+    conversation is rendered before its adapter is fetched, with the model's template: such an adapter cannot be
+    chatted with yet (its plain prompts are tokenized with its own tokenizer, after the fetch)."""
+    from loraledger.tokenizer_group import CHAT_TEMPLATE_FILES, TOKENIZER_FILES
+
+    source = getattr(ckpt, "source", None)
+    if source is None or source.repo_id is None or source.folder == ckpt.path:
+        return False
+    folder = Path(source.folder)
+    return any((folder / name).is_file() for name in (*TOKENIZER_FILES, *CHAT_TEMPLATE_FILES))

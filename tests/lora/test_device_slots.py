@@ -1,0 +1,87 @@
+"""LoraSlots: adapters copied into stacked fused slots, A zero-padded, scale folded into B, clear and errors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from loraledger.errors import AdapterRankError, AdapterShapeError, AdapterTargetError, ConfigError
+from loraledger.lora.device_slots import LoraSlots
+
+
+def _ckpt(cfg, rank, modules, scale=2.0, layers=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = cfg.module_shapes()
+    weights = {
+        (layer, m): (torch.randn(rank, shapes[m][0], generator=g), torch.randn(shapes[m][1], rank, generator=g))
+        for layer in (layers if layers is not None else range(cfg.num_hidden_layers))
+        for m in modules
+    }
+    return SimpleNamespace(
+        name="t", path="/t", rank=rank, scale=scale, target_modules=tuple(modules), weights=weights, fingerprint="fp"
+    )
+
+
+def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
+    cfg = tiny_llama.config
+    slots = LoraSlots(cfg, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    ckpt = _ckpt(cfg, 4, ["k_proj", "up_proj"], scale=0.5)
+    slots.load(1, ckpt)
+    a, b, offsets = slots.layer(1, "qkv")
+    assert offsets == (0, cfg.q_size, cfg.q_size + cfg.kv_size, cfg.q_size + 2 * cfg.kv_size)
+    ka, kb = ckpt.weights[(1, "k_proj")]
+    assert torch.equal(a[1, 8:12], ka) and a[1, 12:16].count_nonzero() == 0  # k slice, rank padded to 8
+    assert a[1, :8].count_nonzero() == 0 and a[1, 16:].count_nonzero() == 0  # q and v untouched
+    assert torch.equal(b[1, offsets[1] : offsets[2], :4], kb * 0.5) and b[1, :, 4:].count_nonzero() == 0
+    ua, ub = ckpt.weights[(1, "up_proj")]
+    ga, gb, goff = slots.layer(1, "gate_up")
+    assert torch.equal(ga[1, 8:12], ua) and torch.equal(gb[1, goff[1] :, :4], ub * 0.5)
+    assert slots.targets(1) == {"qkv", "gate_up"} and slots.targets(0) == frozenset()
+    assert slots.groups_for([0, 1]) == {"qkv", "gate_up"} and slots.fingerprints[1] == "fp"
+    for stack in slots.stacks.values():  # the other slots stay zero
+        assert stack.a[:, [0, 2]].count_nonzero() == 0 and stack.b[:, [0, 2]].count_nonzero() == 0
+
+
+def test_scale_is_applied_in_fp32_then_rounded_once_to_the_slot_dtype(tiny_llama):
+    from loraledger.lora.slot_stacks import stack_for_slots
+
+    cfg = tiny_llama.config
+    scale = 16 / 8**0.5  # not a power of two: scaling after the cast would round twice
+    ckpt = _ckpt(cfg, 8, ["q_proj"], scale=scale, seed=3)
+    _, qb = ckpt.weights[(0, "q_proj")]
+    for dtype in (torch.bfloat16, torch.float32):
+        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu")
+        for source in (ckpt, SimpleNamespace(**{**vars(ckpt), "slot_stacks": stack_for_slots(cfg, 8, ckpt)})):
+            slots.load(0, source)
+            _, b, offsets = slots.layer(0, "qkv")
+            assert torch.equal(b[0, : offsets[1]], (qb * scale).to(dtype))
+
+
+def test_reload_replaces_and_clear_zeroes(tiny_llama):
+    cfg = tiny_llama.config
+    slots = LoraSlots(cfg, max_loras=2, max_lora_rank=8, dtype=torch.bfloat16, device="cpu")
+    slots.load(0, _ckpt(cfg, 8, ["q_proj", "down_proj"]))
+    slots.load(0, _ckpt(cfg, 2, ["o_proj"], layers=[0]))  # layer 1 not adapted by this one
+    assert slots.targets(0) == {"o"}
+    assert slots.stacks["qkv"].a.count_nonzero() == 0 and slots.stacks["down"].b.count_nonzero() == 0
+    assert slots.stacks["o"].a[1].count_nonzero() == 0 and slots.stacks["o"].a[0, 0, :2].count_nonzero() > 0
+    slots.clear(0)
+    assert all(s.a.count_nonzero() == 0 and s.b.count_nonzero() == 0 for s in slots.stacks.values())
+    assert slots.targets(0) == frozenset() and slots.fingerprints[0] is None
+
+
+def test_errors(tiny_llama):
+    cfg = tiny_llama.config
+    slots = LoraSlots(cfg, max_loras=2, max_lora_rank=4, dtype=torch.float32, device="cpu")
+    with pytest.raises(AdapterRankError, match="max_lora_rank"):
+        slots.load(0, _ckpt(cfg, 8, ["q_proj"]))
+    with pytest.raises(AdapterTargetError, match="lm_head"):
+        slots.load(0, SimpleNamespace(**{**vars(_ckpt(cfg, 2, ["q_proj"])), "target_modules": ("q_proj", "lm_head")}))
+    bad = _ckpt(cfg, 2, ["v_proj"])
+    bad.weights[(0, "v_proj")] = (torch.zeros(2, 3), torch.zeros(cfg.kv_size, 2))
+    with pytest.raises(AdapterShapeError, match="v_proj"):
+        slots.load(0, bad)
+    with pytest.raises(ConfigError, match="slot 2"):
+        slots.load(2, _ckpt(cfg, 2, ["q_proj"]))

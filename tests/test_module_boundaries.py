@@ -1,0 +1,124 @@
+"""No module reads or writes another module's private attributes: they go through its public names (EngineClient).
+
+A private name is one that starts with a single underscore. The scan reads every Python file of the product and the
+benchmarks (not the tests, which may look inside what they test): a module may use `obj._name` only when it defines
+`_name` itself (a method, a class, `self._name = ...`, a module global); using one that only another module of the
+tree defines (`engine._core`, `llm_engine._portal`), importing one (`from loraledger.x import _y`) or naming one to
+getattr / setattr / hasattr is reaching into that module. Private names of other libraries (SQLAlchemy's
+`row._mapping`, namedtuple's `_asdict`) are their own public API and not this scan's business.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCANNED = ("loraledger", "actors", "gpu", "store", "audit", "migrations", "bench")
+BY_NAME = {"getattr", "setattr", "hasattr", "delattr"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def defined_private_names(tree: ast.AST) -> set[str]:
+    """The private names a module defines: its functions, methods and classes, its globals and locals, the
+    attributes it sets on itself (self._x = ...), and the names it imports as private aliases."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _own(node.value):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias) and node.asname is not None:
+            names.add(node.asname)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            names.update(node.names)
+    return {n for n in names if _private(n)}
+
+
+def private_uses(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, private name, how) for each use of a private name on something other than self / cls."""
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and not _own(node.value):
+            uses.append((node.lineno, node.attr, f".{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("loraledger"):
+            uses += [(node.lineno, a.name, f"import {node.module}.{a.name}") for a in node.names if _private(a.name)]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in BY_NAME
+            and len(node.args) >= 2
+            and not _own(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+        ):
+            uses.append((node.lineno, node.args[1].value, f'{node.func.id}(..., "{node.args[1].value}")'))
+    return uses
+
+
+def reaches(modules: dict[str, str]) -> list[str]:
+    """Every use, in `modules` (path -> source), of a private name that another of them defines and it does not."""
+    trees = {path: ast.parse(source, path) for path, source in modules.items()}
+    defined = {path: defined_private_names(tree) for path, tree in trees.items()}
+    found: list[tuple[str, int, str]] = []
+    for path, tree in trees.items():
+        others = set().union(*(names for other, names in defined.items() if other != path))
+        for line, name, how in private_uses(tree):
+            if name in others and name not in defined[path]:
+                owners = sorted(other for other, names in defined.items() if other != path and name in names)
+                found.append((path, line, f"{how} (private to {', '.join(owners)})"))
+    return [f"{path}:{line}: {what}" for path, line, what in sorted(found)]
+
+
+def test_no_module_reaches_into_another():
+    modules = {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+        for folder in SCANNED
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if ".cache" not in path.parts
+    }
+    assert len(modules) > 100  # the whole tree was read
+    assert reaches(modules) == []
+
+
+def test_the_scan_finds_each_way_of_reaching_in():
+    engine = (
+        "class AsyncEngine:\n"
+        "    def __init__(self):\n"
+        "        self._core = None\n"
+        "    def _live(self):\n"
+        "        return self._core\n"
+        "_configured = False\n"
+    )
+    server = (
+        "from loraledger.engine import _configured\n"
+        "import loraledger.engine as ll\n"
+        "class State:\n"
+        "    def __init__(self, engine):\n"
+        "        self.engine = engine\n"
+        "        self._log = None\n"
+        "    def dead(self):\n"
+        "        self._log = 1\n"
+        "        ll._configured = True\n"
+        "        getattr(self.engine, '_core', None)\n"
+        "        return self.engine._live() is None\n"
+        "    def fine(self, rows, other):\n"
+        "        return rows[0]._mapping, other._log, self.engine.is_running\n"
+    )
+    found = reaches({"engine.py": engine, "server.py": server})
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "import loraledger.engine._configured (private to engine.py)",
+        "._configured (private to engine.py)",
+        'getattr(..., "_core") (private to engine.py)',
+        "._live (private to engine.py)",
+    ]
