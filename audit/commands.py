@@ -36,8 +36,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = _command(sub, "show", "the full lineage of one request: binding, prompt, adapter, completions, events", _show)
     p.add_argument(
         "request_id", metavar="REQUEST_ID",
-        help="the request's audit key (RequestOutput.audit_id), any unique prefix of it, or the caller's own request id "
-        "(every request that used it is shown)",
+        help="the request's audit key (RequestOutput.audit_id; it always wins), or else the caller's own request id "
+        "(every request that used it is shown) or a unique prefix of an audit key (4 characters or more)",
+    )  # fmt: skip
+    p.add_argument(
+        "--caller-id", action="store_true",
+        help="take REQUEST_ID as a caller's own request id only (default: an exact audit key wins, then caller ids and "
+        "key prefixes; both matching is an error listing them)",
     )  # fmt: skip
     p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for programs")
 
@@ -334,6 +339,15 @@ def _csv_cell(value: Any) -> Any:
     return csv_cell(value)  # no cell a spreadsheet would run as a formula
 
 
+def shown(text: str) -> str:
+    """text for a terminal: every character that is not printable (control characters, ANSI escapes, C1 controls,
+    line and paragraph separators, ...) written as its Python escape, so a name chosen by a caller can neither
+    forge lines nor drive the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _text(name: str, value: Any) -> str:
     if value is None:
         return "-"
@@ -341,7 +355,7 @@ def _text(name: str, value: Any) -> str:
         return value[:10] + " " + value[11:19] + "Z"
     if isinstance(value, float):
         return f"{value:g}"
-    return str(value)
+    return shown(str(value))
 
 
 WHOLE = frozenset({"request_id"})  # never cut: `audit show` takes what the listing prints
@@ -360,16 +374,27 @@ def _show(args: argparse.Namespace) -> int:
     """One request's lineage; for a caller id that several requests used, each of theirs (a JSON list with --format
     json), oldest first."""
     out = sys.stdout
+    from loraledger.audit.log import CALLER_ID, KEY, PREFIX
+
     with _open(args) as log:
-        keys, total = log.resolve_request_ids(args.request_id)
+        match = log.match_request(args.request_id, caller_id_only=args.caller_id)
+        keys, total = match.keys, match.total
         lineages = [log.request(key) for key in keys]
     if args.format == "json":
-        shown = lineages[0] if total == 1 else lineages
-        out.write(msgspec.json.format(msgspec.json.encode(shown), indent=2).decode() + "\n")
+        data = lineages[0] if total == 1 else lineages
+        out.write(msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n")
+        if match.kind != KEY:
+            print(f"{args.request_id} matched as a {match.kind}, not an audit key", file=sys.stderr)
         return 0
-    if total > 1:
+    # what kind of match this is comes first, so that a caller's chosen id is never mistaken for an audit key
+    if match.kind == CALLER_ID:
         more = f"; the first {len(keys)} are shown" if total > len(keys) else ""
-        out.write(f"caller request id {args.request_id} was used by {total} requests{more}\n\n")
+        used = f"was used by {total} requests" if total > 1 else "was used by 1 request"
+        out.write(
+            f"caller request id {args.request_id} {used} (matched as the caller's id, not an audit key){more}\n\n"
+        )
+    elif match.kind == PREFIX:
+        out.write(f"audit key prefix {args.request_id} matches request {keys[0]}\n\n")
     out.write("\n".join(format_lineage(lineage) for lineage in lineages))
     return 0
 
@@ -443,7 +468,7 @@ def format_lineage(lineage: RequestLineage) -> str:
     lines.append(f"events ({len(lineage.events)})")
     for e in lineage.events:
         lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(shown(line) for line in lines) + "\n"
 
 
 # -- integrity -----------------------------------------------------------------------------

@@ -108,6 +108,9 @@ def read_rows(path: Path, fmt: str) -> Iterator[dict[str, Any]]:
     """The rows of a file RowWriter wrote, as column -> value; CSV cells come back as the text written
     (neutralised formulas restored), empty as None."""
     if check_format(fmt) == "csv":
+        # a cell may be as long as anything the engine records (a long prompt or stop list): the file's size bounds it,
+        # not the csv module's default of 128 KiB
+        csv.field_size_limit(max(csv.field_size_limit(), path.stat().st_size))
         with open(path, encoding="utf-8", newline="") as file:
             reader = csv.reader(file)
             header = next(reader, None)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.engine import URL
 
@@ -40,6 +41,17 @@ _LISTING_REQUEST_COLUMNS = (
 )
 AMBIGUOUS_SHOWN = 10  # candidates an ambiguous prefix error lists
 SHOWN_PER_CALLER_ID = 100  # `audit show CALLER-ID`: the lineages shown of the requests that used one caller id
+MIN_PREFIX_CHARS = 4  # shorter text is never taken as an audit-key prefix (every key starts with "0")
+# how match_request found its requests
+KEY, CALLER_ID, PREFIX = "audit key", "caller request id", "audit key prefix"
+
+
+class RequestMatch(msgspec.Struct, frozen=True):
+    kind: str  # KEY, CALLER_ID or PREFIX
+    keys: list[str]  # the audit keys matched (for CALLER_ID, the first `limit` in received order)
+    total: int  # how many requests matched in all
+
+
 _LISTING_COMPLETION_COLUMNS = ("finish_reason", "generated_token_count", "finished_at")
 
 
@@ -183,25 +195,56 @@ class AuditLog:
             model_source=model_source,
         )
 
-    def resolve_request_ids(self, text: str, limit: int = SHOWN_PER_CALLER_ID) -> tuple[list[str], int]:
-        """The audit keys of the requests text names, in received order, and how many there are: the requests whose
-        caller used text as its request id (a caller may reuse an id once its request has finished, so there may be
-        several; the first `limit` of them; a request from before revision 0006 was keyed by its caller id); else
-        the audit key text is; else the one audit key text is a prefix of (as git takes short hashes).
+    def match_request(
+        self, text: str, limit: int = SHOWN_PER_CALLER_ID, *, caller_id_only: bool = False
+    ) -> RequestMatch:
+        """The requests text names, and how: an exact audit key always wins (whatever a caller chose as its own request
+        id); only when none matches are caller ids (every request that used text, in received order: a caller may
+        reuse an id once its request has finished; the first `limit` of them) and audit-key prefixes of at least
+        MIN_PREFIX_CHARS characters looked up. If both kinds match, or a prefix matches several keys, nothing is
+        chosen: AmbiguousRequestIdError lists every candidate with its kind. caller_id_only: text is a caller id.
 
-        Raises UnknownRequestError when no request matches, AmbiguousRequestIdError (listing them) when text is a
-        prefix of several keys.
+        Raises UnknownRequestError when no request matches.
         """
         with self.snapshot() as conn:
+            if not caller_id_only and conn.execute(select(q.R.c.request_id).where(q.R.c.request_id == text)).first():
+                return RequestMatch(KEY, [text], 1)
             keys, total = q.request_ids_of_caller_id(conn, text, limit)
-            if keys:
-                return keys, total
-            if conn.execute(select(q.R.c.request_id).where(q.R.c.request_id == text)).first() is not None:
-                return [text], 1
-        return [self._resolve_prefix(text)], 1
+            prefixed = (
+                q.request_ids_with_prefix(conn, text, AMBIGUOUS_SHOWN + 1)
+                if len(text) >= MIN_PREFIX_CHARS and not caller_id_only
+                else []
+            )
+        prefixed = [k for k in prefixed if k not in keys]
+        if keys and not prefixed:
+            return RequestMatch(CALLER_ID, keys, total)
+        if len(prefixed) == 1 and not keys:
+            return RequestMatch(PREFIX, prefixed, 1)
+        if not prefixed:
+            raise UnknownRequestError(f"request {text!r} is not in the audit log at {display_url(self.url)}")
+
+        def listed(found: list[str], more: bool) -> str:
+            return ", ".join(found[:AMBIGUOUS_SHOWN]) + (", ..." if more or len(found) > AMBIGUOUS_SHOWN else "")
+
+        if not keys:
+            more = "more than " if len(prefixed) > AMBIGUOUS_SHOWN else ""
+            raise AmbiguousRequestIdError(
+                f"request id prefix {text!r} is ambiguous: it matches {more}{min(len(prefixed), AMBIGUOUS_SHOWN)} "
+                f"requests ({listed(prefixed, False)}); give more of the id"
+            )
+        raise AmbiguousRequestIdError(
+            f"{text!r} names different requests as a caller request id ({listed(keys, total > len(keys))}) and as an "
+            f"audit key prefix ({listed(prefixed, False)}); give the whole audit key, or pass --caller-id to take it "
+            "as the caller's id"
+        )
+
+    def resolve_request_ids(self, text: str, limit: int = SHOWN_PER_CALLER_ID) -> tuple[list[str], int]:
+        """The audit keys of the requests text names, in received order, and how many there are (see match_request)."""
+        match = self.match_request(text, limit)
+        return match.keys, match.total
 
     def resolve_request_id(self, text: str) -> str:
-        """The one request text names (see resolve_request_ids); AmbiguousRequestIdError when a caller id names several."""
+        """The one request text names (see match_request); AmbiguousRequestIdError when a caller id names several."""
         keys, _ = self.resolve_request_ids(text)
         if len(keys) > 1:
             listed = ", ".join(keys[:AMBIGUOUS_SHOWN]) + (", ..." if len(keys) > AMBIGUOUS_SHOWN else "")
@@ -209,20 +252,6 @@ class AuditLog:
                 f"caller request id {text!r} was used by {len(keys)} requests (audit keys {listed}); give an audit key"
             )
         return keys[0]
-
-    def _resolve_prefix(self, text: str) -> str:
-        with self.snapshot() as conn:
-            matches = q.request_ids_with_prefix(conn, text, AMBIGUOUS_SHOWN + 1) if text else []
-        if not matches:
-            raise UnknownRequestError(f"request {text!r} is not in the audit log at {display_url(self.url)}")
-        if len(matches) == 1:
-            return matches[0]
-        listed = ", ".join(matches[:AMBIGUOUS_SHOWN]) + (", ..." if len(matches) > AMBIGUOUS_SHOWN else "")
-        more = "more than " if len(matches) > AMBIGUOUS_SHOWN else ""
-        raise AmbiguousRequestIdError(
-            f"request id prefix {text!r} is ambiguous: it matches {more}{min(len(matches), AMBIGUOUS_SHOWN)} requests "
-            f"({listed}); give more of the id"
-        )
 
     def requests(
         self,

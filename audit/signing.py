@@ -129,6 +129,13 @@ def check_signature(
         return "the report is unsigned"
     if signature.value is None:
         return f"the {signature.algorithm} signature has no value"
+    if key_file is not None and signature.algorithm != ED25519:
+        # the verifier asked for the signer's public key to be the proof: a shared-key signature is not that proof
+        # (whoever holds the shared key could have edited and re-signed the report)
+        return (
+            f"the report is signed with {signature.algorithm}, not with the Ed25519 key given (--key-file): "
+            "it was not signed by that key's holder"
+        )
     if signature.algorithm == HMAC_SHA256:
         key = _hmac_key_from_env(env)
         if key is None:

@@ -27,6 +27,7 @@ from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, R, stream
 from loraledger.audit.records import VerifyResult
 from loraledger.audit.row_stream import RowStream
+from loraledger.audit.schema_objects import check_schema_objects
 from loraledger.errors import ConfigError
 from loraledger.evidence import tree_verify
 from loraledger.store.records import Checkpoint
@@ -69,6 +70,7 @@ def verify_log(
     unvouched.check_unvouched_completions(conn, found)
     unvouched.check_completion_adapters(conn, found)
     tree_verify.check_all(conn, found.add)  # the Merkle tree, signed checkpoints and receipts (loraledger/evidence/)
+    check_schema_objects(conn, found.add)  # the views are as the migrations made them
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
     n_completions = conn.execute(select(func.count()).select_from(C)).scalar_one()
     return VerifyResult(

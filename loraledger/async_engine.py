@@ -66,15 +66,19 @@ class AsyncEngine:
     # --- life cycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> AsyncEngine:
-        from loraledger.engine_setup import prepare
+        from loraledger.engine_setup import StartDeadline, prepare_within
 
-        setup = await anyio.to_thread.run_sync(prepare, self.args)
+        deadline = StartDeadline(self.args)
+        setup = await prepare_within(deadline, self.args)
         self._stack = AsyncExitStack()
         try:
             self._tg = await self._stack.enter_async_context(anyio.create_task_group())
             self._core = EngineCore(setup)
-            await self._core.start(self._tg)
+            with deadline.step("loading the weights and starting the actors"):
+                await self._core.start(self._tg)
         except BaseException:
+            if self._tg is not None:  # the actors already started stop too (a start past its deadline raised here)
+                self._tg.cancel_scope.cancel()
             await self._stack.aclose()
             _close_store(setup.store)
             raise

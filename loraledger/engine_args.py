@@ -139,6 +139,8 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     max_seq_len_to_capture: int = 8192  # CUDA: decode steps with a longer context run eagerly, not from CUDA graphs
     swap_space: float = 4  # GiB; accepted, unused: a preempted sequence is recomputed, never swapped to host memory
     skip_tokenizer_init: bool = False  # no tokenizer: token-id prompts only, outputs carry token ids and empty text
+    # seconds the engine may take to start (model files read, weights loaded, actors ready); then EngineStartError
+    start_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         dtype = self.dtype
@@ -228,6 +230,10 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
         need(self.num_threads is None or self.num_threads >= 1, "num_threads must be >= 1")
         need(
             _positive(self.audit_timeout), f"audit_timeout must be a number of seconds > 0, got {self.audit_timeout!r}"
+        )
+        need(
+            _positive(self.start_timeout),
+            f"start_timeout must be a number of seconds > 0, got {self.start_timeout!r}",
         )
         need(
             _positive(self.shutdown_timeout),

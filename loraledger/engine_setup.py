@@ -10,7 +10,7 @@ import torch
 
 from loraledger.actors.engine_core import EngineSetup
 from loraledger.engine_args import DEFAULT_AUDIT_URL, EngineArgs
-from loraledger.errors import ConfigError, ModelLoadError
+from loraledger.errors import ConfigError, EngineStartError, ModelLoadError
 from loraledger.generation_config import read_generation_config
 from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
@@ -50,6 +50,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
+    refuse_unimplemented_weights(model_dir)
     ops, device = select_backend(args.device)
     config = ModelConfig.from_pretrained(model_dir)
     dtype = resolve_dtype(args.torch_dtype_name, config, device)
@@ -83,6 +84,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         num_blocks = max(1, budget // per_block)
     if num_blocks * args.block_size < max_model_len // 8 and num_blocks < 2:
         raise ConfigError(f"the KV cache holds only {num_blocks} block(s); raise num_kv_blocks or kv_cache_bytes")
+    max_model_len = fit_max_model_len(args, max_model_len, num_blocks, config)
     fingerprint = model_fingerprint(str(model_dir))
     store = open_store(args, instance_fields(model_source, tokenizer_source))
     make_runner = functools.partial(
@@ -127,6 +129,100 @@ def prepare(args: EngineArgs) -> EngineSetup:
         async_scheduling=args.async_scheduling if args.async_scheduling is not None else device.type == "cuda",
         max_n=args.resolved_max_n(num_blocks),
     )
+
+
+def fit_max_model_len(args: EngineArgs, max_model_len: int, num_blocks: int, config: ModelConfig) -> int:
+    """The rule between max_model_len and the KV cache: one sequence of max_model_len tokens must fit in the cache,
+    or a request could be admitted that never runs (waiting forever at 0% cache use) and a generation could stall at
+    the cache's edge. A max_model_len the caller set that does not fit refuses to start, as in vLLM; the model's own
+    (max_position_embeddings, taken when max_model_len is left out) is lowered to what the cache holds, and the log
+    says so, because refusing would make the CPU's default cache (256 MiB) unable to serve most models as they ship."""
+    capacity = num_blocks * args.block_size
+    if capacity >= max_model_len:
+        return max_model_len
+    if args.max_model_len is not None:
+        raise ConfigError(
+            f"max_model_len={max_model_len} tokens do not fit in the KV cache, which holds {capacity} tokens "
+            f"({num_blocks} blocks of {args.block_size}); raise kv_cache_bytes / num_kv_blocks (CUDA: "
+            f"gpu_memory_utilization), or set max_model_len to at most {capacity}"
+        )
+    log.warning(
+        "max_model_len lowered to what the KV cache holds: longer requests are refused at admission",
+        model_max_model_len=max_model_len,
+        max_model_len=capacity,
+        kv_blocks=num_blocks,
+        block_size=args.block_size,
+        hint="raise kv_cache_bytes (CUDA: gpu_memory_utilization) to serve longer sequences",
+    )
+    return capacity
+
+
+# config.json fields that change what the stored weights mean; the engine implements none of them yet, and loading
+# such weights as plain ones would compute garbage (or never finish), so they are refused at start
+_WEIGHT_FORMAT_FIELDS = ("quantization_config", "compression_config")
+_WEIGHT_FORMAT_FILES = ("quantize_config.json", "quant_config.json")
+
+
+def refuse_unimplemented_weights(model_dir: Path) -> None:
+    """ModelLoadError for a checkpoint whose weights are quantized or compressed (config.json's quantization_config or
+    compression_config, or a GPTQ/AWQ quantize_config.json beside it), naming the scheme."""
+    import json
+
+    try:
+        raw = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # ModelConfig.from_pretrained reports a missing or broken config.json
+    found = [name for name in _WEIGHT_FORMAT_FIELDS if raw.get(name)]
+    found += [name for name in _WEIGHT_FORMAT_FILES if (model_dir / name).is_file()]
+    if not found:
+        return
+    spec = raw.get(found[0]) if found[0] in raw else {}
+    scheme = spec.get("quant_method") or spec.get("format") if isinstance(spec, dict) else None
+    raise ModelLoadError(
+        f"{model_dir}: the checkpoint's weights are quantized or compressed ({', '.join(found)}"
+        f"{f': {scheme}' if scheme else ''}), which this engine does not implement; loading them as plain weights "
+        "would be wrong. Serve the unquantized checkpoint"
+    )
+
+
+class StartDeadline:
+    """EngineArgs.start_timeout over every step of a start: `async with deadline.step("what")` fails with
+    EngineStartError, naming the step, once the start as a whole has run past it."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        import time
+
+        self.seconds = args.start_timeout
+        self._end = time.monotonic() + self.seconds
+        self._model = str(args.model)
+
+    def step(self, what: str):
+        import contextlib
+        import time
+
+        import anyio
+
+        @contextlib.contextmanager
+        def scope():
+            try:
+                with anyio.fail_after(max(0.0, self._end - time.monotonic())):
+                    yield
+            except TimeoutError:
+                raise EngineStartError(
+                    f"the engine did not start within start_timeout={self.seconds:g} s: {what} of {self._model!r} "
+                    "had not finished (a model file that cannot be read to its end, a stalled device or database); "
+                    "check the model folder and the audit database, or raise start_timeout"
+                ) from None
+
+        return scope()
+
+
+async def prepare_within(deadline: StartDeadline, args: EngineArgs) -> EngineSetup:
+    """prepare() in a worker thread under the start deadline (the thread is left behind if it never returns)."""
+    import anyio
+
+    with deadline.step("reading the model and its configuration"):
+        return await anyio.to_thread.run_sync(prepare, args, abandon_on_cancel=True)
 
 
 def _cuda_kv_budget(

@@ -15,6 +15,10 @@ class ModelLoadError(LoraLedgerError):
     """The base model folder cannot be loaded (missing files, unsupported architecture, bad weights)."""
 
 
+class EngineStartError(ModelLoadError):
+    """The engine did not start within EngineArgs.start_timeout (a model file that never finishes reading, say)."""
+
+
 class RemoteCodeError(ModelLoadError):
     """The checkpoint needs the model code it ships (config.json auto_map); loraledger never runs such code."""
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
 from loraledger.server.auth import Caller, authenticate, require_admin
+from loraledger.server.errors import error_response
 from loraledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -108,11 +109,22 @@ async def health(request: Request) -> Response:
     return Response(status_code=200)
 
 
+@router.get("/ready")
+async def ready(request: Request) -> Response:
+    """Readiness (a Kubernetes readinessProbe): 200 while this server can serve, 503 with the reason otherwise;
+    /health is liveness (the process and its engine are alive)."""
+    reason = await _state(request).not_ready()
+    if reason is not None:
+        return error_response(503, reason, type="service_unavailable", code="not_ready", headers={"Retry-After": "1"})
+    return Response(status_code=200)
+
+
 @router.get("/version")
 async def version() -> Response:
     return _json({"version": __version__})
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    """Prometheus' text format; with keys configured, for a caller with any valid key (a scraper gets its own)."""
     return await _state(request).render_metrics()

@@ -3,6 +3,7 @@ engine and drains it, so SIGTERM under uvicorn and a test's shutdown run the sam
 
 from __future__ import annotations
 
+import signal
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -14,13 +15,21 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loraledger.engine_client import EngineClient
-from loraledger.server.auth import KeyRing, RateLimiter
+from loraledger.server.auth import KeyRing, RateLimiter, presented_key
 from loraledger.server.config import ServerConfig
 from loraledger.server.errors import APIError, install_handlers, unavailable
 from loraledger.server.metrics import ServerMetrics
+from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
+    "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/metrics",
+}  # fmt: skip
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers counts in the slow clients' budget
 MAX_CALLER_ID_CHARS = 256
+KEYS_RELOAD_SECONDS = 10.0
+READY_CHECK_SECONDS = 2.0
 
 
 class ServerState:
@@ -46,27 +55,84 @@ class ServerState:
         self.tokenization = OpenAIServingTokenization(self)
         self.evidence = ServingEvidence(self)  # GET /evidence/...: checkpoints, proofs, receipts
         self.tracing = RequestTracing()  # a span per request where OpenTelemetry is installed (the otel extra)
+        self.limits = config.limits
+        self._sandbox = None
+        self.body_readers = 0  # requests whose body is still arriving
         self.draining = False
+        self._drain_logged = False
+        self.signals = SignalInbox()
         self.in_flight = 0
         self._idle = anyio.Event()
         self._idle.set()
         self._log = structlog.get_logger().bind(actor="server")
 
+    def template_sandbox(self):
+        """The worker process that renders requests' own chat templates (made on first use)."""
+        if self._sandbox is None:
+            from loraledger.server.template_sandbox import TemplateSandbox
+
+            self._sandbox = TemplateSandbox(
+                seconds=self.limits.chat_template_seconds, max_chars=self.limits.max_rendered_chars
+            )
+        return self._sandbox
+
+    def close(self) -> None:
+        self.evidence.close()
+        if self._sandbox is not None:
+            self._sandbox.close()
+
+    async def not_ready(self) -> str | None:
+        """Why this server should get no traffic now (None: ready): draining, the engine stopped, or the audit store
+        unreachable (requests would be refused until it is back)."""
+        if self.draining:
+            return "shutting down"
+        if self.engine_dead():
+            return "the engine has stopped"
+        with anyio.move_on_after(READY_CHECK_SECONDS):
+            metrics = await self.engine.get_metrics()
+            if metrics.audit_enabled and metrics.audit_store_down:
+                return "the audit store is unreachable; requests are refused until it answers"
+            return None
+        return "the engine did not answer the readiness check in time"
+
     def engine_dead(self) -> bool:
         return self.engine is None or not self.engine.is_running
 
+    def mark_draining(self) -> None:
+        """Shutdown has begun: new requests get 503, running ones go on. Only sets a flag, so a signal handler may
+        call it (the log line comes from begin_drain, in normal code)."""
+        self.draining = True
+
     def begin_drain(self) -> None:
-        """Shutdown has begun (SIGTERM): new requests get 503, running ones go on."""
-        if not self.draining:
+        """mark_draining, and say so in the log (once)."""
+        self.draining = True
+        if not self._drain_logged:
+            self._drain_logged = True
             self._log.info(
                 "shutting down: no new requests; running requests get the grace period",
                 grace_seconds=self.config.shutdown_grace_seconds,
             )
-        self.draining = True
 
     def reload_keys(self) -> None:
         if self.keys is not None:
             self.keys.reload()
+
+    async def on_signal(self, signum: int) -> None:
+        """A signal's work, run by the SignalInbox's task: SIGHUP reloads the keys file (off the event loop, under a
+        deadline), SIGTERM and SIGINT log the drain that uvicorn's handler started."""
+        try:
+            if signum == getattr(signal, "SIGHUP", None):
+                with anyio.move_on_after(KEYS_RELOAD_SECONDS) as scope:
+                    await anyio.to_thread.run_sync(self.reload_keys, abandon_on_cancel=True)
+                if scope.cancelled_caught:
+                    self._log.error(
+                        "keys file not reloaded within the deadline; the previous keys stay in force",
+                        seconds=KEYS_RELOAD_SECONDS,
+                    )
+            elif signum in (signal.SIGTERM, signal.SIGINT):
+                self.begin_drain()
+        except Exception as exc:  # a signal's work never stops the server
+            self._log.error("signal not handled", signal=signum, error=f"{type(exc).__name__}: {exc}")
 
     async def startup(self) -> None:
         for module in self.config.lora_modules:
@@ -101,8 +167,11 @@ class ServerState:
 
 
 class ServerMiddleware:
-    """Per request, before any route: the body size limit, the caller's X-Request-Id (checked, echoed, logged), the
-    log context, and for generation routes the drain and capacity checks and the in-flight count."""
+    """Per request, before any route: the caller's X-Request-Id (checked, echoed, logged), the log context, the key
+    (a route that needs one answers 401 before reading the body), then the body, read whole under the size limit and
+    the body deadline within the slow clients' budget; only then, for generation routes, the drain and capacity
+    checks and the in-flight count. A caller without a key, or one slow to send its body, never holds a slot that
+    authenticated requests need."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state
@@ -114,10 +183,13 @@ class ServerMiddleware:
         state = self.state
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         caller_id = headers.get("x-request-id")
+        path = scope.get("path")
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(
-            request_id=None, tenant=None, adapter=None, caller_request_id=None, route=scope.get("path")
+            request_id=None, tenant=None, adapter=None, caller_request_id=None, route=path
         )
+        generation = path in GENERATION_ROUTES
+        entered = False
         try:
             if caller_id is not None and not (
                 0 < len(caller_id) <= MAX_CALLER_ID_CHARS and caller_id.isprintable() and caller_id.isascii()
@@ -132,7 +204,11 @@ class ServerMiddleware:
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > limit):
                 raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
-            generation = scope.get("path") in GENERATION_ROUTES
+            if path in AUTHENTICATED_ROUTES:
+                presented_key(state, headers.get("authorization"))
+            if generation and state.draining:
+                raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
+            body = await self._read_body(scope, receive, limit) if scope.get("method") in BODY_METHODS else None
             if generation:
                 if state.draining:
                     raise unavailable("the server is shutting down; retry on another replica", "shutting_down")
@@ -141,6 +217,8 @@ class ServerMiddleware:
                         f"the server is over capacity ({state.in_flight} requests in flight); retry shortly",
                         "over_capacity",
                     )
+                state.enter()
+                entered = True
         except APIError as exc:
             response = exc.response()
             if caller_id is not None and exc.param != "X-Request-Id":
@@ -148,16 +226,12 @@ class ServerMiddleware:
             await response(scope, receive, send)
             return
 
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
-            return message
+        async def replay_receive():
+            nonlocal body
+            if body is not None:
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+            return await receive()  # after the body: a disconnect, when the client goes
 
         async def echoing_send(message) -> None:
             if message["type"] == "http.response.start" and caller_id is not None:
@@ -167,13 +241,51 @@ class ServerMiddleware:
                 }
             await send(message)
 
-        if generation:
-            state.enter()
         try:
-            await self.app(scope, limited_receive, echoing_send)
+            await self.app(scope, replay_receive, echoing_send)
         finally:
-            if generation:
+            if entered:
                 state.leave()
+
+    async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
+        """The whole body, within the size limit and the body deadline. A body that is not all there at once (the
+        usual case for a small one: it came with the headers) waits in the slow clients' budget."""
+        state, limits = self.state, self.state.limits
+        chunks: list[bytes] = []
+        size = 0
+        counted = False
+        try:
+            with anyio.move_on_after(limits.body_seconds):
+                while True:
+                    message = None
+                    if not counted:
+                        with anyio.move_on_after(SLOW_BODY_SECONDS):  # cancelling a receive loses nothing
+                            message = await receive()
+                        if message is None or message.get("more_body", False):
+                            if state.body_readers >= limits.max_body_readers:
+                                raise unavailable(
+                                    f"{state.body_readers} requests are still sending their bodies; retry shortly",
+                                    "too_many_slow_clients",
+                                )
+                            state.body_readers += 1
+                            counted = True
+                    if message is None:
+                        message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise APIError(400, "the client went away before its body arrived", code="client_gone")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > limit:
+                        raise APIError(413, f"the request body is over {limit} bytes", code="request_too_large")
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+            raise APIError(
+                408, f"the request body did not arrive within {limits.body_seconds:g} s", code="request_timeout"
+            )
+        finally:
+            if counted:
+                state.body_readers -= 1
 
 
 def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> FastAPI:
@@ -199,6 +311,9 @@ def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> Fa
                 adapters=sorted(state.models.adapters),
                 keys=len(state.keys) if state.keys else 0,
             )
+            signals = await stack.enter_async_context(anyio.create_task_group())
+            signals.start_soon(state.signals.serve, state.on_signal)
+            stack.callback(signals.cancel_scope.cancel)
             try:
                 yield
             finally:
@@ -206,7 +321,7 @@ def build_app(config: ServerConfig, *, engine: EngineClient | None = None) -> Fa
                 # uvicorn has waited for running requests (the grace period) and cancelled the rest: wait for their
                 # aborts to be on record, then the engine stops and flushes the audit writer
                 await state.wait_idle(config.engine_args.audit_timeout + 5)
-                state.evidence.close()
+                state.close()
         state._log.info("stopped")
 
     app = FastAPI(

@@ -173,6 +173,12 @@ class KeyRing:
         except ConfigError as exc:
             self._log.error("keys file not reloaded; the previous keys stay in force", error=str(exc))
             return False
+        if not keys:  # an empty file (or one caught half-written) would lock every tenant out
+            self._log.error(
+                "keys file not reloaded: it holds no keys (empty, or still being written); the previous keys stay in force",
+                path=self.path,
+            )
+            return False
         self._keys = keys  # one reference swap: a request sees the old set or the new one
         self._log.info("keys file reloaded", keys=len(keys))
         return True
@@ -201,7 +207,10 @@ class RateLimiter:
 
 def bearer_key(request: Request) -> str | None:
     """The key of `Authorization: Bearer <key>`, or None."""
-    header = request.headers.get("authorization")
+    return parse_bearer(request.headers.get("authorization"))
+
+
+def parse_bearer(header: str | None) -> str | None:
     if header is None:
         return None
     scheme, _, value = header.partition(" ")
@@ -214,21 +223,30 @@ def unauthorized(message: str) -> APIError:
     return APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
+def presented_key(state, header: str | None) -> ApiKey | None:
+    """The key an Authorization header presents, checked (None on a server without keys); 401, counted, otherwise.
+    The server's middleware calls it before a body is read, so a caller without a key never holds a request slot."""
+    ring: KeyRing | None = state.keys
+    if ring is None:
+        return None
+    presented = parse_bearer(header)
+    if presented is None:
+        state.metrics.auth_failures.labels(reason="missing").inc()
+        raise unauthorized("no API key: send it as `Authorization: Bearer <key>` (the openai client's api_key)")
+    key = ring.authenticate(presented) if len(presented) <= MAX_KEY_CHARS else None
+    if key is None:
+        state.metrics.auth_failures.labels(reason="invalid").inc()
+        raise unauthorized("the API key is not valid")  # the key itself is never logged
+    return key
+
+
 async def authenticate(request: Request) -> Caller:
     """The caller of this request (FastAPI dependency): its key checked, counted when bad, rate-limited."""
     state = request.app.state.server
-    ring: KeyRing | None = state.keys
-    if ring is None:
+    if state.keys is None:
         caller = ANONYMOUS
     else:
-        presented = bearer_key(request)
-        if presented is None:
-            state.metrics.auth_failures.labels(reason="missing").inc()
-            raise unauthorized("no API key: send it as `Authorization: Bearer <key>` (the openai client's api_key)")
-        key = ring.authenticate(presented) if len(presented) <= MAX_KEY_CHARS else None
-        if key is None:
-            state.metrics.auth_failures.labels(reason="invalid").inc()
-            raise unauthorized("the API key is not valid")  # the key itself is never logged
+        key = presented_key(state, request.headers.get("authorization"))
         if key.rate_limit is not None:
             wait = state.limiter.take(key.key_id, key.rate_limit)
             if wait > 0:

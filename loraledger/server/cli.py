@@ -76,6 +76,10 @@ def register(sub) -> None:
         "--kv-cache-bytes", type=int, default=None, help="CPU: KV-cache size in bytes (default: the engine's sizing)"
     )
     p.add_argument("--seed", type=int, default=0, help="the engine's seed for unseeded requests")
+    p.add_argument(
+        "--start-timeout", type=float, default=600.0,
+        help="seconds the engine may take to start (model read, weights loaded); then it exits with an error (default 600)",
+    )  # fmt: skip
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: never replay CUDA graphs (default: off)")
     p.add_argument(
         "--no-enable-prefix-caching",
@@ -130,6 +134,42 @@ def register(sub) -> None:
         default=30.0,
         help="seconds running requests get to finish after SIGTERM; then they are aborted",
     )
+    limits = p.add_argument_group("per-request limits (each over its bound: 400, 408 or 503)")
+    limits.add_argument(
+        "--max-stop-strings", type=int, default=64, help="`stop` strings, and `bad_words`, per request (default 64)"
+    )
+    limits.add_argument(
+        "--max-stop-chars", type=int, default=8192, help="total characters of `stop`, and of `bad_words` (default 8192)"
+    )
+    limits.add_argument(
+        "--max-token-id-list", type=int, default=4096,
+        help="entries of `stop_token_ids` and of `allowed_token_ids` (default 4096)",
+    )  # fmt: skip
+    limits.add_argument("--max-logit-bias", type=int, default=1024, help="entries of `logit_bias` (default 1024)")
+    limits.add_argument(
+        "--max-rendered-chars", type=int, default=1 << 22,
+        help="characters a chat conversation may render to (default 4194304)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--chat-template-timeout", type=float, default=5.0,
+        help="seconds a request's own chat template may take to render (with --trust-request-chat-template) (default 5)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--body-timeout", type=float, default=30.0,
+        help="seconds a request's body may take to arrive after its headers; then 408 (default 30)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-body-readers", type=int, default=64,
+        help="requests still sending their bodies at once; more get 503 (default 64)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--header-timeout", type=float, default=10.0,
+        help="seconds a connection may take to send a request's headers; then it is closed (default 10)",
+    )  # fmt: skip
+    limits.add_argument(
+        "--max-connections-per-client", type=int, default=256,
+        help="open connections from one client address (behind a proxy: the proxy's); more are closed at once (default 256)",
+    )  # fmt: skip
     p.add_argument(
         "--trust-request-chat-template",
         action="store_true",
@@ -202,6 +242,7 @@ def config_from_args(args: argparse.Namespace):
     from loraledger.cli import default_url
     from loraledger.engine_args import EngineArgs
     from loraledger.server.config import DEFAULT_MAX_BODY_BYTES, LoRAModule, ServerConfig
+    from loraledger.server.limits import ServerLimits
 
     modules = tuple(LoRAModule.parse(text) for text in args.lora_modules)
     engine_args = EngineArgs(
@@ -215,6 +256,7 @@ def config_from_args(args: argparse.Namespace):
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
         revision=args.revision, tokenizer_revision=args.tokenizer_revision, download_dir=args.download_dir,
+        start_timeout=args.start_timeout,
     )  # fmt: skip
     return ServerConfig(
         engine_args=engine_args,
@@ -228,6 +270,18 @@ def config_from_args(args: argparse.Namespace):
         max_pending_requests=args.max_pending_requests,
         trust_request_chat_template=args.trust_request_chat_template,
         root_path=args.root_path,
+        limits=ServerLimits(
+            max_stop_strings=args.max_stop_strings,
+            max_stop_chars=args.max_stop_chars,
+            max_token_id_list=args.max_token_id_list,
+            max_logit_bias=args.max_logit_bias,
+            max_rendered_chars=args.max_rendered_chars,
+            chat_template_seconds=args.chat_template_timeout,
+            body_seconds=args.body_timeout,
+            max_body_readers=args.max_body_readers,
+            header_seconds=args.header_timeout,
+            max_connections_per_client=args.max_connections_per_client,
+        ),
     )
 
 
@@ -246,6 +300,7 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
     import uvicorn
 
     from loraledger.server.app import build_app
+    from loraledger.server.connections import uvicorn_options
 
     log = structlog.get_logger().bind(actor="server")
     app = build_app(config)
@@ -260,11 +315,11 @@ def serve(config, *, port: int, uds: str | None = None, log_config: dict | None 
             log.warning("no --api-keys: serving on loopback only, without authentication", host=config.host)
     uv_config = uvicorn.Config(
         app, host=config.host, port=port, uds=uds, log_config=log_config, timeout_graceful_shutdown=config.shutdown_grace_seconds,
-        access_log=True, proxy_headers=False, server_header=False, lifespan="on",
+        access_log=True, proxy_headers=False, server_header=False, lifespan="on", **uvicorn_options(config.limits),
     )  # fmt: skip
-    server = _Server(uv_config, on_exit=state.begin_drain)
+    server = _Server(uv_config, on_exit=lambda sig: (state.mark_draining(), state.signals.post(sig)))
     if hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda *_: state.reload_keys())
+        signal.signal(signal.SIGHUP, state.signals.post)  # the reload runs in a task, never in the handler
     server.run(sockets=sockets)
     return 0 if server.started else 1
 
@@ -278,7 +333,8 @@ class _Server:
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig, frame) -> None:
-                on_exit()
+                # a signal handler: flags and a wake-up only (loraledger.server.signals says why)
+                on_exit(sig)
                 super().handle_exit(sig, frame)
 
             def capture_signals(self):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import ConfigError
+from loraledger.server.limits import ServerLimits
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body above this is refused (413) before it is read whole
 DEFAULT_GRACE_SECONDS = 30.0
@@ -55,6 +56,7 @@ class ServerConfig:
     max_prompts_per_request: int = 64  # /v1/completions: prompts in one body
     trust_request_chat_template: bool = False  # let a request's `chat_template` (Jinja) render its conversation
     root_path: str = ""
+    limits: ServerLimits = field(default_factory=ServerLimits)  # per-request counts, sizes and waits on clients
     extra: dict = field(default_factory=dict)  # reserved for hosts that mount the routes (Ray Serve)
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from loraledger.server.serving_engine import (
     RequestContext,
     caller_request_id,
     chat_logprobs,
+    check_unicode,
     response_id,
     sse,
     usage,
@@ -32,17 +33,35 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
 class OpenAIServingChat(OpenAIServing):
     async def render(self, req, lora) -> tuple[dict, str]:
-        """The engine prompt ({"prompt_token_ids", "prompt"}) of a conversation, and the template's sha256."""
-        if req.chat_template is not None and not self.state.config.trust_request_chat_template:
+        """The engine prompt ({"prompt_token_ids", "prompt"}) of a conversation, and the template's sha256. Rendering
+        and tokenizing run off the event loop: the model's (or adapter's) template in a worker thread, a request's own
+        template (only with --trust-request-chat-template) in the sandbox process, under a deadline."""
+        kwargs = dict(req.chat_template_kwargs or {}) if isinstance(req.chat_template_kwargs, dict) else None
+        own_template = req.chat_template is not None or (kwargs is not None and kwargs.get("chat_template") is not None)
+        if own_template and not self.state.config.trust_request_chat_template:
+            param = "chat_template" if req.chat_template is not None else "chat_template_kwargs.chat_template"
             raise APIError(
-                400, "a chat_template in the request is refused: this server renders with the model's or the adapter's "
-                "template (start it with --trust-request-chat-template to allow request templates)", param="chat_template",
+                400, "a chat template in the request is refused: this server renders with the model's or the adapter's "
+                "template (start it with --trust-request-chat-template to allow request templates)", param=param,
             )  # fmt: skip
+        check_unicode(req.messages, "messages")
+        check_unicode(req.tools, "tools")
+        check_unicode(req.chat_template_kwargs, "chat_template_kwargs")
         tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
-        rendered = render_chat(
-            tokenizer, req.messages, chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
+        options = dict(
+            chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
         )  # fmt: skip
+        limits = self.state.limits
+        if own_template:
+            rendered = await self.state.template_sandbox().render(tokenizer, req.messages, **options)
+        else:
+            rendered = await anyio.to_thread.run_sync(lambda: render_chat(tokenizer, req.messages, **options))
+            if len(rendered.text) > limits.max_rendered_chars:
+                raise APIError(
+                    400, f"the conversation renders to {len(rendered.text)} characters, over this server's bound of "
+                    f"{limits.max_rendered_chars}; send a shorter conversation", param="messages",
+                )  # fmt: skip
         ids = rendered.token_ids
         if req.add_special_tokens and tokenizer is not None and getattr(tokenizer, "bos_token_id", None) is not None:
             ids = [tokenizer.bos_token_id, *ids]

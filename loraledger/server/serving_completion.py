@@ -41,13 +41,13 @@ class OpenAIServingCompletion(OpenAIServing):
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         structlog.contextvars.bind_contextvars(request_id=base, adapter=req.model)
         echo = await self._echo_texts(req, prompts, lora) if req.echo else None
+        gens = [
+            self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user) for rid, prompt in zip(ids, prompts)
+        ]
         try:
-            # each request's first output is awaited before answering: a refusal at admission is a proper HTTP error
-            gens, firsts = [], []
-            for rid, prompt in zip(ids, prompts):
-                gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user)
-                gens.append(gen)
-                firsts.append(await anext(gen))
+            # each request's first output is awaited before answering (a refusal at admission is a proper HTTP error),
+            # all of them at once: the prompts run together, as vLLM runs them
+            firsts = await self._first_outputs(gens)
         except BaseException:
             for gen in gens:
                 with anyio.CancelScope(shield=True):
@@ -108,8 +108,33 @@ class OpenAIServingCompletion(OpenAIServing):
                     tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
                 if tokenizer is None:
                     raise APIError(400, "echo of token ids needs a tokenizer", param="echo")
-                out.append(tokenizer.decode(p["prompt_token_ids"]))
+                ids = p["prompt_token_ids"]
+                vocab = self.engine.model_config.vocab_size
+                bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)]
+                if bad:
+                    raise APIError(
+                        400, f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="prompt"
+                    )
+                out.append(await anyio.to_thread.run_sync(tokenizer.decode, ids))
         return out
+
+    async def _first_outputs(self, gens) -> list:
+        firsts: list = [None] * len(gens)
+        errors: list[Exception] = []
+
+        async def first(i: int) -> None:
+            try:
+                firsts[i] = await anext(gens[i])
+            except Exception as exc:  # raised below as itself, not in an ExceptionGroup; the other prompts stop
+                errors.append(exc)
+                tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(gens)):
+                tg.start_soon(first, i)
+        if errors:
+            raise errors[0]
+        return firsts
 
     async def _finals(self, gens, firsts) -> list:
         finals: list = list(firsts)

@@ -19,6 +19,7 @@ from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
+from loraledger.server.limits import check_sampling_lists
 from loraledger.server.structured_outputs import structured_outputs_for
 
 LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf in JSON
@@ -90,6 +91,24 @@ def outcome_of(exc: BaseException | None, outputs_aborted: bool = False) -> str:
     return "rejected" if status < 500 else "failed"
 
 
+def check_unicode(value: object, param: str) -> None:
+    """400 for text holding a lone surrogate (JSON can carry "\\ud800"; no tokenizer can encode it), anywhere in a
+    str or in the strs of nested lists and dicts (a body's: bounded by the body size limit)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise APIError(400, f"{param} is not valid Unicode text ({exc.reason})", param=param) from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
 # body field -> SamplingParams field, where the two names agree on the meaning
 _SAME = (
     "n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -126,6 +145,7 @@ class OpenAIServing:
     def sampling_params(self, req, *, max_tokens: int | None, logprobs: int | None, stream: bool) -> SamplingParams:
         """SamplingParams for a request body: its fields over the model's defaults. SamplingParamsError (400) names
         a bad value as SamplingParams' field; what this server does not do is refused with a 400 here."""
+        check_sampling_lists(req, self.state.limits)
         if req.use_beam_search:
             raise APIError(400, "use_beam_search is not supported by this server", param="use_beam_search")
         if req.priority not in (None, 0):
@@ -161,7 +181,7 @@ class OpenAIServing:
         return fp or self.engine.base_model_fingerprint
 
     def tracker(self, model: str, ctx: RequestContext) -> Tracker:
-        return Tracker(self.state.metrics, model, ctx)
+        return Tracker(self.state.metrics, self.models.label(model), ctx)
 
     async def create(self, req, caller: Caller, ctx: RequestContext):
         """Serve one generation request (the subclass's `_create`); its metrics record how it ended, whatever ends it."""

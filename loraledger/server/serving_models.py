@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import anyio
@@ -14,6 +15,8 @@ from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
 
 OWNED_BY = "loraledger"
+FORGET_SECONDS = 5.0  # undoing a failed load's registration (the loader's own bookkeeping: no store involved)
+UNKNOWN_LABEL = "unknown"  # the metrics label of every model name this server does not serve
 
 
 class OpenAIServingModels:
@@ -44,9 +47,13 @@ class OpenAIServingModels:
             raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
         return lora
 
+    def label(self, model: str) -> str:
+        """A model name as a metrics label: a served name, or "unknown" (a caller's made-up names never become series)."""
+        return model if model in self.base_names or model in self.adapters else UNKNOWN_LABEL
+
     async def deny(self, model: str, caller: Caller, route: str):
         state = self._state
-        state.metrics.access_denied.labels(adapter=model).inc()
+        state.metrics.access_denied.labels(adapter=self.label(model)).inc()
         self._log.warning("access denied", adapter=model, route=route)
         ctx = structlog.contextvars.get_contextvars()
         on_record = await state.engine.record_access_denied(
@@ -114,8 +121,15 @@ class OpenAIServingModels:
                 lora = LoRARequest(name, self._next_id, path)
             except LoRARequestError as exc:
                 raise APIError(400, str(exc), param="lora_name") from None
-            await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
-            self._next_id += 1
+            self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
+            try:
+                await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
+            except BaseException:
+                # a load that failed half-way (its record timed out, say) must not leave its id or name registered
+                with anyio.move_on_after(FORGET_SECONDS, shield=True):
+                    with contextlib.suppress(Exception):
+                        await self._state.engine.remove_lora(lora.lora_int_id)
+                raise
             self.adapters[name] = lora
             self._created[name] = int(time.time())
             self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)

@@ -8,6 +8,7 @@ from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
 from loraledger.server.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from loraledger.server.serving_chat import OpenAIServingChat
+from loraledger.server.serving_engine import check_unicode
 
 
 class OpenAIServingTokenization(OpenAIServingChat):
@@ -24,12 +25,23 @@ class OpenAIServingTokenization(OpenAIServingChat):
             prompt, _ = await self.render(req, lora)
             ids = prompt["prompt_token_ids"]
         else:
-            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            bound = self.state.limits.max_rendered_chars
+            if len(req.prompt) > bound:
+                raise APIError(
+                    400, f"the prompt has {len(req.prompt)} characters; this server tokenizes at most {bound} "
+                    "(its --max-rendered-chars)", param="prompt",
+                )  # fmt: skip
+            check_unicode(req.prompt, "prompt")
+            ids = await anyio.to_thread.run_sync(  # off the event loop: a long text takes a while
+                lambda: tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            )
         return {
             "count": len(ids),
             "max_model_len": self.engine.max_model_len,
             "tokens": ids,
-            "token_strs": tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None,
+            "token_strs": (
+                await anyio.to_thread.run_sync(tokenizer.convert_ids_to_tokens, ids) if req.return_token_strs else None
+            ),
         }
 
     async def detokenize(self, req: DetokenizeRequest, caller: Caller, route: str) -> dict:
@@ -38,4 +50,4 @@ class OpenAIServingTokenization(OpenAIServingChat):
         bad = [t for t in req.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
-        return {"prompt": tokenizer.decode(req.tokens)}
+        return {"prompt": await anyio.to_thread.run_sync(tokenizer.decode, req.tokens)}

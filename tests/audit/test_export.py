@@ -76,3 +76,15 @@ def test_csv_cell_and_csv_text_are_inverse():
         cell = csv_cell(text)
         assert not (cell and cell[0] in "=+-@\t\r") or cell.startswith("'")
         assert csv_text(cell) == text
+
+
+def test_a_cell_larger_than_the_csv_modules_default_limit_reads_back(tmp_path):
+    """A request on record with a long stop list (or prompt) makes a cell over csv's 128 KiB default."""
+    path = tmp_path / "requests.csv"
+    big = json.dumps({"stop": [f"s{i}" for i in range(40_000)]})
+    assert len(big) > csv.field_size_limit()
+    with RowWriter(path, ("id", "sampling_params"), "csv") as writer:
+        writer.write(("r1", big))
+        writer.close()
+    [row] = list(read_rows(path, "csv"))
+    assert row["sampling_params"] == big

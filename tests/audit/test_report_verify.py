@@ -122,3 +122,14 @@ def test_reformatted_manifest_and_extra_or_missing_files_fail(copy: Path):
     assert not check.ok and "report.html is missing" in check.problems[0]
     (copy / MANIFEST).unlink()
     assert "cannot read" in verify_report(copy, env=ENV).problems[0]
+
+
+def test_a_shared_key_signature_does_not_pass_for_the_public_key_asked_for(copy: Path, tmp_path: Path):
+    """An HMAC-signed bundle (anyone with the shared key can edit and re-sign it) fails when the verifier gives an
+    Ed25519 public key: it asked for that key holder's signature."""
+    from loraledger.audit.signing import generate_ed25519_key
+
+    generate_ed25519_key(tmp_path / "key.pem", tmp_path / "pub.pem")
+    check = verify_report(copy, key_file=tmp_path / "pub.pem", env=ENV)
+    assert not check.ok and check.signature == "hmac-sha256"
+    assert "not with the Ed25519 key given" in check.problems[0]

@@ -39,7 +39,10 @@ def test_rows_from_before_0006_verify_after_the_upgrade_and_share_their_id_with_
     (new,) = finals
     assert new.request_id == old.request_id and new.audit_id != old.request_id
 
+    # its key is that id, and an exact audit key always wins; asked as a caller id, both requests are listed
     assert main(["audit", "show", old.request_id, "--url", db_url]) == 0
+    assert f"request {old.request_id}  " in capsys.readouterr().out
+    assert main(["audit", "show", old.request_id, "--caller-id", "--url", db_url]) == 0
     shown = capsys.readouterr().out
     assert f"caller request id {old.request_id} was used by 2 requests" in shown
     assert shown.index(f"request {old.request_id} ") < shown.index(f"request {new.audit_id} ")

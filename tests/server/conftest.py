@@ -65,6 +65,7 @@ def live(tiny_llama_chat, keys, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("server")
     with LiveServer(server_config(tiny_llama_chat, tmp, keys)) as server:
         server.audit_url = f"sqlite:///{tmp / 'audit.db'}"
+        server.scrape_key = keys.admin
         server.tiny = tiny_llama_chat
         yield server
 

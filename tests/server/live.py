@@ -42,6 +42,7 @@ class LiveServer:
         import uvicorn
 
         from loraledger.server.app import build_app
+        from loraledger.server.connections import uvicorn_options
 
         self.port = free_port()
         self.app = build_app(config)
@@ -53,6 +54,7 @@ class LiveServer:
             port=self.port,
             log_level="warning",
             timeout_graceful_shutdown=config.shutdown_grace_seconds,
+            **uvicorn_options(config.limits),  # the connection guards `loraledger serve` runs with
         )
         self.server = uvicorn.Server(uv)
         self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)

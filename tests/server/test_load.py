@@ -69,7 +69,8 @@ async def test_200_streaming_clients_then_sigterm_lose_nothing_released(tiny_lla
     modules = [f"{name}={tiny_llama.adapters[name]}" for name in ("qv_r4", "all_r8", "ogd_r16_rslora")]
     args = [str(tiny_llama.model_dir), "--served-model-name", "tiny", "--lora-modules", *modules, "--max-loras", "2",
             "--max-lora-rank", "16", "--block-size", "4", "--max-num-seqs", "64", "--api-keys", str(keys_file),
-            "--audit-url", url_db, "--shutdown-grace", "0.3", "--num-threads", "1", "--log-level", "info"]  # fmt: skip
+            "--audit-url", url_db, "--shutdown-grace", "0.3", "--num-threads", "1", "--log-level", "info",
+            "--max-connections-per-client", "300"]  # fmt: skip
     rng = random.Random(3)
     with ServerProcess(args, log=tmp_path / "server.log") as server:
         url = server.base_url
