@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from loraledger.gpu.step import StepOutput, StepPlan
 from loraledger.lora_request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
 
 

@@ -59,9 +59,9 @@ from loraledger.actors.replies import answer
 from loraledger.actors.scheduler_state import SchedRequest, Seq, SeqStatus
 from loraledger.actors.step_stats import StepStats
 from loraledger.errors import EngineDeadError, RequestFailedError, StructuredOutputError
-from loraledger.gpu.block_manager import BlockManager
-from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from loraledger.logging import get_logger, request_logger
+from loraledger.scheduling.block_manager import BlockManager
+from loraledger.scheduling.step_plan import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from loraledger.store.records import EventKind, EventRecord
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from loraledger.gpu.step import SamplingSpec
 from loraledger.lora_request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import SamplingSpec
 
 
 class SeqStatus(enum.Enum):

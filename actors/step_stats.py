@@ -7,7 +7,7 @@ from collections import Counter
 
 import msgspec
 
-from loraledger.gpu.step import StepOutput, StepPlan
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 
 
 class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,8 +29,8 @@ from bench.serving import ServingConfig
 from bench.workload import Workload
 from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler
-from loraledger.gpu.step import SampledToken, StepOutput, StepPlan
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import SampledToken, StepOutput, StepPlan
 
 
 @dataclass(frozen=True)

@@ -154,3 +154,11 @@ class AuditCorruptError(LoraLedgerError, RuntimeError):
 
 class InstanceLeaseLostError(AuditIntegrityError):
     """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""
+
+
+class InternalError(LoraLedgerError, RuntimeError):
+    """A bug in loraledger: one part broke the contract with another (the scheduler and the model runner, the
+    scheduler and its block manager). No argument a caller passes can cause it; the message says what broke."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (a bug in loraledger, not in the request: please report it with this message)")

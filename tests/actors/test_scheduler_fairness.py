@@ -15,8 +15,8 @@ import pytest
 
 from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler
-from loraledger.gpu.step import SampledToken, StepOutput
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import SampledToken, StepOutput
 
 
 @dataclass

@@ -13,8 +13,8 @@ import anyio
 
 from loraledger.actors.messages import NewRequest, Shutdown, StepDone, StepTokens
 from loraledger.actors.scheduler import Scheduler, _mix_seed
-from loraledger.gpu.step import SampledToken, StepOutput
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import SampledToken, StepOutput
 
 VOCAB = 512
 
