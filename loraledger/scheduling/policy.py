@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from loraledger.actors.messages import NewRequest
 from loraledger.errors import InternalError, RequestFailedError, StructuredOutputError
 from loraledger.logging import get_logger, request_logger
 from loraledger.lora.slot_table import SlotTable
@@ -60,7 +61,7 @@ class SchedulingPolicy:
 
     # --- requests -----------------------------------------------------------------------------
 
-    def add(self, request) -> None:
+    def add(self, request: NewRequest) -> None:
         """Queue a NewRequest's sequences. Raises (and holds nothing of it) when the request cannot be built."""
         self._batch.enter(self._intake.make(request))
 

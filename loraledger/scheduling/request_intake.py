@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from loraledger.actors.messages import NewRequest
 from loraledger.errors import RequestFailedError
 from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.request_state import SchedRequest, Seq
@@ -21,7 +22,7 @@ class RequestIntake:
         self._next_order = 0
         self._next_seq_id = 0
 
-    def make(self, msg) -> SchedRequest:
+    def make(self, msg: NewRequest) -> SchedRequest:
         """The request of a NewRequest with all its sequences; the numbering moves on only once all of them exist."""
         params = msg.params
         ckpt = msg.checkpoint

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from loraledger.actors.messages import RequestTiming, SeqUpdate
 from loraledger.scheduling.batch_state import BatchState
@@ -11,6 +12,9 @@ from loraledger.scheduling.block_manager import BlockManager
 from loraledger.scheduling.request_state import SeqStatus
 from loraledger.scheduling.step_plan import StepOutput
 from loraledger.scheduling.stop_rules import check_stop
+
+if TYPE_CHECKING:
+    pass
 
 
 @dataclass

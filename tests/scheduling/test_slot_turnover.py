@@ -1,4 +1,4 @@
-"""The Scheduler's adapter-slot turnover on the churn traffic of issue 6, on a simulated clock.
+"""The scheduling policy's adapter-slot turnover on the churn-serving traffic, on a simulated clock.
 
 bench.slot_sim calls the real SchedulingPolicy with a stand-in executor,
 so these checks see the schedule itself: every request finishes, adapters are not thrown out of
