@@ -211,7 +211,7 @@ class AuditWriter:
                 notify.extend(msg.commit_notify)
         if notify:
             try:
-                await self._assembler.send(AuditCommitted(request_ids=notify))
+                await self._assembler.send(AuditCommitted(audit_ids=notify))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # shutting down: the assembler has already failed what it held
         self._log.debug("group commit", messages=len(pending), seconds=round(time.perf_counter() - started, 5))
@@ -230,7 +230,7 @@ class AuditWriter:
         await answer(msg.reply, error)
         if msg.commit_notify:
             try:
-                await self._assembler.send(AuditRefused(request_ids=list(msg.commit_notify), error=error))
+                await self._assembler.send(AuditRefused(audit_ids=list(msg.commit_notify), error=error))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
