@@ -1,6 +1,7 @@
 """QuantizedLinear: a weight-only low-bit linear layer on the CPU.
 
-4-bit weights whose group size torch's CPU kernel takes (32, 64, 128, 256) are repacked once, at construction, for
+4-bit weights whose group size torch's CPU kernel takes (32, 64, 128, 256), with in and out features multiples of 16, are
+repacked once, at construction, for
 torch.ops.aten._weight_int4pack_mm_for_cpu; 8-bit per-channel symmetric weights run torch._weight_int8pack_mm. Both
 kernels take bf16 activations. Any other layout (another group size, 8-bit groups or zero points) is dequantized
 once, at construction, to a dense weight (path "dequantized"). The path taken is kept in .path.
@@ -31,29 +32,49 @@ class QuantizedLinear:
         dtype: torch.dtype = torch.bfloat16,
         allow_kernel: bool = True,
     ) -> None:
+        if scale.shape != zero.shape:
+            raise QuantizationError(f"scale {tuple(scale.shape)} / zero {tuple(zero.shape)} differ in shape")
+        self._build(q, scale, -zero * scale, bits, dtype, allow_kernel)
+
+    @classmethod
+    def from_affine(
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        offset: torch.Tensor,
+        bits: int,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        allow_kernel: bool = True,
+    ) -> QuantizedLinear:
+        """W = q * scale + offset per group (GGUF's Q4_1 and Q4_K write a min, not a zero point)."""
+        layer = cls.__new__(cls)
+        layer._build(q, scale, offset, bits, dtype, allow_kernel)
+        return layer
+
+    def _build(self, q, scale, offset, bits, dtype, allow_kernel) -> None:
         out, k = q.shape
-        if scale.shape != zero.shape or scale.shape[0] != out or k % scale.shape[1]:
-            raise QuantizationError(
-                f"scale {tuple(scale.shape)} / zero {tuple(zero.shape)} do not fit a [{out}, {k}] weight"
-            )
+        scale, offset = scale.to(torch.float32), offset.to(torch.float32)
+        if scale.shape != offset.shape or scale.dim() != 2 or scale.shape[0] != out or k % scale.shape[1]:
+            raise QuantizationError(f"scale {tuple(scale.shape)} does not fit a [{out}, {k}] weight")
         if int(q.min()) < 0 or int(q.max()) >= 2**bits:
             raise QuantizationError(f"quantized values outside [0, {2**bits}) for a {bits}-bit weight")
         self.out_features, self.in_features, self.bits, self.dtype = out, k, bits, dtype
         self.group_size = k // scale.shape[1]
         self.path = "dequantized"
-        if allow_kernel and bits == 4 and self.group_size in INT4_GROUP_SIZES and k % 16 == 0 and out % 8 == 0:
-            self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
-            # torch's kernel computes (q - 8) * scale + bias per group: bias = (8 - zero) * scale
-            bias = (8.0 - zero) * scale
+        if allow_kernel and bits == 4 and self.group_size in INT4_GROUP_SIZES and k % 16 == 0 and out % 16 == 0:
+            self._packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+            # torch's kernel computes (q - 8) * scale + bias per group, so bias = 8 * scale + offset
+            bias = 8.0 * scale + offset
             self._scales_and_zeros = torch.stack([scale.t(), bias.t()], dim=-1).to(torch.bfloat16).contiguous()
             self.path = "int4pack"
-        elif allow_kernel and bits == 8 and scale.shape[1] == 1 and bool((zero == 128).all()):
-            self._int8 = (q - 128).to(torch.int8).contiguous()
+        elif allow_kernel and bits == 8 and scale.shape[1] == 1 and bool((offset == -128.0 * scale).all()):
+            self._int8 = (q.to(torch.int32) - 128).to(torch.int8).contiguous()
             self._scales = scale[:, 0].to(torch.bfloat16).contiguous()
             self.path = "int8pack"
         else:
             groups = scale.shape[1]
-            w = (q.to(torch.float32).reshape(out, groups, -1) - zero[..., None]) * scale[..., None]
+            w = q.to(torch.float32).reshape(out, groups, -1) * scale[..., None] + offset[..., None]
             self._dense = w.reshape(out, k).to(dtype).contiguous()
 
     def dequantized(self) -> torch.Tensor:

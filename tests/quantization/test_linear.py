@@ -55,5 +55,5 @@ def test_out_of_range_values_are_refused():
     q = torch.full((8, 32), 16, dtype=torch.int32)
     with pytest.raises(QuantizationError, match="outside"):
         QuantizedLinear(q, torch.ones(8, 1), torch.full((8, 1), 8.0), 4)
-    with pytest.raises(QuantizationError, match="do not fit"):
+    with pytest.raises(QuantizationError, match="does not fit"):
         QuantizedLinear(q - 16, torch.ones(8, 3), torch.full((8, 3), 8.0), 4)
