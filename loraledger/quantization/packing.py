@@ -9,6 +9,10 @@ GPTQ (checkpoint_format "gptq"): qweight int32 [in * bits / 32, out] packed alon
 qzeros int32 [groups, out * bits / 32] packed along the output dim, stored as zero - 1; scales [groups, out];
 g_idx [in] the group of each input column. Dequantized weight[n, k]: (q[k, n] - (qzeros[g, n] + 1)) * scales[g, n]
 with g = g_idx[k].
+
+AWQ (GEMM layout): qweight int32 [in, out / 8] and qzeros int32 [groups, out / 8], both packed along the output
+dim with the nibble order [0, 2, 4, 6, 1, 3, 5, 7] (nibble i holds output column 8 * word + order[i]); scales
+[groups, out]. Dequantized weight[n, k]: (q[k, n] - zeros[g, n]) * scales[g, n] with g = k // group_size.
 """
 
 from __future__ import annotations
@@ -106,3 +110,29 @@ def gptq_unpack(
         raise QuantizationError(f"g_idx of shape {tuple(g_idx.shape)} does not index {scales.shape[0]} groups")
     w = (q - zeros[g_idx]).to(torch.float32) * scales.to(torch.float32)[g_idx]
     return w.t().contiguous()
+
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _awq_columns(words: torch.Tensor) -> torch.Tensor:
+    nibbles = unpack_int32(words, 4, dim=1)  # [rows, out] in nibble order within each word
+    rows, out = nibbles.shape
+    columns = torch.empty_like(nibbles).reshape(rows, -1, 8)
+    columns[..., list(AWQ_ORDER)] = nibbles.reshape(rows, -1, 8)
+    return columns.reshape(rows, out)
+
+
+def awq_unpack(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q unsigned int32 [out, in], scale fp32 [out, groups], zero fp32 [out, groups]) of an AWQ GEMM layer, ready
+    for QuantizedLinear (its 4-bit groups run on torch's int4 kernel)."""
+    q = _awq_columns(qweight).t().contiguous()
+    zeros = _awq_columns(qzeros).to(torch.float32)
+    if zeros.shape != scales.shape or q.shape[0] != scales.shape[1] or q.shape[1] % scales.shape[0]:
+        raise QuantizationError(
+            f"AWQ qweight {tuple(qweight.shape)}, qzeros {tuple(qzeros.shape)} and scales {tuple(scales.shape)} "
+            "do not describe one layer"
+        )
+    return q, scales.to(torch.float32).t().contiguous(), zeros.t().contiguous()

@@ -73,3 +73,27 @@ def test_gptq_desc_act_uses_g_idx(bits):
     assert torch.equal(got, want)
     with pytest.raises(QuantizationError, match="g_idx"):
         gptq_unpack(qweight, qzeros, scales, g_idx + k, bits, g)
+
+
+def test_awq_nibble_order_and_layer():
+    from loraledger.quantization import QuantizedLinear
+    from loraledger.quantization.packing import awq_unpack
+
+    # one word: output columns 0..7 hold 0..7; nibble i holds column [0, 2, 4, 6, 1, 3, 5, 7][i]
+    word = torch.tensor([[0x75316420]], dtype=torch.int32)
+    q, scale, zero = awq_unpack(word.expand(128, 1).contiguous(), word, torch.ones(1, 8))
+    assert torch.equal(q[:, 0], torch.arange(8, dtype=torch.int32)) and torch.equal(zero[:, 0], torch.arange(8.0))
+    gen = torch.Generator().manual_seed(11)
+    k, n, g = 256, 32, 128
+    cols = torch.randint(0, 16, (k, n), generator=gen)
+    zeros = torch.randint(0, 16, (k // g, n), generator=gen)
+    scales = torch.rand(k // g, n, generator=gen) * 0.01 + 0.001
+    order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])
+    pack = lambda t: pack_int32(t.reshape(t.shape[0], -1, 8)[..., order].reshape(t.shape), 4, dim=1)  # noqa: E731
+    q, scale, zero = awq_unpack(pack(cols), pack(zeros), scales)
+    want = ((cols - zeros.repeat_interleave(g, 0)).float() * scales.repeat_interleave(g, 0)).t()
+    layer = QuantizedLinear(q, scale, zero, 4)
+    assert layer.path == "int4pack"
+    assert torch.allclose(layer.dequantized(), want, atol=2e-3, rtol=1e-2)
+    with pytest.raises(QuantizationError, match="one layer"):
+        awq_unpack(pack(cols), pack(zeros), scales[:, :8])
