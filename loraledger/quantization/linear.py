@@ -31,10 +31,13 @@ class QuantizedLinear:
         *,
         dtype: torch.dtype = torch.bfloat16,
         allow_kernel: bool = True,
+        perm: torch.Tensor | None = None,
     ) -> None:
         if scale.shape != zero.shape:
             raise QuantizationError(f"scale {tuple(scale.shape)} / zero {tuple(zero.shape)} differ in shape")
         self._build(q, scale, -zero * scale, bits, dtype, allow_kernel)
+        # GPTQ desc_act: q's columns are x's columns in this order (x is gathered to match at each call)
+        self.perm = perm
 
     @classmethod
     def from_affine(
@@ -50,6 +53,7 @@ class QuantizedLinear:
         """W = q * scale + offset per group (GGUF's Q4_1 and Q4_K write a min, not a zero point)."""
         layer = cls.__new__(cls)
         layer._build(q, scale, offset, bits, dtype, allow_kernel)
+        layer.perm = None
         return layer
 
     def _build(self, q, scale, offset, bits, dtype, allow_kernel) -> None:
@@ -79,7 +83,7 @@ class QuantizedLinear:
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight [out, in] this layer computes with (the reference the tests compare against)."""
-        if self.path == "dequantized":
+        if self.path == "dequantized" and self.perm is None:
             return self._dense.to(torch.float32)
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
         return self(eye).to(torch.float32).t().contiguous()
@@ -94,6 +98,8 @@ class QuantizedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2[:, self.perm]
         if self.path == "int4pack":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(torch.bfloat16), self._packed, self.group_size, self._scales_and_zeros

@@ -136,3 +136,32 @@ def awq_unpack(
             "do not describe one layer"
         )
     return q, scales.to(torch.float32).t().contiguous(), zeros.t().contiguous()
+
+
+def gptq_grouped(
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    g_idx: torch.Tensor | None,
+    bits: int,
+    group_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q unsigned int32 [out, in], scale [out, groups], zero [out, groups], perm) of a GPTQ layer for QuantizedLinear.
+
+    With desc_act the columns of one group are scattered; perm (None when they are already in order) sorts them by
+    group, so that x[:, perm] @ W[:, perm].T, which equals x @ W.T, runs on contiguous groups."""
+    q = unpack_int32(qweight, bits, dim=0).t().contiguous()  # [out, in]
+    n, k = q.shape
+    zeros = (unpack_int32(qzeros, bits, dim=1)[:, :n] + 1).to(torch.float32)
+    groups = scales.shape[0]
+    if k % groups or zeros.shape != scales.shape:
+        raise QuantizationError(f"GPTQ scales {tuple(scales.shape)} do not describe a [{n}, {k}] weight's groups")
+    perm = None
+    if g_idx is not None:
+        g_idx = g_idx.to(torch.int64)
+        if g_idx.shape != (k,) or bool((torch.bincount(g_idx, minlength=groups) != k // groups).any()):
+            raise QuantizationError(f"g_idx does not put {k // groups} columns in each of {groups} groups")
+        order = torch.argsort(g_idx, stable=True)
+        if not torch.equal(order, torch.arange(k)):
+            perm, q = order, q[:, order].contiguous()
+    return q, scales.to(torch.float32).t().contiguous(), zeros.t().contiguous(), perm

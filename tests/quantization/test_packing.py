@@ -97,3 +97,31 @@ def test_awq_nibble_order_and_layer():
     assert torch.allclose(layer.dequantized(), want, atol=2e-3, rtol=1e-2)
     with pytest.raises(QuantizationError, match="one layer"):
         awq_unpack(pack(cols), pack(zeros), scales[:, :8])
+
+
+@pytest.mark.parametrize("shuffled", [True, False])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gptq_grouped_runs_desc_act_on_the_kernels(bits, shuffled):
+    from loraledger.quantization import QuantizedLinear
+    from loraledger.quantization.packing import gptq_grouped
+
+    gen = torch.Generator().manual_seed(13 + bits)
+    k, n, g = 256, 32, 64
+    q = torch.randint(0, 2**bits, (k, n), generator=gen)
+    zeros = torch.randint(1, 2**bits, (k // g, n), generator=gen)
+    scales = (torch.rand(k // g, n, generator=gen) * 0.01 + 0.001).half()
+    g_idx = torch.arange(k) // g
+    if shuffled:
+        g_idx = g_idx[torch.randperm(k, generator=gen)]
+    qweight, qzeros = _gptq_pack(q, zeros, bits)
+    want = gptq_unpack(qweight, qzeros, scales, g_idx, bits, g)
+    gq, scale, zero, perm = gptq_grouped(qweight, qzeros, scales, g_idx, bits, g)
+    assert (perm is not None) is shuffled
+    layer = QuantizedLinear(gq, scale, zero, bits, perm=perm)
+    assert layer.path == ("int4pack" if bits == 4 else "dequantized")
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    ref = x.float() @ want.t()
+    assert torch.allclose(layer(x).float(), ref, rtol=3e-2, atol=3e-2 * ref.abs().max().item())
+    assert torch.allclose(layer.dequantized(), want, atol=2e-3 * float(want.abs().max()), rtol=2e-2)
+    with pytest.raises(QuantizationError, match="columns in each"):
+        gptq_grouped(qweight, qzeros, scales, torch.zeros(k, dtype=torch.int64), bits, g)
