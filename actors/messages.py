@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from loraledger.gpu.step import StepOutput, StepPlan
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
 
 
@@ -69,9 +69,9 @@ class Submit(Msg):
 class Abort(Msg):
     """Abort requests. To Admission: request_ids are caller ids (the live request holding each), audit_ids audit keys;
     Admission frees the caller ids at once (vLLM: an aborted id may be reused) and passes audit keys on. From
-    Admission and the OutputAssembler to the Scheduler: request_ids are audit keys."""
+    Admission and the OutputAssembler to the Scheduler: audit_ids only."""
 
-    request_ids: list[str]
+    request_ids: list[str] = []
     audit_ids: list[str] = []
 
 
@@ -124,7 +124,7 @@ class ListLoras(Msg):
 
 
 class NewRequest(Msg):
-    request_id: str
+    audit_id: str  # the audit key the engine made for the request (past admission, the engine's only key for it)
     prompt_token_ids: list[int]
     params: SamplingParams
     lora_request: LoRARequest | None
@@ -195,7 +195,7 @@ class StepDone(Msg):
 class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """New tokens of one sequence after a step (hot path)."""
 
-    request_id: str
+    audit_id: str
     seq_index: int
     token_ids: list[int]
     logprobs: list[float]
@@ -206,7 +206,7 @@ class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
 
 
 class RequestTiming(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
-    request_id: str
+    audit_id: str
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None
     preempted: bool = False
@@ -222,14 +222,14 @@ class StepTokens(Msg):
 class StopSeq(Msg):
     """OutputAssembler -> Scheduler: a stop string ended this sequence; stop computing it."""
 
-    request_id: str
+    audit_id: str
     seq_index: int
 
 
 class RequestFailed(Msg):
     """A request cannot go on (step error, adapter changed); the OutputAssembler ends it with the error."""
 
-    request_id: str
+    audit_id: str
     error: object
 
 

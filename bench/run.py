@@ -83,7 +83,7 @@ CATALOGUE = (
     ),
     Benchmark(
         "schedule",
-        "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock",
+        "steps and slot loads the scheduling policy needs for the churn traffic, on a simulated clock",
         "seconds",
         "bench.slot_sim",
         "--rates 5.4 9.8 --max-loras 8",

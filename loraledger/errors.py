@@ -167,3 +167,11 @@ class DemoFetchError(LoraLedgerError, RuntimeError):
 
 class EvidenceError(LoraLedgerError, ValueError):
     """A receipt, checkpoint, proof, signed note or key that is malformed or does not check out; the message names which."""
+
+
+class InternalError(LoraLedgerError, RuntimeError):
+    """A bug in loraledger: one part broke the contract with another (the scheduler and the model runner, the
+    scheduler and its block manager). No argument a caller passes can cause it; the message says what broke."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (a bug in loraledger, not in the request: please report it with this message)")
