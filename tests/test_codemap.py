@@ -34,3 +34,8 @@ def test_every_actor_module_has_a_row_in_the_codemap():
     assert len(actors) >= 5, "few actors found: the docstring pattern no longer matches how actors are described"
     unlisted = [p.name for p in actors if f"`actors/{p.name}`" not in CODEMAP]
     assert not unlisted, f"actors without a row in CODEMAP.md: {unlisted}"
+
+
+def test_every_actor_has_a_test_file_of_its_own():
+    untested = [p.name for p in actor_modules() if not (ROOT / "tests" / "actors" / f"test_{p.name}").exists()]
+    assert not untested, f"actors without tests/actors/test_<module>.py: {untested}"
