@@ -132,7 +132,7 @@ async def test_a_caller_id_held_by_a_live_request_is_refused_until_that_request_
         assert isinstance(await delivered(first), Accepted)
         clash = await h.submit("k5", [1], caller="same")
         assert isinstance(await delivered(clash), DuplicateRequestError)
-        await h.inbox.send(RequestDone(request_id="k4"))
+        await h.inbox.send(RequestDone(audit_id="k4"))
         again = await h.submit("k6", [1], caller="same")
         assert isinstance(await delivered(again), Accepted)
         await h.inbox.send(Shutdown())

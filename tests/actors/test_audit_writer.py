@@ -101,7 +101,7 @@ async def test_records_that_arrive_during_a_commit_share_the_next_one_and_are_ac
             while len(notified) < 3:
                 msg = await h.assembler.receive()
                 assert isinstance(msg, AuditCommitted)
-                notified += msg.request_ids
+                notified += msg.audit_ids
         await h.inbox.send(Shutdown())
     assert sorted(notified) == ["r1", "r2", "r3"]
     assert [len(b.requests) + len(b.events) for b in store.batches] == [1, 3], "the three waiting records: one commit"
@@ -141,7 +141,7 @@ async def test_while_the_store_is_down_admissions_are_refused_and_held_records_c
         with anyio.fail_after(10):
             committed = await h.assembler.receive()
         await h.inbox.send(Shutdown())
-    assert isinstance(committed, AuditCommitted) and committed.request_ids == ["r1"]
+    assert isinstance(committed, AuditCommitted) and committed.audit_ids == ["r1"]
     assert [e.request_id for b in store.batches for e in b.events] == ["r1"]
     assert not store.existing_request_ids(["r2"]), "a refused admission is not on record"
     assert h.writer.stats.failures >= 1 and not h.writer.stats.store_down

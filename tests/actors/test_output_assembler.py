@@ -40,7 +40,7 @@ class Harness:
         params = SamplingParams(max_tokens=2, output_kind=RequestOutputKind.FINAL_ONLY)
         await self.inbox.send(
             TrackRequest(
-                request_id=rid,
+                audit_id=rid,
                 prompt=None,
                 prompt_token_ids=[1, 2, 3],
                 params=params,
@@ -75,14 +75,14 @@ async def test_a_final_output_reaches_the_caller_only_once_its_rows_are_durable(
         assert [e.request_id for e in append.events] == ["a1"]
         await anyio.sleep(0.05)
         assert nothing_waiting(h.caller), "the output went out before its completion rows were committed"
-        await h.inbox.send(AuditCommitted(request_ids=["a1"]))
+        await h.inbox.send(AuditCommitted(audit_ids=["a1"]))
         with anyio.fail_after(10):
             delivery = await h.caller.receive()
             done = await h.admission.receive()
         await h.inbox.send(Shutdown())
     assert isinstance(delivery, Delivery) and isinstance(delivery.item, RequestOutput)
     assert delivery.item.finished and delivery.item.outputs[0].token_ids == [5, 6]
-    assert isinstance(done, RequestDone) and done.request_id == "a1"
+    assert isinstance(done, RequestDone) and done.audit_id == "a1"
 
 
 async def test_rows_the_database_refuses_end_the_request_with_the_error_not_the_output():
@@ -91,7 +91,7 @@ async def test_rows_the_database_refuses_end_the_request_with_the_error_not_the_
         await tg.start(h.assembler.run)
         await h.finish_one("a2")
         error = AuditUnavailableError("the database refused the rows")
-        await h.inbox.send(AuditRefused(request_ids=["a2"], error=error))
+        await h.inbox.send(AuditRefused(audit_ids=["a2"], error=error))
         with anyio.fail_after(10):
             delivery = await h.caller.receive()
         await h.inbox.send(Shutdown())
