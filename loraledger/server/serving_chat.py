@@ -14,6 +14,7 @@ from loraledger.chat import render_chat
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
 from loraledger.server.serving_engine import (
     SSE_DONE,
@@ -132,7 +133,7 @@ class OpenAIServingChat(OpenAIServing):
             "choices": choices,
             "usage": usage(tracker.prompt_tokens, generated),
             "system_fingerprint": self.fingerprint(final),
-            "prompt_logprobs": None,
+            "prompt_logprobs": prompt_logprobs_body(final.prompt_logprobs) if req.prompt_logprobs is not None else None,
             "receipts": [final.receipt] if final.receipt is not None else [],  # the log's signed receipt (EVIDENCE.md)
         }
         tracker.finish("ok")
