@@ -17,6 +17,8 @@ def check_echo(req, stream: bool) -> None:
     """Refuse what the echo paths do not serve, naming the fix."""
     if stream and echo_only(req):
         raise APIError(400, "echo with max_tokens=0 is served unstreamed; set stream=false", param="stream")
+    if stream and req.echo and req.logprobs is not None:
+        raise APIError(400, "echo with logprobs is served unstreamed; set stream=false", param="stream")
 
 
 def prompt_logprobs_wanted(req) -> int | None:

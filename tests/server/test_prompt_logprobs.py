@@ -66,10 +66,11 @@ def test_prompt_logprobs_are_returned_not_dropped(live, keys):
     assert plain["choices"][0]["prompt_logprobs"] is None
 
 
-def test_max_tokens_0_without_echo_and_streamed_echo_alone_are_400(live, keys):
+def test_max_tokens_0_without_echo_and_streamed_echo_with_logprobs_are_400(live, keys):
     for body in (
         {"model": "tiny", "prompt": "the sea", "max_tokens": 0},
         {"model": "tiny", "prompt": "the sea", "max_tokens": 0, "echo": True, "stream": True},
+        {"model": "tiny", "prompt": "the sea", "max_tokens": 2, "echo": True, "logprobs": 1, "stream": True},
     ):
         r = httpx.post(
             f"{live.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {keys.acme}"}, timeout=60
