@@ -28,6 +28,7 @@ from loraledger.server.serving_engine import (
     usage,
 )
 from loraledger.server.streaming import SSEResponse
+from loraledger.server.tools.forced import forced_tools, tool_calls
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -69,7 +70,8 @@ class OpenAIServingChat(OpenAIServing):
         return {"prompt_token_ids": ids, "prompt": rendered.text}, rendered.template_sha256
 
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
-        if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):
+        forced = forced_tools(req)  # "required" or a named function: enforced through structured outputs
+        if forced is None and req.tool_choice == "auto" and req.tools:
             raise APIError(
                 400,
                 "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')",
@@ -88,6 +90,8 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(
             req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream
         )
+        if forced is not None:
+            params = msgspec.structs.replace(params, structured_outputs=forced.constraint)
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
@@ -112,6 +116,7 @@ class OpenAIServingChat(OpenAIServing):
         choices, generated = [], 0
         for c in final.outputs:
             generated += len(c.token_ids)
+            calls = tool_calls(forced, c.text) if forced is not None else None
             logprobs = (
                 {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
                 if req.logprobs and c.logprobs is not None
@@ -119,9 +124,10 @@ class OpenAIServingChat(OpenAIServing):
             )
             choices.append({
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "message": {"role": "assistant", "content": None if calls else c.text, "refusal": None,
+                            "tool_calls": calls or []},
                 "logprobs": logprobs,
-                "finish_reason": c.finish_reason,
+                "finish_reason": ("tool_calls" if forced.name is None else "stop") if calls else c.finish_reason,
                 "stop_reason": c.stop_reason,
             })  # fmt: skip
         tracker.tokens(generated)
