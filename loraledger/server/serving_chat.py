@@ -29,6 +29,7 @@ from loraledger.server.serving_engine import (
 )
 from loraledger.server.streaming import SSEResponse
 from loraledger.server.tools.forced import forced_tools, tool_calls
+from loraledger.server.tools.parsers import PARSERS
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -71,12 +72,18 @@ class OpenAIServingChat(OpenAIServing):
 
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
         forced = forced_tools(req)  # "required" or a named function: enforced through structured outputs
-        if forced is None and req.tool_choice == "auto" and req.tools:
+        config = self.state.config
+        auto = (
+            forced is None and bool(req.tools) and req.tool_choice in (None, "auto") and config.enable_auto_tool_choice
+        )
+        if forced is None and req.tool_choice == "auto" and req.tools and not auto:
             raise APIError(
                 400,
-                "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')",
+                'tool_choice "auto" needs a server started with --enable-auto-tool-choice --tool-call-parser NAME',
                 param="tool_choice",
             )
+        if auto and req.stream:
+            raise APIError(400, 'tool_choice "auto" is served unstreamed; set stream=false', param="stream")
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs
@@ -117,6 +124,9 @@ class OpenAIServingChat(OpenAIServing):
         for c in final.outputs:
             generated += len(c.token_ids)
             calls = tool_calls(forced, c.text) if forced is not None else None
+            content = c.text
+            if auto:
+                content, calls = PARSERS[config.tool_call_parser](c.text)
             logprobs = (
                 {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
                 if req.logprobs and c.logprobs is not None
@@ -124,10 +134,10 @@ class OpenAIServingChat(OpenAIServing):
             )
             choices.append({
                 "index": c.index,
-                "message": {"role": "assistant", "content": None if calls else c.text, "refusal": None,
+                "message": {"role": "assistant", "content": content if auto else None if calls else c.text, "refusal": None,
                             "tool_calls": calls or []},
                 "logprobs": logprobs,
-                "finish_reason": ("tool_calls" if forced.name is None else "stop") if calls else c.finish_reason,
+                "finish_reason": ("stop" if forced is not None and forced.name else "tool_calls") if calls else c.finish_reason,
                 "stop_reason": c.stop_reason,
             })  # fmt: skip
         tracker.tokens(generated)
