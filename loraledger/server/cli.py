@@ -177,10 +177,12 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--enable-auto-tool-choice", action="store_true",
-        help='tool_choice "auto": parse the tool calls the model writes (needs --tool-call-parser)',
+        help='tool_choice "auto": parse the tool calls the model writes (needs --tool-call-parser) (default: off)',
     )  # fmt: skip
     p.add_argument(
-        "--tool-call-parser", default=None, help="the format tool calls are parsed from: hermes, qwen, qwen3"
+        "--tool-call-parser",
+        default=None,
+        help="the format tool calls are parsed from: hermes, qwen, qwen3 (default: none)",
     )
     p.add_argument("--root-path", default="", help="ASGI root path behind a proxy")
     p.add_argument(
