@@ -141,7 +141,7 @@ class Admission:
                 rest = [rid for rid in ids if rid not in self._admitting]
                 if rest:
                     await self._scheduler.send(Abort(audit_ids=rest))
-            case RequestDone(request_id=rid):
+            case RequestDone(audit_id=rid):
                 self._free_caller(rid)
                 self._in_flight.pop(rid, None)
 
@@ -207,7 +207,7 @@ class Admission:
         try:
             await self._assembler.send(
                 TrackRequest(
-                    request_id=rid,
+                    audit_id=rid,
                     prompt=msg.prompt,
                     prompt_token_ids=prompt_ids,
                     params=msg.params,

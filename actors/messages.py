@@ -78,7 +78,7 @@ class Abort(Msg):
 class RequestDone(Msg):
     """OutputAssembler -> Admission: the request's final output was released; its id may be reused in flight checks."""
 
-    request_id: str
+    audit_id: str
 
 
 # --- adapter management (caller / Admission -> AdapterLoader) -----------------------------------
@@ -139,7 +139,7 @@ class NewRequest(Msg):
 class TrackRequest(Msg):
     """Tell the OutputAssembler about an admitted request before its first token can exist."""
 
-    request_id: str
+    audit_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -149,7 +149,7 @@ class TrackRequest(Msg):
     queued_time: float
     channel: object
     tokenizer: object = None  # the request's tokenizer (an adapter's own, or the model's); None: no text
-    caller_request_id: str | None = None  # RequestOutput.request_id (request_id, the audit key, is its audit_id)
+    caller_request_id: str | None = None  # RequestOutput.request_id (audit_id is RequestOutput.audit_id)
 
 
 class PinSlot(Msg):
@@ -255,7 +255,7 @@ class AuditAppend(Msg):
 class AuditCommitted(Msg):
     """AuditWriter -> OutputAssembler: these requests' final rows are durable; release their outputs."""
 
-    request_ids: list[str]
+    audit_ids: list[str]
     receipts: dict[str, dict] = {}  # the signed receipt of each request the commit finished (loraledger/evidence/)
 
 
@@ -269,7 +269,7 @@ class AuditRefused(Msg):
     """AuditWriter -> OutputAssembler: the database refused these requests' final rows; they end with the error
     (an output that cannot be put on record is not released as done)."""
 
-    request_ids: list[str]
+    audit_ids: list[str]
     error: object
 
 

@@ -7,7 +7,7 @@ simulated clock by a step-cost model, adding the arrivals that fall inside a ste
 is taken in, as the scheduler actor does in a live run. A run of
 the churn-serving traffic takes about a second instead of minutes, so scheduling policies can be
 compared here by the steps and slot loads they need (then confirmed with `python -m bench.run
---only churn-serving`), and the test suite checks the Scheduler's slot turnover on the issue's own
+--only churn-serving`), and the test suite checks the policy's slot turnover on the churn-serving
 traffic.
 
 The step cost only sets how many arrivals land between steps; the default is close to this 2-core

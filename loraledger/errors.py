@@ -15,6 +15,11 @@ class ModelLoadError(LoraLedgerError):
     """The base model folder cannot be loaded (missing files, unsupported architecture, bad weights)."""
 
 
+class QuantizationError(ModelLoadError, ValueError):
+    """A checkpoint's quantization is one the engine does not run, is inconsistent with its tensors, or disagrees with
+    the quantization= the caller asked for; the message names what is supported."""
+
+
 class EngineStartError(ModelLoadError):
     """The engine did not start within EngineArgs.start_timeout (a model file that never finishes reading, say)."""
 
