@@ -182,7 +182,7 @@ def register(sub) -> None:
     p.add_argument(
         "--tool-call-parser",
         default=None,
-        help="the format tool calls are parsed from: hermes, qwen, qwen3 (default: none)",
+        help="the format tool calls are parsed from: hermes, qwen, qwen3, llama3_json, mistral (default: none)",
     )
     p.add_argument("--root-path", default="", help="ASGI root path behind a proxy")
     p.add_argument(

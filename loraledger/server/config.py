@@ -57,7 +57,7 @@ class ServerConfig:
     max_prompts_per_request: int = 64  # /v1/completions: prompts in one body
     trust_request_chat_template: bool = False  # let a request's `chat_template` (Jinja) render its conversation
     enable_auto_tool_choice: bool = False  # tool_choice "auto": parse the calls the model writes (vLLM's flag)
-    tool_call_parser: str | None = None  # the format they are parsed from: hermes, qwen, qwen3
+    tool_call_parser: str | None = None  # the format they are parsed from: hermes, qwen, qwen3, llama3_json, mistral
     root_path: str = ""
     limits: ServerLimits = field(default_factory=ServerLimits)  # per-request counts, sizes and waits on clients
     extra: dict = field(default_factory=dict)  # reserved for hosts that mount the routes (Ray Serve)

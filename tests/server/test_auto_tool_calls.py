@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from loraledger.errors import ConfigError
-from loraledger.server.tools.parsers import parse_hermes
+from loraledger.server.tools.parsers import parse_hermes, parse_llama3_json, parse_mistral
 from tests.server.conftest import BASE, server_config
 from tests.server.live import LiveServer
 
@@ -42,6 +42,23 @@ def test_the_hermes_parser_reads_calls_and_leaves_other_text_as_content():
     assert parse_hermes("<tool_call>{not json</tool_call>") == ("<tool_call>{not json</tool_call>", [])
     _, calls = parse_hermes('<tool_call>{"name": "a", "arguments": {}}')  # cut before its closing tag
     assert calls[0]["function"]["name"] == "a"
+
+
+def test_the_llama3_json_parser_reads_one_or_several_calls():
+    content, calls = parse_llama3_json('<|python_tag|>{"name": "clock", "parameters": {"zone": "utc"}}')
+    assert content is None and calls[0]["function"]["name"] == "clock"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"zone": "utc"}
+    _, calls = parse_llama3_json('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}')
+    assert [c["function"]["name"] for c in calls] == ["a", "b"]
+    assert parse_llama3_json("The time is noon.") == ("The time is noon.", [])
+    assert parse_llama3_json('{"city": "oslo"}') == ('{"city": "oslo"}', [])
+
+
+def test_the_mistral_parser_reads_the_tool_calls_list():
+    content, calls = parse_mistral('Sure. [TOOL_CALLS] [{"name": "clock", "arguments": {"zone": "utc"}}]')
+    assert content == "Sure." and calls[0]["function"]["name"] == "clock"
+    assert parse_mistral("[TOOL_CALLS] [oops") == ("[TOOL_CALLS] [oops", [])
+    assert parse_mistral("plain") == ("plain", [])
 
 
 def test_auto_tool_choice_needs_a_known_parser(tiny_llama_chat, tmp_path):
