@@ -175,6 +175,15 @@ def register(sub) -> None:
         action="store_true",
         help="let requests bring their own chat template, Jinja (default: off)",
     )
+    p.add_argument(
+        "--enable-auto-tool-choice", action="store_true",
+        help='tool_choice "auto": parse the tool calls the model writes (needs --tool-call-parser) (default: off)',
+    )  # fmt: skip
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the format tool calls are parsed from: hermes, qwen, qwen3, llama3_json, mistral (default: none)",
+    )
     p.add_argument("--root-path", default="", help="ASGI root path behind a proxy")
     p.add_argument(
         "--log-level",
@@ -269,6 +278,8 @@ def config_from_args(args: argparse.Namespace):
         shutdown_grace_seconds=args.shutdown_grace,
         max_pending_requests=args.max_pending_requests,
         trust_request_chat_template=args.trust_request_chat_template,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
         root_path=args.root_path,
         limits=ServerLimits(
             max_stop_strings=args.max_stop_strings,

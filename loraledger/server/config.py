@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import ConfigError
 from loraledger.server.limits import ServerLimits
+from loraledger.server.tools.parsers import PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body above this is refused (413) before it is read whole
 DEFAULT_GRACE_SECONDS = 30.0
@@ -55,6 +56,8 @@ class ServerConfig:
     )
     max_prompts_per_request: int = 64  # /v1/completions: prompts in one body
     trust_request_chat_template: bool = False  # let a request's `chat_template` (Jinja) render its conversation
+    enable_auto_tool_choice: bool = False  # tool_choice "auto": parse the calls the model writes (vLLM's flag)
+    tool_call_parser: str | None = None  # the format they are parsed from: hermes, qwen, qwen3, llama3_json, mistral
     root_path: str = ""
     limits: ServerLimits = field(default_factory=ServerLimits)  # per-request counts, sizes and waits on clients
     extra: dict = field(default_factory=dict)  # reserved for hosts that mount the routes (Ray Serve)
@@ -62,6 +65,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.engine_args, EngineArgs):
             raise ConfigError("ServerConfig.engine_args must be an EngineArgs")
+        if self.enable_auto_tool_choice and self.tool_call_parser not in PARSERS:
+            raise ConfigError(
+                f"--enable-auto-tool-choice needs --tool-call-parser, one of {sorted(PARSERS)}; "
+                f"got {self.tool_call_parser!r}"
+            )
         names = self.served_model_name or (str(self.engine_args.model),)
         object.__setattr__(self, "served_model_name", tuple(names))
         modules = [m.name for m in self.lora_modules]

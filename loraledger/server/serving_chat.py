@@ -14,6 +14,7 @@ from loraledger.chat import render_chat
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
 from loraledger.server.serving_engine import (
     SSE_DONE,
@@ -27,6 +28,8 @@ from loraledger.server.serving_engine import (
     usage,
 )
 from loraledger.server.streaming import SSEResponse
+from loraledger.server.tools.forced import forced_tools, tool_calls
+from loraledger.server.tools.parsers import PARSERS
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -68,12 +71,19 @@ class OpenAIServingChat(OpenAIServing):
         return {"prompt_token_ids": ids, "prompt": rendered.text}, rendered.template_sha256
 
     async def _create(self, req: ChatCompletionRequest, caller: Caller, ctx: RequestContext, tracker) -> Response:
-        if req.tool_choice not in (None, "none", "auto") or (req.tool_choice == "auto" and req.tools):
+        forced = forced_tools(req)  # "required" or a named function: enforced through structured outputs
+        config = self.state.config
+        auto = (
+            forced is None and bool(req.tools) and req.tool_choice in (None, "auto") and config.enable_auto_tool_choice
+        )
+        if forced is None and req.tool_choice == "auto" and req.tools and not auto:
             raise APIError(
                 400,
-                "tool calling is not supported: tools are passed to the chat template only (tool_choice 'none')",
+                'tool_choice "auto" needs a server started with --enable-auto-tool-choice --tool-call-parser NAME',
                 param="tool_choice",
             )
+        if auto and req.stream:
+            raise APIError(400, 'tool_choice "auto" is served unstreamed; set stream=false', param="stream")
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs
@@ -87,6 +97,8 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(
             req, max_tokens=max_tokens, logprobs=(top or 0) if req.logprobs else None, stream=stream
         )
+        if forced is not None:
+            params = msgspec.structs.replace(params, structured_outputs=forced.constraint)
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
@@ -111,6 +123,10 @@ class OpenAIServingChat(OpenAIServing):
         choices, generated = [], 0
         for c in final.outputs:
             generated += len(c.token_ids)
+            calls = tool_calls(forced, c.text) if forced is not None else None
+            content = c.text
+            if auto:
+                content, calls = PARSERS[config.tool_call_parser](c.text)
             logprobs = (
                 {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
                 if req.logprobs and c.logprobs is not None
@@ -118,9 +134,10 @@ class OpenAIServingChat(OpenAIServing):
             )
             choices.append({
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text, "refusal": None, "tool_calls": []},
+                "message": {"role": "assistant", "content": content if auto else None if calls else c.text, "refusal": None,
+                            "tool_calls": calls or []},
                 "logprobs": logprobs,
-                "finish_reason": c.finish_reason,
+                "finish_reason": ("stop" if forced is not None and forced.name else "tool_calls") if calls else c.finish_reason,
                 "stop_reason": c.stop_reason,
             })  # fmt: skip
         tracker.tokens(generated)
@@ -132,7 +149,7 @@ class OpenAIServingChat(OpenAIServing):
             "choices": choices,
             "usage": usage(tracker.prompt_tokens, generated),
             "system_fingerprint": self.fingerprint(final),
-            "prompt_logprobs": None,
+            "prompt_logprobs": prompt_logprobs_body(final.prompt_logprobs) if req.prompt_logprobs is not None else None,
             "receipts": [final.receipt] if final.receipt is not None else [],  # the log's signed receipt (EVIDENCE.md)
         }
         tracker.finish("ok")

@@ -12,6 +12,14 @@ from starlette.responses import Response
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.prompt_logprobs import (
+    check_echo,
+    echo_logprobs,
+    echo_only,
+    joined,
+    prompt_logprobs_body,
+    prompt_logprobs_wanted,
+)
 from loraledger.server.protocol import CompletionRequest
 from loraledger.server.serving_engine import (
     SSE_DONE,
@@ -35,7 +43,11 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError(400, "best_of is not supported (it must equal n, or be left out)", param="best_of")
         lora = await self.models.resolve(req.model, caller, ctx.route)
         stream = bool(req.stream)
-        params = self.sampling_params(req, max_tokens=req.max_tokens, logprobs=req.logprobs, stream=stream)
+        check_echo(req, stream)
+        max_tokens = 1 if echo_only(req) else req.max_tokens  # the one token run for echo alone is dropped
+        params = self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs, stream=stream)
+        if prompt_logprobs_wanted(req) is not None:
+            params = msgspec.structs.replace(params, prompt_logprobs=prompt_logprobs_wanted(req))
         prompts = await self._prompts(req, lora)
         base = caller_request_id("cmpl", ctx)
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
@@ -57,7 +69,12 @@ class OpenAIServingCompletion(OpenAIServing):
         if stream:
             return SSEResponse(lambda emit: self._stream(req, base, created, gens, firsts, echo, tracker, emit))
         finals = await self._finals(gens, firsts)
-        body = self._response(req, base if len(finals) > 1 else response_id(finals[0]), created, finals, echo, tracker)
+        tokenizer = None
+        if req.echo and req.logprobs is not None:
+            tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+        body = self._response(
+            req, base if len(finals) > 1 else response_id(finals[0]), created, finals, echo, tracker, tokenizer
+        )
         tracker.finish("ok")
         return Response(msgspec.json.encode(body), media_type="application/json")
 
@@ -94,8 +111,6 @@ class OpenAIServingCompletion(OpenAIServing):
         return texts
 
     async def _echo_texts(self, req, prompts, lora) -> list[str]:
-        if req.logprobs is not None:
-            raise APIError(400, "echo with logprobs is not supported by this server", param="echo")
         tokenizer = None
         out = []
         for p in prompts:
@@ -159,24 +174,28 @@ class OpenAIServingCompletion(OpenAIServing):
             raise errors[0]
         return finals
 
-    def _response(self, req, rid: str, created: int, finals, echo, tracker) -> dict:
+    def _response(self, req, rid: str, created: int, finals, echo, tracker, tokenizer=None) -> dict:
         choices, prompt_tokens, generated = [], 0, 0
         n = req.n or 1
         fingerprint = self.fingerprint(finals[0])
         for p, out in enumerate(finals):
             prompt_tokens += len(out.prompt_token_ids or ())
+            alone = echo_only(req)
             for c in out.outputs:
-                generated += len(c.token_ids)
+                generated += 0 if alone else len(c.token_ids)
                 logprobs = None
-                if req.logprobs is not None and c.logprobs is not None:
-                    logprobs, _ = completion_logprobs(c.token_ids, c.logprobs, 0, None)
+                if req.logprobs is not None and c.logprobs is not None and not alone:
+                    logprobs, _ = completion_logprobs(c.token_ids, c.logprobs, len(echo[p]) if echo else 0, None)
+                if echo and req.logprobs is not None:
+                    prompt = echo_logprobs(out.prompt_token_ids or [], out.prompt_logprobs, req.logprobs, tokenizer)
+                    logprobs = joined(prompt, logprobs)
                 choices.append({
                     "index": p * n + c.index,
-                    "text": (echo[p] if echo else "") + c.text,
+                    "text": (echo[p] if echo else "") + ("" if alone else c.text),
                     "logprobs": logprobs,
-                    "finish_reason": c.finish_reason,
-                    "stop_reason": c.stop_reason,
-                    "prompt_logprobs": None,
+                    "finish_reason": "length" if alone else c.finish_reason,
+                    "stop_reason": None if alone else c.stop_reason,
+                    "prompt_logprobs": prompt_logprobs_body(out.prompt_logprobs) if req.prompt_logprobs is not None else None,
                 })  # fmt: skip
         tracker.prompt_tokens = prompt_tokens
         tracker.tokens(generated)

@@ -1,0 +1,1 @@
+"""Tool calling on the chat route: tool_choice enforced through the structured-output engine."""
