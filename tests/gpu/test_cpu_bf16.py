@@ -57,7 +57,9 @@ def _hf_bf16(model_dir: str, prompts: tuple[tuple[int, ...], ...], max_new: int)
     return out
 
 
-def test_bf16_greedy_is_no_further_from_transformers_bf16_than_bf16_is_from_fp32(tiny_llama):
+@pytest.mark.parametrize("native", [True, False], ids=["onednn-prepacked", "f-linear"])
+def test_bf16_greedy_is_no_further_from_transformers_bf16_than_bf16_is_from_fp32(native, tiny_llama, monkeypatch):
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: native)  # the projections' form: see prepack_supported
     max_new = 16
     prompts = random_prompts(8, seed=5)
     fp32 = hf_reference_generate(tiny_llama.model_dir, {}, prompts, [None] * len(prompts), max_new, mixed=False)
