@@ -12,7 +12,7 @@ from loraledger import LLM, SamplingParams
 from loraledger.engine_setup import resolve_dtype
 from loraledger.gpu import cpu_features
 from tests.api.conftest import random_prompts
-from tests.model_fixtures import hf_reference_generate
+from tests.model_fixtures import BASE, hf_reference_generate
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -96,3 +96,54 @@ def test_the_environment_overrides_the_cpu_flags(value, expected, monkeypatch):
         assert cpu_features.native_bf16() is expected
     finally:
         cpu_features.native_bf16.cache_clear()
+
+
+def test_bf16_mixed_adapters_are_no_further_from_peft_bf16_than_peft_bf16_is_from_fp32(tiny_llama, monkeypatch):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.api.conftest import loras_for
+
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: True)
+    loras = loras_for(tiny_llama)
+    names = [None, *sorted(loras)] * 2
+    prompts = random_prompts(len(names), seed=7)
+    max_new = 12
+    fp32 = hf_reference_generate(tiny_llama.model_dir, tiny_llama.adapters, prompts, names, max_new, mixed=False)
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_llama.model_dir), dtype=torch.bfloat16).eval()
+    (first, *rest) = sorted(tiny_llama.adapters.items())
+    peft = PeftModel.from_pretrained(base, str(first[1]), adapter_name=first[0])
+    for name, path in rest:
+        peft.load_adapter(str(path), adapter_name=name)
+    peft.eval()
+    ref = []
+    for p, n in zip(prompts, names):
+        with torch.no_grad():
+            seq = peft.generate(
+                input_ids=torch.tensor([p]),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+                adapter_names=[BASE if n is None else n],
+            )
+        ref.append(seq[0, len(p) :].tolist())
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        device="cpu",
+        dtype="bfloat16",
+        enable_lora=True,
+        max_loras=3,
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+    ) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0, max_tokens=max_new, ignore_eos=True),
+            lora_request=[loras[n] if n else None for n in names],
+        )
+    ours = [o.outputs[0].token_ids for o in outs]
+    ours_vs_peft_bf16 = sum(_agreeing_prefix(a, b) for a, b in zip(ours, ref))
+    peft_bf16_vs_fp32 = sum(_agreeing_prefix(a, b) for a, b in zip(ref, fp32.token_ids))
+    assert ours_vs_peft_bf16 >= peft_bf16_vs_fp32, (ours_vs_peft_bf16, peft_bf16_vs_fp32)
