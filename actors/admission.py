@@ -140,8 +140,8 @@ class Admission:
                 self._abort_on_admit.update(pending)
                 rest = [rid for rid in ids if rid not in self._admitting]
                 if rest:
-                    await self._scheduler.send(Abort(request_ids=rest))
-            case RequestDone(request_id=rid):
+                    await self._scheduler.send(Abort(audit_ids=rest))
+            case RequestDone(audit_id=rid):
                 self._free_caller(rid)
                 self._in_flight.pop(rid, None)
 
@@ -207,7 +207,7 @@ class Admission:
         try:
             await self._assembler.send(
                 TrackRequest(
-                    request_id=rid,
+                    audit_id=rid,
                     prompt=msg.prompt,
                     prompt_token_ids=prompt_ids,
                     params=msg.params,
@@ -224,7 +224,7 @@ class Admission:
             await _deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
             await self._scheduler.send(
                 NewRequest(
-                    request_id=rid,
+                    audit_id=rid,
                     prompt_token_ids=prompt_ids,
                     params=msg.params,
                     lora_request=lora,
@@ -242,7 +242,7 @@ class Admission:
             self._forget(rid, msg.channel)
             if tracked:  # the OutputAssembler ends it: records the failure, tells the caller, frees the id
                 with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                    await self._assembler.send(RequestFailed(request_id=rid, error=error))
+                    await self._assembler.send(RequestFailed(audit_id=rid, error=error))
             else:
                 if bound:
                     await self._record_failed(rid, error)
@@ -251,7 +251,7 @@ class Admission:
         self._admitting.pop(rid, None)
         if rid in self._abort_on_admit:
             self._abort_on_admit.discard(rid)
-            await self._scheduler.send(Abort(request_ids=[rid]))
+            await self._scheduler.send(Abort(audit_ids=[rid]))
         log.debug("admitted", prompt_tokens=len(prompt_ids), fingerprint=(fingerprint or "")[:12])
 
     async def _record_failed(self, rid: str, error: BaseException) -> None:

@@ -214,7 +214,7 @@ class AuditWriter:
         if notify:
             try:
                 issued = {rid: msgspec.to_builtins(receipts[rid]) for rid in notify if rid in receipts}
-                await self._assembler.send(AuditCommitted(request_ids=notify, receipts=issued))
+                await self._assembler.send(AuditCommitted(audit_ids=notify, receipts=issued))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass  # shutting down: the assembler has already failed what it held
         self._log.debug("group commit", messages=len(pending), seconds=round(time.perf_counter() - started, 5))
@@ -233,7 +233,7 @@ class AuditWriter:
         await answer(msg.reply, error)
         if msg.commit_notify:
             try:
-                await self._assembler.send(AuditRefused(request_ids=list(msg.commit_notify), error=error))
+                await self._assembler.send(AuditRefused(audit_ids=list(msg.commit_notify), error=error))
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 

@@ -19,6 +19,7 @@ from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
 from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.logging import get_logger
+from loraledger.scheduling.config import SchedulerConfig
 from loraledger.sources.engine_sources import adapter_settings
 from loraledger.store.records import EventKind, EventRecord
 
@@ -92,11 +93,7 @@ class EngineCore:
             await tg.start(self._supervise, "lease", keeper)
         executor = Executor(recv["executor"], send("scheduler"), s.make_runner)
         self.runner = await tg.start(self._supervise, "executor", executor)
-        scheduler = Scheduler(
-            recv["scheduler"],
-            send("executor"),
-            send("assembler"),
-            send("audit") if audit_on else None,
+        config = SchedulerConfig(
             num_kv_blocks=s.num_kv_blocks,
             block_size=args.block_size,
             enable_prefix_caching=args.enable_prefix_caching,
@@ -110,6 +107,9 @@ class EngineCore:
             extra_stop_ids=s.generation.eos_token_ids if s.generation is not None else (),
             vocab_size=s.model_config.vocab_size,
             chunked_prefill=args.chunked_prefill,
+        )
+        scheduler = Scheduler(
+            recv["scheduler"], send("executor"), send("assembler"), send("audit") if audit_on else None, config
         )
         await tg.start(self._supervise, "scheduler", scheduler)
         assembler = OutputAssembler(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from loraledger.gpu.step import StepOutput, StepPlan
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
 
 
@@ -69,16 +69,16 @@ class Submit(Msg):
 class Abort(Msg):
     """Abort requests. To Admission: request_ids are caller ids (the live request holding each), audit_ids audit keys;
     Admission frees the caller ids at once (vLLM: an aborted id may be reused) and passes audit keys on. From
-    Admission and the OutputAssembler to the Scheduler: request_ids are audit keys."""
+    Admission and the OutputAssembler to the Scheduler: audit_ids only."""
 
-    request_ids: list[str]
+    request_ids: list[str] = []
     audit_ids: list[str] = []
 
 
 class RequestDone(Msg):
     """OutputAssembler -> Admission: the request's final output was released; its id may be reused in flight checks."""
 
-    request_id: str
+    audit_id: str
 
 
 # --- adapter management (caller / Admission -> AdapterLoader) -----------------------------------
@@ -124,7 +124,7 @@ class ListLoras(Msg):
 
 
 class NewRequest(Msg):
-    request_id: str
+    audit_id: str  # the audit key the engine made for the request (past admission, the engine's only key for it)
     prompt_token_ids: list[int]
     params: SamplingParams
     lora_request: LoRARequest | None
@@ -139,7 +139,7 @@ class NewRequest(Msg):
 class TrackRequest(Msg):
     """Tell the OutputAssembler about an admitted request before its first token can exist."""
 
-    request_id: str
+    audit_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -149,7 +149,7 @@ class TrackRequest(Msg):
     queued_time: float
     channel: object
     tokenizer: object = None  # the request's tokenizer (an adapter's own, or the model's); None: no text
-    caller_request_id: str | None = None  # RequestOutput.request_id (request_id, the audit key, is its audit_id)
+    caller_request_id: str | None = None  # RequestOutput.request_id (audit_id is RequestOutput.audit_id)
 
 
 class PinSlot(Msg):
@@ -195,7 +195,7 @@ class StepDone(Msg):
 class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     """New tokens of one sequence after a step (hot path)."""
 
-    request_id: str
+    audit_id: str
     seq_index: int
     token_ids: list[int]
     logprobs: list[float]
@@ -206,7 +206,7 @@ class SeqUpdate(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True
 
 
 class RequestTiming(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
-    request_id: str
+    audit_id: str
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None
     preempted: bool = False
@@ -222,14 +222,14 @@ class StepTokens(Msg):
 class StopSeq(Msg):
     """OutputAssembler -> Scheduler: a stop string ended this sequence; stop computing it."""
 
-    request_id: str
+    audit_id: str
     seq_index: int
 
 
 class RequestFailed(Msg):
     """A request cannot go on (step error, adapter changed); the OutputAssembler ends it with the error."""
 
-    request_id: str
+    audit_id: str
     error: object
 
 
@@ -255,7 +255,7 @@ class AuditAppend(Msg):
 class AuditCommitted(Msg):
     """AuditWriter -> OutputAssembler: these requests' final rows are durable; release their outputs."""
 
-    request_ids: list[str]
+    audit_ids: list[str]
     receipts: dict[str, dict] = {}  # the signed receipt of each request the commit finished (loraledger/evidence/)
 
 
@@ -269,7 +269,7 @@ class AuditRefused(Msg):
     """AuditWriter -> OutputAssembler: the database refused these requests' final rows; they end with the error
     (an output that cannot be put on record is not released as done)."""
 
-    request_ids: list[str]
+    audit_ids: list[str]
     error: object
 
 

@@ -107,7 +107,7 @@ class OutputAssembler:
                         except (
                             Exception
                         ) as exc:  # the failure boundary: this message's request fails, the assembler goes on
-                            rid = getattr(msg, "request_id", None)
+                            rid = getattr(msg, "audit_id", None)
                             self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                             if rid is not None:
                                 await self._fail_quietly(rid, exc)
@@ -123,14 +123,14 @@ class OutputAssembler:
                 self._track(msg)
             case StepTokens():
                 await self._on_tokens(msg)
-            case RequestFailed(request_id=rid, error=error):
+            case RequestFailed(audit_id=rid, error=error):
                 await self._fail(rid, error)
-            case AuditRefused(request_ids=ids, error=error):
+            case AuditRefused(audit_ids=ids, error=error):
                 for rid in ids:
                     req = self._held.pop(rid, None)
                     if req is not None:
                         await self._per_request(rid, self._refused(rid, req, error))
-            case AuditCommitted(request_ids=ids, receipts=receipts):
+            case AuditCommitted(audit_ids=ids, receipts=receipts):
                 for rid in ids:
                     req = self._held.pop(rid, None)
                     if req is not None:
@@ -159,7 +159,7 @@ class OutputAssembler:
             if req is not None and rid not in self._reqs:
                 self._reqs[rid] = req  # held for its audit commit, or half finished: _fail ends it the same way
             await self._fail(rid, error)
-            await _send_quietly(self._scheduler, Abort(request_ids=[rid]))
+            await _send_quietly(self._scheduler, Abort(audit_ids=[rid]))
         except Exception:
             self._log.exception("request could not be failed", request_id=rid)
 
@@ -179,7 +179,7 @@ class OutputAssembler:
             adapter_name=msg.lora_request.lora_name if msg.lora_request else None,
             adapter_fingerprint=msg.adapter_fingerprint,
         )
-        self._reqs[msg.request_id] = _ReqOut(
+        self._reqs[msg.audit_id] = _ReqOut(
             msg=msg, seqs=seqs, metrics=metrics, max_stop_len=max((len(s) for s in params.stop or ()), default=0)
         )
 
@@ -189,21 +189,21 @@ class OutputAssembler:
         failed: dict[str, tuple[_ReqOut, BaseException]] = {}
         self._step_time = msg.time
         for timing in msg.timings:
-            req = self._reqs.get(timing.request_id)
+            req = self._reqs.get(timing.audit_id)
             if req is None:
                 continue
             try:
                 self._on_timing(req, timing)
             except Exception as exc:
-                failed.setdefault(timing.request_id, (req, exc))
+                failed.setdefault(timing.audit_id, (req, exc))
         for update in msg.updates:
-            req = self._reqs.get(update.request_id)
-            if req is None or update.request_id in failed:
+            req = self._reqs.get(update.audit_id)
+            if req is None or update.audit_id in failed:
                 continue
             try:
                 await self._on_update(req, update, touched)
             except Exception as exc:
-                failed.setdefault(update.request_id, (req, exc))
+                failed.setdefault(update.audit_id, (req, exc))
         now = time.time()
         for rid, req in touched.items():
             if rid in failed:
@@ -233,7 +233,7 @@ class OutputAssembler:
         seq = req.seqs[update.seq_index]
         if seq.finish_reason is not None:
             return  # a stop string already ended it; tokens of a step in flight are dropped
-        touched[update.request_id] = req
+        touched[update.audit_id] = req
         seq.dirty = True
         if update.token_ids:
             metrics = req.metrics
@@ -260,7 +260,7 @@ class OutputAssembler:
             seq.text += seq.detok.add(visible)
             if req.params.stop and len(seq.token_ids) > req.params.min_tokens and len(seq.text) > before:
                 if self._apply_stop_strings(req, seq, max(before, seq.stop_from)):
-                    await _send_quietly(self._scheduler, StopSeq(request_id=update.request_id, seq_index=seq.index))
+                    await _send_quietly(self._scheduler, StopSeq(audit_id=update.audit_id, seq_index=seq.index))
                     return
         if update.finish_reason is not None:
             seq.finish_reason = update.finish_reason
@@ -357,7 +357,7 @@ class OutputAssembler:
                 )
             )
         return RequestOutput(
-            request_id=req.msg.caller_request_id or req.msg.request_id,
+            request_id=req.msg.caller_request_id or req.msg.audit_id,
             prompt=req.msg.prompt,
             prompt_token_ids=req.msg.prompt_token_ids,
             prompt_logprobs=req.prompt_logprobs,
@@ -366,7 +366,7 @@ class OutputAssembler:
             metrics=msgspec.structs.replace(req.metrics),
             lora_request=lora,
             num_cached_tokens=req.num_cached_tokens,
-            audit_id=req.msg.request_id,
+            audit_id=req.msg.audit_id,
         )
 
     async def _finish(self, rid: str, req: _ReqOut, now: float) -> None:
@@ -419,11 +419,11 @@ class OutputAssembler:
 
     async def _release(self, req: _ReqOut) -> None:
         await self._deliver(req, req.final)
-        await _send_quietly(self._admission, RequestDone(request_id=req.msg.request_id))
+        await _send_quietly(self._admission, RequestDone(audit_id=req.msg.audit_id))
 
     async def _deliver(self, req: _ReqOut, item: object) -> None:
         try:
-            await req.msg.channel.send(Delivery(request_id=req.msg.request_id, item=item))
+            await req.msg.channel.send(Delivery(request_id=req.msg.audit_id, item=item))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the caller stopped listening (it aborts the request itself)
 
@@ -435,7 +435,7 @@ class OutputAssembler:
             f"request {rid!r} finished, but the audit store refused its record, so its output is withheld: {error}"
         )
         await self._deliver(req, failure)
-        await _send_quietly(self._admission, RequestDone(request_id=rid))
+        await _send_quietly(self._admission, RequestDone(audit_id=rid))
 
     async def _fail(self, rid: str, error: object) -> None:
         req = self._reqs.pop(rid, None)
@@ -457,7 +457,7 @@ class OutputAssembler:
                 )
             )
         await self._deliver(req, error)
-        await _send_quietly(self._admission, RequestDone(request_id=rid))
+        await _send_quietly(self._admission, RequestDone(audit_id=rid))
 
     async def _fail_pending(self) -> None:
         from loraledger.errors import EngineDeadError

@@ -1,13 +1,11 @@
-"""StepStats: the Scheduler's own per-step timing (where a step's time goes: forward pass vs engine overhead), and
+"""StepStats: the Scheduler actor's own per-step timing (where a step's time goes: forward pass vs engine overhead), and
 the queue state a server's /metrics shows (requests running and waiting, their adapters, KV use, slot churn)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import msgspec
 
-from loraledger.gpu.step import StepOutput, StepPlan
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 
 
 class StatsSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,8 +48,6 @@ class StepStats:
         self.steps = self.tokens = self.sequences = 0
         self.wall = self.forward = self.prepare = self.schedule = self.update = 0.0
         self.gpu = self.gpu_idle = 0.0
-        self.slot_loads: Counter[str] = Counter()
-        self.slot_evictions: Counter[str] = Counter()
 
     def add(self, plan: StepPlan, output: StepOutput | None, schedule_s: float, update_s: float, wall_s: float) -> None:
         self.steps += 1
@@ -67,7 +63,7 @@ class StepStats:
             self.gpu_idle += output.gpu_idle_seconds or 0.0
 
     def snapshot(self, blocks, queues: dict | None = None) -> StatsSnapshot:
-        """queues: the Scheduler's queue state (num_requests_running, ..., max_loras; see StatsSnapshot)."""
+        """queues: the policy's queue state and slot counters (num_requests_running, ..., slot_evictions; see StatsSnapshot)."""
         hits, queries = _prefix_counters(blocks)
         total = int(getattr(blocks, "num_blocks", 0))
         return StatsSnapshot(
@@ -86,8 +82,6 @@ class StepStats:
             gpu_idle_seconds=self.gpu_idle,
             num_kv_blocks=total,
             kv_cache_usage=(1.0 - blocks.num_free_blocks / total) if total else 0.0,
-            slot_loads=dict(self.slot_loads),
-            slot_evictions=dict(self.slot_evictions),
             **(queues or {}),
         )
 

@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 
 from loraledger.actors.messages import StepDone
-from loraledger.gpu.step import StepPlan
 from loraledger.logging import get_logger
+from loraledger.scheduling.step_plan import StepPlan
 
 FLUSH = object()  # finish every launched step
 STOP = object()  # finish every launched step, then end the thread

@@ -4,19 +4,17 @@
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
-from loraledger.audit.export import csv_cell
+from loraledger.audit.lineage_text import format_lineage
+from loraledger.audit.listing_output import emit
 from loraledger.audit.log import AuditLog
-from loraledger.audit.records import AdapterInfo, Problem, RequestLineage, RequestRow, VerifyResult
-from loraledger.audit.sources import describe
+from loraledger.audit.records import AdapterInfo, Problem, RequestRow, VerifyResult
 from loraledger.audit.timefmt import iso
 from loraledger.errors import ConfigError
 from loraledger.store.instances import SOURCE_FIELDS, LeaseState
@@ -201,7 +199,7 @@ def _requests(args: argparse.Namespace) -> int:
             adapter=args.adapter, tenant=args.tenant, since=args.since, until=args.until,
             finish_reason=args.finish_reason, limit=args.limit, instance=args.instance,
         )  # fmt: skip
-        _emit(rows, table, RequestRow.__struct_fields__, args.format, out, _request_cells)
+        emit(rows, table, RequestRow.__struct_fields__, args.format, out, _request_cells)
     return 0
 
 
@@ -236,7 +234,7 @@ def _usage(args: argparse.Namespace) -> int:
             tenant=args.tenant,
             instance=args.instance,
         )
-        _emit(rows, table, fields, args.format, out, msgspec.to_builtins)
+        emit(rows, table, fields, args.format, out, msgspec.to_builtins)
     return 0
 
 
@@ -248,7 +246,7 @@ def _adapters(args: argparse.Namespace) -> int:
     )  # fmt: skip
     fields = (*AdapterRecord.__struct_fields__, "requests", "first_used", "last_used")
     with _open(args) as log:
-        _emit(log.adapters(), table, fields, args.format, out, _adapter_cells)
+        emit(log.adapters(), table, fields, args.format, out, _adapter_cells)
     return 0
 
 
@@ -279,7 +277,7 @@ def _instances(args: argparse.Namespace) -> int:
         *SOURCE_FIELDS,
     )
     with _open(args) as log:
-        _emit(log.instances(), table, fields, args.format, sys.stdout, _instance_cells)
+        emit(log.instances(), table, fields, args.format, sys.stdout, _instance_cells)
     return 0
 
 
@@ -294,77 +292,6 @@ def _instance_cells(lease: LeaseState) -> dict[str, Any]:
         recovered_at=None if stopped else iso(lease.recovered_at),
     )
     return cells
-
-
-def _emit(
-    rows: Iterable[Any],
-    table: Sequence[tuple[str, str, int]],
-    fields: Sequence[str],
-    fmt: str,
-    out: TextIO,
-    cells: Callable[[Any], dict[str, Any]],
-) -> None:
-    """Write rows as they stream in: a fixed-width table of (field, header, width), or CSV / JSON lines of fields."""
-    if fmt == "csv":
-        writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a bare \r in a value is quoted too
-        writer.writerow(fields)
-        for row in rows:
-            c = cells(row)
-            writer.writerow([_csv_cell(c.get(name)) for name in fields])
-    elif fmt == "jsonl":
-        for row in rows:
-            c = cells(row)
-            out.write(
-                json.dumps({name: c.get(name) for name in fields}, ensure_ascii=False, separators=(",", ":")) + "\n"
-            )
-    else:
-        widths = [max(width, len(header)) for _, header, width in table]
-        out.write(" ".join(h.ljust(w) for (_, h, _), w in zip(table, widths)).rstrip() + "\n")
-        n = 0
-        for row in rows:
-            c = cells(row)
-            out.write(
-                " ".join(_fit(name, _text(name, c.get(name)), w) for (name, _, _), w in zip(table, widths)).rstrip()
-                + "\n"
-            )
-            n += 1
-        out.write(f"({n} row{'s' if n != 1 else ''})\n")
-
-
-def _csv_cell(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, (list, dict)):
-        value = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return csv_cell(value)  # no cell a spreadsheet would run as a formula
-
-
-def shown(text: str) -> str:
-    """text for a terminal: every character that is not printable (control characters, ANSI escapes, C1 controls,
-    line and paragraph separators, ...) written as its Python escape, so a name chosen by a caller can neither
-    forge lines nor drive the terminal."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
-def _text(name: str, value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str) and name.endswith(("_at", "_used")) and len(value) > 19:
-        return value[:10] + " " + value[11:19] + "Z"
-    if isinstance(value, float):
-        return f"{value:g}"
-    return shown(str(value))
-
-
-WHOLE = frozenset({"request_id"})  # never cut: `audit show` takes what the listing prints
-
-
-def _fit(name: str, text: str, width: int) -> str:
-    if len(text) <= width or name in WHOLE:
-        return text.ljust(width)
-    return text[: width - 1] + "…"
 
 
 # -- one request ---------------------------------------------------------------------------
@@ -397,78 +324,6 @@ def _show(args: argparse.Namespace) -> int:
         out.write(f"audit key prefix {args.request_id} matches request {keys[0]}\n\n")
     out.write("\n".join(format_lineage(lineage) for lineage in lineages))
     return 0
-
-
-def readable_sampling(params: dict[str, Any]) -> dict[str, Any]:
-    """The stored sampling parameters with enum values by name ("FINAL_ONLY", not 2)."""
-    from loraledger.sampling_params import RequestOutputKind
-
-    out = dict(params)
-    kind = out.get("output_kind")
-    if isinstance(kind, int) and kind in RequestOutputKind._value2member_map_:
-        out["output_kind"] = RequestOutputKind(kind).name
-    return out
-
-
-def _model_lines(source: dict[str, Any] | None) -> list[str]:
-    """Where the instance's base model and tokenizer were read from (nothing for a log from before it was kept)."""
-    if not source or source.get("model") is None:
-        return []
-    lines = []
-    for what in ("model", "tokenizer"):
-        name = source.get(what)
-        if name is None:
-            continue
-        origin = describe(source[f"{what}_repo_id"], source[f"{what}_revision"], source[f"{what}_commit_sha"])
-        lines.append(f"  {what:<13} {origin or name + ' (local folder)'}")
-    return lines
-
-
-def format_lineage(lineage: RequestLineage) -> str:
-    b = lineage.binding
-    lines = [
-        f"request {b.request_id}  ({lineage.status})",
-        f"  caller id     {b.caller_request_id if b.caller_request_id is not None else b.request_id}",
-        f"  received      {iso(b.received_at)}",
-        f"  tenant        {b.tenant or '-'}" + (f"  (API key {b.key_id})" if b.key_id else ""),
-        f"  engine        loraledger {b.engine_version}, base model {b.base_model_fingerprint}",
-        f"  instance      {lineage.instance_id or '-'}",
-        *_model_lines(lineage.model_source),
-        f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
-    ]
-    if b.prompt_text is not None:
-        lines.append(f"                {json.dumps(b.prompt_text, ensure_ascii=False)}")
-    lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
-    if b.chat_template_sha256 is not None:
-        lines.append(f"  chat template sha256 {b.chat_template_sha256}")
-    if b.constraint_kind is not None:
-        lines.append(f"  constraint    {b.constraint_kind}, sha256 {b.constraint_sha256 or '-'}")
-        if b.constraint_text is not None:
-            lines.append(f"                {b.constraint_text}")
-    if b.adapter_fingerprint is None:
-        lines.append("  adapter       none (base model)")
-    else:
-        lines.append(f"  lora_request  name={b.lora_name} int_id={b.lora_int_id} path={b.lora_path}")
-        lines.append(f"  adapter       {b.adapter_fingerprint}")
-        source = describe(b.adapter_repo_id, b.adapter_revision, b.adapter_commit_sha)
-        if source is not None:
-            lines.append(f"  adapter from  {source}")
-        a = lineage.adapter
-        if a is not None:
-            lines.append(
-                f"                {a.name}, rank {a.rank}, alpha {a.alpha:g}, targets {', '.join(a.target_modules)}"
-            )
-    lines.append(f"completions ({len(lineage.completions)})")
-    for c in lineage.completions:
-        adapter = "base" if c.adapter_fingerprint is None else c.adapter_fingerprint[:12]
-        lines.append(
-            f"  [{c.index}] {c.finish_reason:<6} {c.generated_token_count} tokens  adapter {adapter}  finished {iso(c.finished_at)}"
-        )
-        lines.append(f"      {json.dumps(c.text, ensure_ascii=False)}")
-    lines.append(f"events ({len(lineage.events)})")
-    for e in lineage.events:
-        lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")
-    return "\n".join(shown(line) for line in lines) + "\n"
 
 
 # -- integrity -----------------------------------------------------------------------------

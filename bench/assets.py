@@ -1,6 +1,6 @@
 """The benchmark's model, tokenizer and adapters, built once under bench/.cache/ and reused by every run.
 
-Issue 6 fixes the shapes: a Llama-shaped random model (hidden 512, 8 layers, 8 query / 2 KV heads,
+The shapes are fixed: a Llama-shaped random model (hidden 512, 8 layers, 8 query / 2 KV heads,
 intermediate 1344, vocab 32,000, fp32), 8 rank-16 PEFT adapters on all seven projections, and for
 the churn scenario 1,000 rank-8 adapters. Each folder is written under a temporary name and renamed
 when complete, so an interrupted build is redone rather than half-used.

@@ -7,7 +7,7 @@ throughput ratio is the cost of churn alone. Each request's queue wait = schedul
 arrival_time; the maximum shows whether any adapter's requests starve behind the popular ones.
 
 Two forms, each against its own 8-adapter run with the same requests:
-- serving (`run_churn_serving`, the issue's scenario): the serving scenario's traffic (Poisson
+- serving (`run_churn_serving`, the scenario the churn figures are quoted for): the serving scenario's traffic (Poisson
   arrivals at 1.25x the engine's measured batch-32 capacity, output lengths 8-128) with the
   adapters drawn over all 1,000, streamed through an AsyncEngine;
 - offline batch (`run_churn`): all 256 requests submitted at once, 32 tokens each, through
@@ -143,7 +143,7 @@ class ChurnServingConfig:
 
 
 def churn_serving_config(rate: float | None, threads: int) -> ChurnServingConfig:
-    """The issue's churn-serving scenario (no base-model requests) at `rate` (None: calibrated) on `threads`."""
+    """The churn-serving scenario (no base-model requests) at `rate` (None: calibrated) on `threads`."""
     default = ChurnServingConfig()
     return replace(default, traffic=replace(default.traffic, rate=rate, num_threads=threads))
 

@@ -1,4 +1,4 @@
-"""Issue 5's end-to-end GPU figures: batch-32 decode with 32 distinct adapters, against the same engine without adapters and HF + PEFT.
+"""End-to-end GPU figures: batch-32 decode with 32 distinct adapters, against the same engine without adapters and HF + PEFT.
 
 Run by hand on a GPU:  python -m bench.gpu_decode [--new-tokens 64] [--repeats 3] [--json out.json]
 

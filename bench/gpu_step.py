@@ -157,7 +157,7 @@ def step_bytes(config, batch: int, context: int, with_lora: bool) -> dict[str, i
 
 
 def run_shape(shape_name: str, folder: Path, steps: int, copy_gbps: float, log=print) -> dict:
-    from loraledger.gpu.step import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
+    from loraledger.scheduling.step_plan import NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 
     max_batch = max(BATCHES)
     max_len = PROMPT_LEN + 2 * steps + 16  # the one-at-a-time steps, then as many overlapped
@@ -273,7 +273,7 @@ def run_overlapped(
     finished, its input ids taken on the device. Wall ms per step, and the device's busy and idle time per step
     from the runner's CUDA events (the first quarter of the steps left out)."""
     from loraledger.actors.step_thread import StepThread
-    from loraledger.gpu.step import PENDING_TOKEN, SeqWork, StepPlan
+    from loraledger.scheduling.step_plan import PENDING_TOKEN, SeqWork, StepPlan
 
     thread = StepThread(lambda: runner)
     thread.wait_ready()

@@ -1,6 +1,6 @@
 """The reference system: Hugging Face transformers (and PEFT for adapters), greedy, one static batch per call.
 
-fp32 on the CPU for issue 6's benchmark; bench.gpu_decode builds it in bf16 on a GPU.
+fp32 on the CPU for the throughput benchmark; bench.gpu_decode builds it in bf16 on a GPU.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Run by hand on a GPU:  python bench/kernels.py [--sweep] [--json out.json]
 
 Every case is memory-bound, so each is scored by the bytes it must move (every weight, cache and
 activation byte read or written once) over its median time, as a percentage of what a large
-device-to-device copy achieves on the same GPU. Targets (issue 21, H100): LoRA shrink+expand at
+device-to-device copy achieves on the same GPU. Targets (H100): LoRA shrink+expand at
 decode >= 70 %, prefill SGMV with mixed ranks >= 60 %, paged attention decode >= 70 % at
 32 x 2,048 and >= 60 % at 128 x 512 and 8 x 8,192.
 

@@ -61,6 +61,12 @@ CATALOGUE = (
         "dense", "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows", "~1 min", "bench.dense"
     ),
     Benchmark(
+        "quant-linear",
+        "weight-only 4/8-bit projections on torch's CPU kernels vs fp32 and bf16 dense, 1 to 32 rows",
+        "~1 min",
+        "bench.quant_linear",
+    ),
+    Benchmark(
         "adapter-memory",
         "host memory of N cached adapters vs their size on disk",
         "~30 s",
@@ -83,7 +89,7 @@ CATALOGUE = (
     ),
     Benchmark(
         "schedule",
-        "steps and slot loads the Scheduler needs for the churn traffic, on a simulated clock",
+        "steps and slot loads the scheduling policy needs for the churn traffic, on a simulated clock",
         "seconds",
         "bench.slot_sim",
         "--rates 5.4 9.8 --max-loras 8",

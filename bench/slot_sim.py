@@ -1,13 +1,13 @@
-"""The engine's Scheduler actor on a simulated clock, without a model: `python -m bench.run --only schedule`.
+"""The engine's scheduling policy on a simulated clock, without a model: `python -m bench.run --only schedule`.
 
 Under adapter churn the schedule, not the forward pass, decides how many steps a run needs: a step
-serves at most `max_loras` adapters. This runs the real `Scheduler` actor over its own message
-protocol (NewRequest in, ExecuteStep out, StepDone back) with a stand-in executor that "samples" a
-token for every sequence that asks for one and advances a simulated clock by a step-cost model,
-delivering the arrivals that fall inside a step before its StepDone, as a live run would. A run of
+serves at most `max_loras` adapters. This calls the real `SchedulingPolicy` (add, schedule, update)
+with a stand-in executor that "samples" a token for every sequence that asks for one and advances a
+simulated clock by a step-cost model, adding the arrivals that fall inside a step before its output
+is taken in, as the scheduler actor does in a live run. A run of
 the churn-serving traffic takes about a second instead of minutes, so scheduling policies can be
 compared here by the steps and slot loads they need (then confirmed with `python -m bench.run
---only churn-serving`), and the test suite checks the Scheduler's slot turnover on the issue's own
+--only churn-serving`), and the test suite checks the policy's slot turnover on the churn-serving
 traffic.
 
 The step cost only sets how many arrivals land between steps; the default is close to this 2-core
@@ -21,16 +21,16 @@ import argparse
 import math
 from dataclasses import dataclass
 
-import anyio
 import numpy as np
 
 from bench.churn import churn_serving_traffic, slot_steps_bound
 from bench.serving import ServingConfig
 from bench.workload import Workload
-from loraledger.actors.messages import GetStats, NewRequest, Shutdown, StepDone, StepTokens
-from loraledger.actors.scheduler import Scheduler
-from loraledger.gpu.step import SampledToken, StepOutput, StepPlan
+from loraledger.actors.messages import NewRequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.config import SchedulerConfig
+from loraledger.scheduling.policy import SchedulingPolicy
+from loraledger.scheduling.step_plan import SampledToken, StepOutput, StepPlan
 
 
 @dataclass(frozen=True)
@@ -65,60 +65,41 @@ class SimResult:
 
 @dataclass(frozen=True)
 class _Adapter:
-    """What the Scheduler reads from a checkpoint: its fingerprint (the slot key and prefix-cache salt)."""
+    """What the policy reads from a checkpoint: its fingerprint (the slot key and prefix-cache salt)."""
 
     fingerprint: str
 
 
 def simulate(workload: Workload, max_loras: int, cost: StepCost = StepCost(), *, block_size: int = 16) -> SimResult:
-    """Run `workload` (arrivals in seconds, adapter index per request, lengths) through the Scheduler."""
-    return anyio.run(_simulate, workload, max_loras, cost, block_size)
-
-
-async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_size: int) -> SimResult:
-    inbox_send, inbox = anyio.create_memory_object_stream(math.inf)
-    to_executor, executor_inbox = anyio.create_memory_object_stream(math.inf)
-    to_assembler, assembler_inbox = anyio.create_memory_object_stream(math.inf)
+    """Run `workload` (arrivals in seconds, adapter index per request, lengths) through the SchedulingPolicy."""
     longest = max(len(p) for p in workload.prompts) + max(workload.max_tokens)
-    scheduler = Scheduler(
-        inbox,
-        to_executor,
-        to_assembler,
-        None,
-        num_kv_blocks=len(workload) * -(-longest // block_size),  # KV never binds: slots are what is measured
-        block_size=block_size,
-        enable_prefix_caching=True,
-        max_num_seqs=256,
-        max_num_batched_tokens=8192,
-        max_model_len=longest,
-        max_loras=max_loras,
-        eos_token_ids=(),
-        seed=0,
-        depth=1,  # one step at a time: the stand-in executor answers each plan before the next is made
+    policy = SchedulingPolicy(
+        SchedulerConfig(
+            num_kv_blocks=len(workload) * -(-longest // block_size),  # KV never binds: slots are what is measured
+            block_size=block_size,
+            enable_prefix_caching=True,
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            max_model_len=longest,
+            max_loras=max_loras,
+            seed=0,
+        )
     )
     arrivals = workload.arrivals or [0.0] * len(workload)
     adapters = {a: _Adapter(f"adapter-{a}") for a in set(workload.adapter_of) if a is not None}
-    clock = [0.0]  # simulated now, read by the output consumer
+    clock = 0.0
     first_token: dict[str, float] = {}
     finished: dict[str, float] = {}
 
-    async def consume_outputs() -> None:
-        async for msg in assembler_inbox:  # the StepTokens of a step arrive while its StepDone is handled
-            if isinstance(msg, StepTokens):
-                for update in msg.updates:
-                    first_token.setdefault(update.request_id, clock[0])
-                    if update.finish_reason is not None:
-                        finished[update.request_id] = clock[0]
-
     def deliver_arrivals(upto: float, nxt: int) -> int:
-        """Queue every request that has arrived by `upto` at once (no checkpoint between them, so the
-        Scheduler sees them together, as it would requests that arrived during a step)."""
+        """Add every request that has arrived by `upto` (requests that arrive during a step are seen together,
+        before the next step is planned, as the scheduler actor sees them)."""
         while nxt < len(workload) and arrivals[nxt] <= upto:
             adapter = workload.adapter_of[nxt]
             params = SamplingParams(max_tokens=workload.max_tokens[nxt], ignore_eos=True, temperature=0.0)
-            inbox_send.send_nowait(
+            policy.add(
                 NewRequest(
-                    request_id=str(nxt),
+                    audit_id=str(nxt),
                     prompt_token_ids=workload.prompts[nxt],
                     params=params,
                     lora_request=None,
@@ -130,41 +111,26 @@ async def _simulate(workload: Workload, max_loras: int, cost: StepCost, block_si
             nxt += 1
         return nxt
 
-    async def settle() -> None:
-        """Return once the Scheduler has acted on everything sent so far: it then either has sent its
-        next ExecuteStep or is idle. Two stats round trips: the first may be answered while it drains
-        its inbox before scheduling, the second only once it waits again (for a StepDone or a message)."""
-        for _ in range(2):
-            reply_send, reply = anyio.create_memory_object_stream(1)
-            await inbox_send.send(GetStats(reply=reply_send))
-            async with reply:
-                await reply.receive()
-
     steps = slot_loads = nxt = 0
-    async with anyio.create_task_group() as tg:
-        await tg.start(scheduler.run)
-        tg.start_soon(consume_outputs)
-        while True:
-            nxt = deliver_arrivals(clock[0], nxt)
-            await settle()
-            try:
-                plan = executor_inbox.receive_nowait().plan
-            except anyio.WouldBlock:
-                if nxt >= len(workload):
-                    break
-                clock[0] = arrivals[nxt]  # idle until the next arrival
-                continue
-            steps += 1
-            slot_loads += len(plan.slot_loads)
-            clock[0] += cost.seconds(plan)
-            nxt = deliver_arrivals(clock[0], nxt)  # arrivals during the step reach the Scheduler before its end
-            sampled = [SampledToken(seq_id=w.seq_id, token_id=5, logprob=0.0) for w in plan.seqs if w.sample]
-            await inbox_send.send(
-                StepDone(output=StepOutput(step_id=plan.step_id, sampled=sampled), step_id=plan.step_id)
-            )
-        await inbox_send.send(Shutdown())  # the Scheduler returns and closes its output stream: consume_outputs ends
-    for stream in (inbox_send, executor_inbox, assembler_inbox):
-        stream.close()
+    while True:
+        nxt = deliver_arrivals(clock, nxt)
+        step = policy.schedule()
+        if step is None:
+            if nxt >= len(workload):
+                break
+            clock = arrivals[nxt]  # idle until the next arrival
+            continue
+        plan = step.plan
+        steps += 1
+        slot_loads += len(plan.slot_loads)
+        clock += cost.seconds(plan)
+        nxt = deliver_arrivals(clock, nxt)  # arrivals during the step are in before its output is taken in
+        sampled = [SampledToken(seq_id=w.seq_id, token_id=5, logprob=0.0) for w in plan.seqs if w.sample]
+        result = policy.update(step, StepOutput(step_id=plan.step_id, sampled=sampled))
+        for update in result.updates:
+            first_token.setdefault(update.audit_id, clock)
+            if update.finish_reason is not None:
+                finished[update.audit_id] = clock
 
     return SimResult(
         steps=steps,

@@ -1,4 +1,4 @@
-"""Scenarios 1-4 of issue 6: offline batch throughput of loraledger vs transformers (+PEFT), mixed adapters and base only.
+"""Scenarios 1-4: offline batch throughput of loraledger vs transformers (+PEFT), mixed adapters and base only.
 
 The same seeded prompts go through every system. Each system gets one warm-up call, then the
 repeats are interleaved (repeat r runs every scenario on prompt set r before repeat r + 1 starts),
@@ -32,7 +32,7 @@ class ThroughputConfig:
     new_tokens: int = 32
     repeats: int = 3
     num_threads: int = 2
-    with_audit: bool = True  # also run scenario 1 with a SQLite audit store (issue 3's cost of auditing)
+    with_audit: bool = True  # also run scenario 1 with a SQLite audit store (the cost of auditing)
 
 
 @dataclass(frozen=True)

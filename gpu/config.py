@@ -65,6 +65,14 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         """The attention window of one layer (None: the whole context)."""
         return self.layer_windows[layer] if self.layer_windows else self.sliding_window
 
+    def check_device(self, device_type: str) -> None:
+        """Refuse what the device's backend does not run: soft-capped attention scores (Gemma 2) on CUDA."""
+        if device_type == "cuda" and self.attn_softcap is not None:
+            raise ModelLoadError(
+                f"{self.architecture}: attention score soft-capping (attn_logit_softcapping={self.attn_softcap}) is "
+                "not implemented by the CUDA kernels yet; run this model with device='cpu'"
+            )
+
     @property
     def q_size(self) -> int:
         return self.num_attention_heads * self.head_dim

@@ -30,9 +30,9 @@ import torch
 from loraledger.errors import KernelInputError
 from loraledger.gpu.forward_batch import ForwardBatch, check_block_tables, fill_block_tables
 from loraledger.gpu.kv_cache import KVCache
-from loraledger.gpu.step import SeqWork
 from loraledger.logging import get_logger
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.scheduling.step_plan import SeqWork
 
 log = get_logger("cuda_graphs")
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from loraledger.errors import ConfigError
+from loraledger.errors import InternalError
 from loraledger.gpu.ops import LoraMeta, Ops
-from loraledger.gpu.step import SeqWork
 from loraledger.gpu.transfer import to_device
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.scheduling.step_plan import SeqWork
 
 
 @dataclass
@@ -67,12 +67,12 @@ def order_for_batch(seqs: Sequence[SeqWork]) -> tuple[list[SeqWork], int]:
 def check_block_tables(
     seqs: Sequence[SeqWork], bt_lens: np.ndarray, seq_lens: np.ndarray, block_size: int
 ) -> np.ndarray:
-    """Blocks each sequence needs for its context; ConfigError naming the first whose table is shorter."""
+    """Blocks each sequence needs for its context; InternalError naming the first whose table is shorter."""
     blocks_needed = -(-seq_lens // block_size)
     short = np.nonzero(bt_lens < blocks_needed)[0]
     if short.size:
         s = seqs[int(short[0])]
-        raise ConfigError(
+        raise InternalError(
             f"sequence {s.seq_id}: block table has {len(s.block_table)} blocks, "
             f"{int(blocks_needed[short[0]])} are needed for {int(seq_lens[short[0]])} tokens "
             f"of block_size {block_size}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
+from loraledger.errors import ConfigError, EngineDeadError, InternalError, LoRADisabledError
 from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
@@ -22,7 +22,10 @@ from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.sampler import SampleJob, Sampler, SampleRow
-from loraledger.gpu.step import (
+from loraledger.gpu.transfer import to_device
+from loraledger.gpu.weights import load_weights
+from loraledger.lora.device_slots import LoraSlots
+from loraledger.scheduling.step_plan import (
     PENDING_TOKEN,
     PromptLogprobs,
     SampledToken,
@@ -31,9 +34,6 @@ from loraledger.gpu.step import (
     StepOutput,
     StepPlan,
 )
-from loraledger.gpu.transfer import to_device
-from loraledger.gpu.weights import load_weights
-from loraledger.lora.device_slots import LoraSlots
 
 
 @dataclass
@@ -267,7 +267,7 @@ class ModelRunner:
     def finish(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's results (the oldest unfinished one) and return them."""
         if not self._unfinished or self._unfinished[0] is not step:
-            raise ConfigError(
+            raise InternalError(
                 f"step {step.step_id} is finished out of order: steps finish in the order they were launched"
             )
         t0 = time.perf_counter()
@@ -332,7 +332,7 @@ class ModelRunner:
                     if prev is None
                     else f"step {prev.step_id}, launched before it, did not sample it"
                 )
-                raise ConfigError(
+                raise InternalError(
                     f"sequence {seqs[i].seq_id} runs the token the previous step samples (PENDING_TOKEN), but {before}"
                 )
             rows.append(row)
@@ -370,14 +370,14 @@ class ModelRunner:
     def _check(self, seqs: list[SeqWork]) -> list[SeqState]:
         total = sum(len(s.token_ids) for s in seqs)
         if total > self.max_num_batched_tokens:
-            raise ConfigError(
+            raise InternalError(
                 f"the step has {total} tokens, above max_num_batched_tokens={self.max_num_batched_tokens}"
             )
         states = []
         for s in seqs:
             state = self._seqs.get(s.seq_id)
             if state is None:
-                raise ConfigError(
+                raise InternalError(
                     f"sequence {s.seq_id} is scheduled but was never announced in a NewSeq (or was freed)"
                 )
             if s.lora_slot >= 0:
@@ -386,7 +386,7 @@ class ModelRunner:
                         f"sequence {s.seq_id} uses adapter slot {s.lora_slot}, but LoRA is disabled"
                     )
                 if self.lora_slots.fingerprints[s.lora_slot] is None:
-                    raise ConfigError(f"sequence {s.seq_id} uses adapter slot {s.lora_slot}, which holds no adapter")
+                    raise InternalError(f"sequence {s.seq_id} uses adapter slot {s.lora_slot}, which holds no adapter")
             states.append(state)
         return states
 

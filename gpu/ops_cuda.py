@@ -24,7 +24,6 @@ from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
 from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
 from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
-from loraledger.gpu.ops_torch import TorchOps
 from loraledger.gpu.transfer import to_device
 
 _LOG2E = 1.4426950408889634
@@ -167,7 +166,6 @@ class CudaOps(Ops):
         self._launcher = launcher
         self._slice_offsets: dict[tuple[int, ...], torch.Tensor] = {}
         self._step_memo = StepMemo()  # eager steps only: graph steps never reach prefill_attention
-        self._capped = TorchOps()  # attention with soft-capped scores (Gemma 2)
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -297,10 +295,8 @@ class CudaOps(Ops):
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if softcap is not None:  # Gemma 2's capped scores: the torch formulation (no kernel of ours caps them)
-            return self._capped.paged_attention_decode(
-                q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, softcap
-            )
+        if softcap is not None:
+            raise ConfigError("CudaOps does not cap attention scores (ModelConfig.check_device refuses such a model)")
         op = "paged_attention_decode"
         checks.check_paged_attention_decode(q, k_cache, v_cache, block_tables, seq_lens, sliding_window)
         self._on_device(op, "k_cache", k_cache)
@@ -385,9 +381,7 @@ class CudaOps(Ops):
         softcap: float | None = None,
     ) -> torch.Tensor:
         if softcap is not None:
-            return self._capped.prefill_attention(
-                q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, sizes, softcap
-            )
+            raise ConfigError("CudaOps does not cap attention scores (ModelConfig.check_device refuses such a model)")
         checks.check_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window)
         self._on_device("prefill_attention", "k_cache", k_cache)
         if sizes is None:

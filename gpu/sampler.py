@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from loraledger.gpu.step import SamplingSpec
 from loraledger.gpu.transfer import to_device
+from loraledger.scheduling.step_plan import SamplingSpec
 
 _GREEDY_BELOW = 1e-5
 _MASK32 = 0xFFFFFFFF

@@ -57,7 +57,7 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     cache is what ties the bound to the model: a larger model (more layers, more KV heads) fits
     fewer blocks in the same kv_cache_bytes, so its default is lower. 128 (the OpenAI API's bound on
     n) caps the work and output of one request at a few hundred completions whatever the cache.
-    Seats are shared between requests (actors/scheduler.py), so a request with many sequences does
+    Seats are shared between requests (loraledger/scheduling/fair_seats.py), so a request with many sequences does
     not hold back those that arrive after it. max_logprobs bounds SamplingParams.logprobs and
     prompt_logprobs (20, vLLM's default; -1: the whole vocabulary).
 

@@ -55,6 +55,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
     refuse_unimplemented_weights(model_dir)
     ops, device = select_backend(args.device)
     config = ModelConfig.from_pretrained(model_dir)
+    config.check_device(device.type)
     dtype = resolve_dtype(args.torch_dtype_name, config, device)
     max_model_len = args.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:

@@ -15,6 +15,11 @@ class ModelLoadError(LoraLedgerError):
     """The base model folder cannot be loaded (missing files, unsupported architecture, bad weights)."""
 
 
+class QuantizationError(ModelLoadError, ValueError):
+    """A checkpoint's quantization is one the engine does not run, is inconsistent with its tensors, or disagrees with
+    the quantization= the caller asked for; the message names what is supported."""
+
+
 class EngineStartError(ModelLoadError):
     """The engine did not start within EngineArgs.start_timeout (a model file that never finishes reading, say)."""
 
@@ -167,3 +172,11 @@ class DemoFetchError(LoraLedgerError, RuntimeError):
 
 class EvidenceError(LoraLedgerError, ValueError):
     """A receipt, checkpoint, proof, signed note or key that is malformed or does not check out; the message names which."""
+
+
+class InternalError(LoraLedgerError, RuntimeError):
+    """A bug in loraledger: one part broke the contract with another (the scheduler and the model runner, the
+    scheduler and its block manager). No argument a caller passes can cause it; the message says what broke."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message} (a bug in loraledger, not in the request: please report it with this message)")

@@ -325,8 +325,8 @@ class AuditStore:
             if self.timeout is not None:
                 self._watchdog = Watchdog(self._engine, connect_timeout=pg_connect_timeout(self.timeout))
         try:
-            with self._operation(self._at_least(OPEN_TIMEOUT_S)):
-                ensure_schema(self._engine, self.url)
+            with self._operation(deadline := self._at_least(OPEN_TIMEOUT_S)):
+                ensure_schema(self._engine, self.url, deadline_s=deadline)
         except BaseException:
             self.close()
             raise

@@ -10,12 +10,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, inspect
+from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
 from loraledger.errors import AuditSchemaError
 from loraledger.store import guards
-from loraledger.store.db import display_url, make_engine, unavailable_as_error, write_transaction
+from loraledger.store.db import display_url, make_engine, take_writer_lock, unavailable_as_error, write_transaction
 from loraledger.store.guards import guards_present
 
 __all__ = [
@@ -108,10 +108,19 @@ def _is_empty(conn: Connection) -> bool:
     return _current(conn) is None and not set(inspect(conn).get_table_names()) - {VERSION_TABLE}
 
 
-def ensure_schema(engine: Engine, url: str | URL) -> None:
+def ensure_schema(engine: Engine, url: str | URL, *, deadline_s: float | None = None) -> None:
     """Make a brand-new empty database an audit store (through the migrations); refuse any other
-    database that is not at head with every guard in place, naming the upgrade command."""
-    with unavailable_as_error(url), write_transaction(engine) as conn:
+    database that is not at head with every guard in place, naming the upgrade command.
+
+    deadline_s (PostgreSQL): the server-side deadlines of this one transaction. The engine's connections carry
+    its audit_timeout, a deadline sized for one group commit; migrating a new database runs many DDL statements
+    with Python work between them, which on a busy machine can leave the transaction idle for longer than that."""
+    with unavailable_as_error(url), write_transaction(engine, lock=False) as conn:
+        if deadline_s is not None and conn.dialect.name == "postgresql":
+            ms = max(1, round(deadline_s * 1000))
+            for setting in ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"):
+                conn.execute(text(f"SET LOCAL {setting} = {ms}"))  # this transaction only: the pool keeps its own
+        take_writer_lock(conn)
         # under the writer lock, so two engines opening one new database migrate it once
         if _is_empty(conn):
             command.upgrade(alembic_config(conn), "head")

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from loraledger.actors.step_thread import STOP, StepThread
-from loraledger.gpu.step import StepOutput, StepPlan
+from loraledger.scheduling.step_plan import StepOutput, StepPlan
 
 
 class FakeRunner:

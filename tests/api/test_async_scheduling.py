@@ -13,7 +13,7 @@ import pytest
 
 from loraledger import LLM, SamplingParams
 from loraledger.gpu.model_runner import ModelRunner
-from loraledger.gpu.step import PENDING_TOKEN
+from loraledger.scheduling.step_plan import PENDING_TOKEN
 from tests.api.conftest import loras_for, random_prompts
 
 

@@ -186,7 +186,7 @@ def test_chunked_prefill_off_runs_each_prompt_in_one_step_and_needs_the_budget_f
 def test_max_seq_len_to_capture_sends_longer_contexts_to_the_eager_path():
     """vLLM's rule: a decode step whose context is longer than max_seq_len_to_capture runs eagerly, not from a CUDA graph."""
     from loraledger.gpu.cuda_graphs import DecodeGraphs
-    from loraledger.gpu.step import SeqWork
+    from loraledger.scheduling.step_plan import SeqWork
 
     graphs = DecodeGraphs.__new__(DecodeGraphs)  # the rule alone; building one needs a GPU
     graphs.max_batch, graphs.max_len, graphs.block_size = 8, 64, 16

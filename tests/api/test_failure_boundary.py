@@ -17,7 +17,7 @@ from loraledger import errors as E
 from loraledger.actors import adapter_loader
 from loraledger.actors.admission import Admission
 from loraledger.actors.output_assembler import OutputAssembler
-from loraledger.actors.scheduler import Scheduler
+from loraledger.scheduling.policy import SchedulingPolicy
 from loraledger.store.audit_store import EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.api.conftest import loras_for, random_prompts
@@ -44,14 +44,14 @@ def _inject(monkeypatch, where: str) -> None:
 
         monkeypatch.setattr(Admission, "_model_inputs", patched)
     elif where == "scheduler":
-        original = Scheduler._add
+        original = SchedulingPolicy.add
 
         def patched(self, msg):
             if msg.prompt_token_ids == VICTIM_PROMPT:
                 raise Injected("scheduler")
             return original(self, msg)
 
-        monkeypatch.setattr(Scheduler, "_add", patched)
+        monkeypatch.setattr(SchedulingPolicy, "add", patched)
     elif where == "assembler":
         original = OutputAssembler._on_update
 
@@ -138,7 +138,7 @@ def test_an_unexpected_error_fails_that_request_only(tiny_llama, tmp_path, monke
 def test_an_error_escaping_an_actor_stops_the_engine_without_cancelling_the_caller(tiny_llama, monkeypatch):
     args = EngineArgs(model=str(tiny_llama.model_dir), block_size=4, audit_url=None)
     calls = {"n": 0}
-    original = Scheduler._schedule
+    original = SchedulingPolicy.schedule
 
     def broken(self, *args, **kwargs):
         calls["n"] += 1
@@ -146,7 +146,7 @@ def test_an_error_escaping_an_actor_stops_the_engine_without_cancelling_the_call
             raise Injected("the scheduler's own state is broken")
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Scheduler, "_schedule", broken)
+    monkeypatch.setattr(SchedulingPolicy, "schedule", broken)
 
     async def main():
         async with AsyncEngine.from_engine_args(args) as engine:

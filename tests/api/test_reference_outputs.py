@@ -24,6 +24,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_GPU)]
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_llm_mixed_batch_equals_hf_peft(arch, device, request):
+    if arch == "gemma2" and device == "cuda":
+        pytest.skip("soft-capped attention runs on the CPU only (tests/gpu/test_model_families.py: refused on CUDA)")
     tiny = request.getfixturevalue(f"tiny_{arch}")
     loras = loras_for(tiny)
     names = [None, *sorted(loras)] * 2

@@ -131,7 +131,7 @@ def test_show_text_names_the_prompt_and_enums(migrated_db_url: str, synth: Synth
 
 
 def test_readable_sampling_names_the_output_kind():
-    from loraledger.audit.commands import readable_sampling
+    from loraledger.audit.lineage_text import readable_sampling
 
     assert readable_sampling({"output_kind": 2, "n": 1}) == {"output_kind": "FINAL_ONLY", "n": 1}
     assert readable_sampling({"n": 1}) == {"n": 1}

@@ -11,7 +11,7 @@ from sqlalchemy import select, text
 
 from loraledger import LLM, SamplingParams
 from loraledger.audit import AuditLog
-from loraledger.audit.commands import format_lineage
+from loraledger.audit.lineage_text import format_lineage
 from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store.audit_store import REQUESTS, AuditStore
 from loraledger.store.guards import guards_for

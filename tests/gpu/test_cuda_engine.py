@@ -99,7 +99,7 @@ def _cuda_runner(tiny, graph_batch: int):
 def test_cuda_graph_decode_equals_eager(tiny_llama):
     """Decode steps replayed from CUDA graphs (padded batch sizes, LoRA and base-only graphs) give the
     eager forward's tokens and logprobs; the graphs were in fact used."""
-    from loraledger.gpu.step import SamplingSpec
+    from loraledger.scheduling.step_plan import SamplingSpec
     from tests.gpu.test_model_runner import Driver, _loads
 
     names = sorted(tiny_llama.adapters)

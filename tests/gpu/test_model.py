@@ -13,10 +13,10 @@ from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops_cuda import CudaOps
 from loraledger.gpu.ops_torch import TorchOps
-from loraledger.gpu.step import SeqWork
 from loraledger.gpu.weights import load_weights
 from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.scheduling.step_plan import SeqWork
 from tests.gpu.cuda_emulation import EmulatedLauncher, emulation_problem
 from tests.model_fixtures import TinyModel, hf_reference_logits
 

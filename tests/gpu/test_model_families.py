@@ -161,3 +161,11 @@ def test_a_fused_adapter_is_its_parts_with_a_shared(tiny_phi3):
     assert all(torch.equal(pa[: a.shape[0]], a) for pa, _ in parts)
     assert torch.equal(torch.cat([pb[:, : a.shape[0]] for _, pb in parts]), b)
     assert [pb.shape[0] for _, pb in parts] == [cfg.q_size, cfg.kv_size, cfg.kv_size]
+
+
+def test_soft_capped_attention_is_refused_on_cuda_by_name():
+    cfg = ModelConfig.from_dict(GEMMA2_2B)
+    cfg.check_device("cpu")
+    with pytest.raises(ModelLoadError, match="attn_logit_softcapping=50.0.*device='cpu'"):
+        cfg.check_device("cuda")
+    ModelConfig.from_dict(GEMMA3_1B).check_device("cuda")  # Gemma 3 caps nothing

@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 
-from loraledger.errors import ConfigError, EngineDeadError, LoRADisabledError
+from loraledger.errors import ConfigError, EngineDeadError, InternalError, LoRADisabledError
 from loraledger.gpu.model_runner import ModelRunner
 from loraledger.gpu.ops_torch import TorchOps
-from loraledger.gpu.step import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from loraledger.lora.checkpoint_reader import load_lora_checkpoint
+from loraledger.scheduling.step_plan import PENDING_TOKEN, NewSeq, SamplingSpec, SeqWork, SlotLoad, StepPlan
 from tests.model_fixtures import TinyModel, hf_reference_generate, hf_reference_logits
 
 BLOCK_SIZE = 4
@@ -154,7 +154,7 @@ def test_overlapped_launch_rules(tiny_llama):
         StepPlan(0, seqs=[], new_seqs=[NewSeq(1, SamplingSpec(), [1, 2]), NewSeq(2, SamplingSpec(), [1, 3])])
     )
     with pytest.raises(
-        ConfigError,
+        InternalError,
         match=r"sequence 1 runs the token the previous step samples \(PENDING_TOKEN\), but step 0, launched before it, did not",
     ):
         runner.launch(StepPlan(1, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
@@ -162,12 +162,12 @@ def test_overlapped_launch_rules(tiny_llama):
         StepPlan(2, seqs=[SeqWork(1, [1, 2], 0, [0], -1, True), SeqWork(2, [1, 3], 0, [1], -1, True)])
     )
     second = runner.launch(StepPlan(3, seqs=[SeqWork(1, [PENDING_TOKEN], 2, [0], -1, True)]))
-    with pytest.raises(ConfigError, match="finished out of order"):
+    with pytest.raises(InternalError, match="finished out of order"):
         runner.finish(second)
     token = runner.finish(first).sampled[0].token_id
     assert runner.finish(second).sampled[0].seq_id == 1
     # a step whose launch fails takes its sequences' pending tokens with it: the next step drops them
-    with pytest.raises(ConfigError, match="block table"):
+    with pytest.raises(InternalError, match="block table"):
         runner.launch(
             StepPlan(4, seqs=[SeqWork(1, [PENDING_TOKEN], 3, [], -1, True), SeqWork(2, [9], 2, [1], -1, True)])
         )
@@ -226,7 +226,7 @@ def test_slot_clear_returns_the_sequence_to_the_base_model(tiny_llama):
     loads = {"slot_loads": _loads(tiny_llama, ["all_r8"])}
     with_adapter, _ = driver.generate([prompt], [0], [SamplingSpec()], 4, first_plan_extra=loads)
     runner.execute(StepPlan(step_id=50, seqs=[], slot_clears=[0]))
-    with pytest.raises(ConfigError, match="holds no adapter"):
+    with pytest.raises(InternalError, match="holds no adapter"):
         driver.generate([prompt], [0], [SamplingSpec()], 1)
     runner.execute(StepPlan(step_id=51, seqs=[], freed_seq_ids=[0]))
     base, _ = driver.generate([prompt], [-1], [SamplingSpec()], 4)
@@ -238,15 +238,15 @@ def test_slot_clear_returns_the_sequence_to_the_base_model(tiny_llama):
 
 def test_plan_errors_are_typed(tiny_llama):
     runner = _runner(tiny_llama, enable_lora=False)
-    with pytest.raises(ConfigError, match="never announced"):
+    with pytest.raises(InternalError, match="never announced"):
         runner.execute(StepPlan(0, seqs=[SeqWork(5, [1, 2], 0, [0], -1, True)]))
     runner.execute(StepPlan(1, seqs=[], new_seqs=[NewSeq(5, SamplingSpec(), [1, 2])]))
     with pytest.raises(LoRADisabledError):
         runner.execute(StepPlan(2, seqs=[SeqWork(5, [1, 2], 0, [0], 0, True)]))
-    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+    with pytest.raises(InternalError, match="max_num_batched_tokens"):
         runner.execute(StepPlan(3, seqs=[SeqWork(5, [1] * 257, 0, list(range(65)), -1, True)]))
     runner.execute(StepPlan(4, seqs=[], new_seqs=[NewSeq(6, SamplingSpec(), [1] * 9)]))
-    with pytest.raises(ConfigError, match="block table has 2 blocks, 3 are needed"):
+    with pytest.raises(InternalError, match="block table has 2 blocks, 3 are needed"):
         runner.execute(StepPlan(5, seqs=[SeqWork(6, [1] * 9, 0, [0, 1], -1, True)]))
 
 

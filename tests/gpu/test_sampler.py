@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loraledger.gpu.sampler import Sampler, SampleRow
-from loraledger.gpu.step import SamplingSpec
+from loraledger.scheduling.step_plan import SamplingSpec
 
 V = 16
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from alembic import command
 from sqlalchemy import MetaData, Table, func, select, text
@@ -309,3 +311,21 @@ def test_0007_a_log_from_0005_verifies_and_engine_instances_write_on_after_it(db
         result = log.verify()
     assert result.ok, result.problems
     assert result.requests == len(before.requests) + 10
+
+
+@pytest.mark.postgres
+def test_a_new_database_migrates_under_a_deadline_shorter_than_the_migration_idles(pg_db_url, monkeypatch):
+    """The engine's audit_timeout is sized for one group commit; migrating a new database leaves its transaction
+    idle between statements (longer on a busy machine), so the migration runs under the open deadline instead."""
+    real_upgrade = command.upgrade
+
+    def slow_upgrade(config, revision):
+        time.sleep(0.6)  # Python work inside the migration's transaction, past the 0.2 s audit_timeout
+        return real_upgrade(config, revision)
+
+    monkeypatch.setattr(command, "upgrade", slow_upgrade)
+    with audit_store.AuditStore(pg_db_url, timeout=0.2) as store:
+        with store._engine.connect() as conn:
+            assert current_revision(conn) == head_revision()
+            timeout = conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar_one()
+    assert timeout == "200ms", "the pool's connections keep the engine's own deadline"

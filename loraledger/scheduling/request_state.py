@@ -1,13 +1,13 @@
-"""The Scheduler's per-request and per-sequence bookkeeping (plain objects the Scheduler alone owns)."""
+"""The scheduling policy's per-request and per-sequence bookkeeping (plain objects the policy alone owns)."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from loraledger.gpu.step import SamplingSpec
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.scheduling.step_plan import SamplingSpec
 
 
 class SeqStatus(enum.Enum):
@@ -18,18 +18,19 @@ class SeqStatus(enum.Enum):
 
 @dataclass(eq=False)
 class SchedRequest:
-    request_id: str
+    audit_id: str  # the audit key the engine made for the request
     order: int  # admission order: lower = older = higher priority
     params: SamplingParams
     lora_request: LoRARequest | None
     checkpoint: object  # LoraCheckpoint | None
-    salt: str  # adapter fingerprint, "" for the base model: KV blocks are only shared under the same salt
+    # "" for the base model; also the prefix cache's salt: KV blocks are only shared under the same adapter
+    adapter_fingerprint: str
     prompt_len: int
     max_output: int  # min(max_tokens, max_model_len - prompt_len)
     stop_ids: frozenset[int]
     eos_ids: frozenset[int]
     grammar: object = None  # CompiledConstraint of structured_outputs: each sequence gets a matcher of its own
-    caller_request_id: str | None = None  # the caller's id (request_id is the audit key), for the errors it fails with
+    caller_request_id: str | None = None  # the caller's own id, for the errors the request fails with
     seqs: list[Seq] = field(default_factory=list)
     first_scheduled_time: float | None = None
     num_cached_tokens: int | None = None
@@ -38,8 +39,10 @@ class SchedRequest:
     blocked_steps: int = 0  # steps spent waiting for an adapter slot while at the head of the queue
 
     @property
-    def fingerprint(self) -> str | None:
-        return self.salt or None
+    def shown_id(self) -> str:
+        """How errors name the request: the caller's id, with the audit key when the two differ."""
+        shown = repr(self.caller_request_id or self.audit_id)
+        return shown if self.caller_request_id in (None, self.audit_id) else f"{shown} (audit id {self.audit_id})"
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""Tests for gpu/block_manager.py: prefix reuse per salt, ref counts, LRU eviction, fork, and a stateful property test."""
+"""Tests for loraledger/scheduling/block_manager.py: prefix reuse per salt, ref counts, LRU eviction, fork, and a stateful property test."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from loraledger.gpu.block_manager import BlockManager
+from loraledger.errors import InternalError
+from loraledger.scheduling.block_manager import BlockManager
 
 BS = 4
 
@@ -102,9 +103,9 @@ def test_can_allocate_false_when_exhausted_true_after_free():
     bm = BlockManager(num_blocks=4, block_size=BS)
     bm.allocate(1, 3 * BS)
     assert bm.can_allocate(2, BS) and not bm.can_allocate(2, BS + 1)
-    with pytest.raises(RuntimeError, match="can_allocate"):
+    with pytest.raises(InternalError, match="can_allocate"):
         bm.allocate(2, BS + 1)
-    with pytest.raises(RuntimeError, match="holds no blocks"):
+    with pytest.raises(InternalError, match="holds no blocks"):
         bm.block_table(2)  # the refused allocate left nothing behind
     assert bm.can_allocate(1, 4 * BS) and not bm.can_allocate(1, 4 * BS + 1)
     bm.free(1)
@@ -131,10 +132,10 @@ def test_stale_prefix_blocks_are_refused():
     prefix, _ = bm.lookup_prefix(tokens, "")
     bm.allocate(2, 2 * BS)  # evicts the cached block the lookup returned
     bm.free(2)
-    with pytest.raises(RuntimeError, match="no longer cached"):
+    with pytest.raises(InternalError, match="no longer cached"):
         bm.allocate(3, 5, prefix)
     assert bm.num_free_blocks == 2  # the refused allocate changed nothing
-    with pytest.raises(RuntimeError, match="holds no blocks"):
+    with pytest.raises(InternalError, match="holds no blocks"):
         bm.block_table(3)
 
 
@@ -149,7 +150,7 @@ def test_fork_shares_only_full_computed_blocks():
     assert grown[:2] == parent[:2] and grown[2] not in parent
     bm.free(1)
     assert bm.num_free_blocks == 5 - 1 + 1  # parent's private tail returns, the shared blocks stay held
-    with pytest.raises(RuntimeError):
+    with pytest.raises(InternalError):
         bm.fork(1, 3)
     bm.free(2)
     assert bm.num_free_blocks == 8

@@ -22,6 +22,8 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from loraledger.errors import InternalError
+
 _ROOT_HASH = bytes(32)  # the parent of a sequence's first block
 
 
@@ -106,9 +108,9 @@ class BlockManager:
     def allocate(self, seq_id: int, num_tokens: int, prefix_blocks: Sequence[int] = ()) -> list[int]:
         """Grow seq_id's table to cover num_tokens tokens (adopting prefix_blocks on the first call); the full table."""
         if not self.can_allocate(seq_id, num_tokens, prefix_blocks):
-            raise RuntimeError(f"allocate(seq {seq_id}, {num_tokens} tokens) without room: call can_allocate first")
+            raise InternalError(f"allocate(seq {seq_id}, {num_tokens} tokens) without room: call can_allocate first")
         if any(self._hash[b] is None for b in prefix_blocks):  # checked before anything changes
-            raise RuntimeError(
+            raise InternalError(
                 f"a prefix block of seq {seq_id} is no longer cached: lookup_prefix's result was used "
                 "after another allocation evicted it"
             )
@@ -174,7 +176,7 @@ class BlockManager:
         """
         parent = self._require(parent_seq_id)
         if child_seq_id in self._seqs:
-            raise RuntimeError(f"fork: child sequence {child_seq_id} already holds blocks")
+            raise InternalError(f"fork: child sequence {child_seq_id} already holds blocks")
         num_full = min(parent.num_computed_tokens // self.block_size, len(parent.table))
         shared = parent.table[:num_full]
         for block in shared:
@@ -191,13 +193,13 @@ class BlockManager:
     def _require(self, seq_id: int) -> _SeqState:
         state = self._seqs.get(seq_id)
         if state is None:
-            raise RuntimeError(f"sequence {seq_id} holds no blocks (never allocated, or already freed)")
+            raise InternalError(f"sequence {seq_id} holds no blocks (never allocated, or already freed)")
         return state
 
     def _blocks_needed(self, seq_id: int, num_tokens: int, prefix_blocks: Sequence[int] = ()) -> int:
         state = self._seqs.get(seq_id)
         if state is not None and prefix_blocks:
-            raise RuntimeError(
+            raise InternalError(
                 f"sequence {seq_id} already has a block table: prefix blocks are adopted on the first allocate only"
             )
         have = len(state.table) if state is not None else len(prefix_blocks)

@@ -1,6 +1,6 @@
-"""The Scheduler's adapter-slot turnover on the churn traffic of issue 6, on a simulated clock.
+"""The scheduling policy's adapter-slot turnover on the churn-serving traffic, on a simulated clock.
 
-bench.slot_sim runs the real Scheduler actor over its message protocol with a stand-in executor,
+bench.slot_sim calls the real SchedulingPolicy with a stand-in executor,
 so these checks see the schedule itself: every request finishes, adapters are not thrown out of
 their slot and reloaded over and over, and the steps stay near the fewest any schedule could take
 under `max_loras` (bench.churn.slot_steps_bound). A second or so per run.
