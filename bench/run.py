@@ -157,6 +157,13 @@ CATALOGUE = (
         "bench.gpu_decode",
         "--eager",
     ),
+    Benchmark(
+        "cpu-dtype",
+        "CPU: float32 vs bfloat16 tokens/s, LoRA disabled, enabled with no adapter, and 6 adapters + base mixed",
+        "~4 min",
+        "bench.cpu_dtype",
+        "--rounds 3",
+    ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
 

@@ -13,7 +13,8 @@ plain weight, so memory does not grow; keeping both to pick per call would doubl
 The op (`torch.ops.mkldnn._linear_pointwise` with `_reorder_linear_weight`) is the one torch's own
 Inductor uses for frozen CPU linears; torch is pinned, and `prepack_supported()` falls back to
 F.linear wherever the op is missing. Results match F.linear to fp32 rounding (a different summation
-order), which the reference tests against transformers check end to end.
+order), which the reference tests against transformers check end to end. bf16 weights are pre-packed too
+on CPUs with native bf16 (AVX512-BF16 or AMX), where oneDNN's bf16 kernels accumulate in fp32.
 
 oneDNN JIT-compiles one primitive per input shape and keeps it in two caches (its own and ideep's,
 1,024 entries each by default), about half a MiB apiece. Continuous batching gives nearly every step
@@ -33,15 +34,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraledger.gpu import cpu_features
+
 CHUNK_ROWS = 256  # the largest row count one oneDNN call runs with
 
 
 def prepack_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """True where Dense can use a oneDNN pre-packed weight: the CPU, fp32, a torch built with oneDNN."""
+    """True where Dense can use a oneDNN pre-packed weight: the CPU, a torch built with oneDNN, and fp32, or bf16 on
+    a CPU that multiplies bf16 natively (AVX512-BF16 or AMX; elsewhere oneDNN would emulate it)."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     return (
         torch.device(device).type == "cpu"
-        and dtype == torch.float32
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_features.native_bf16()))
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_linear_pointwise")
         and hasattr(mkldnn, "_reorder_linear_weight")

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from loraledger.gpu import cpu_features
 from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
 
 _REDUCED = (torch.bfloat16, torch.float16)
@@ -303,6 +304,9 @@ class TorchOps(Ops):
         n_slices = len(slice_offsets) - 1
         rank = a_stack.shape[1] // n_slices
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
+        # bf16 on a CPU with native bf16: oneDNN's bmm accumulates in fp32 and rounds h and the delta to bf16, as
+        # PEFT's bf16 Linear layers do, without copying the adapter stacks to fp32 at every call
+        native = reduced and _native_bf16(x, a_stack, b_stack, y)
         g = ex["grouped"]
         if g is not None:
             groups, width, span = g["groups"], g["width"], g["span"]
@@ -312,10 +316,10 @@ class TorchOps(Ops):
                 xg = x.index_select(0, g["gather"]).view(groups, width, x.shape[1])
             a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
             b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
-            if reduced:
+            if reduced and not native:
                 xg, a, b = xg.float(), a.float(), b.float()
             hg = torch.bmm(xg, a.transpose(1, 2))
-            if reduced:
+            if reduced and not native:
                 hg = hg.to(x.dtype).float()  # h rounded to the model dtype between A and B, as in lora_shrink and PEFT
             if span is not None:
                 rows = y[span[0] : span[1]]
@@ -420,6 +424,11 @@ def _add_segment_delta(
             y_rows[:, lo:hi] += (hs.float() @ bs.float().t()).to(y_rows.dtype)
         else:
             y_rows[:, lo:hi].addmm_(hs, bs.t())
+
+
+def _native_bf16(*tensors: torch.Tensor) -> bool:
+    """All bf16 on a CPU that multiplies bf16 natively (see cpu_features)."""
+    return all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors) and cpu_features.native_bf16()
 
 
 def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int) -> list[torch.Tensor]:

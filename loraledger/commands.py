@@ -39,7 +39,7 @@ def register(sub) -> None:
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),
-        help="weight and compute dtype; auto: float32 on the CPU, the checkpoint's half precision on CUDA",
+        help="weight and compute dtype; auto: bfloat16 on a CPU with AVX512-BF16 or AMX, else float32; the checkpoint's half precision on CUDA",
     )
     gen.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help=DEVICE_HELP)
     gen.add_argument(

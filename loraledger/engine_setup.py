@@ -12,6 +12,7 @@ from loraledger.actors.engine_core import EngineSetup
 from loraledger.engine_args import DEFAULT_AUDIT_URL, EngineArgs
 from loraledger.errors import ConfigError, EngineStartError, ModelLoadError
 from loraledger.generation_config import read_generation_config
+from loraledger.gpu import cpu_features
 from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
 from loraledger.sources.engine_sources import instance_fields, resolve_model
@@ -24,12 +25,13 @@ log = get_logger("engine_setup")
 
 
 def resolve_dtype(requested: str, config: ModelConfig, device: torch.device) -> torch.dtype:
-    """`requested` is EngineArgs.torch_dtype_name (vLLM's aliases resolved). "auto": float32 on the CPU; on CUDA the
+    """`requested` is EngineArgs.torch_dtype_name (vLLM's aliases resolved). "auto" on the CPU: bfloat16 where the CPU
+    multiplies bf16 natively (AVX512-BF16 or AMX), float32 elsewhere (emulated bf16 is slower than fp32); on CUDA the
     checkpoint's float16, else bfloat16 (vLLM picks float16 for a float32 checkpoint: README, Differences from vLLM)."""
     if requested != "auto":
         return _DTYPES[requested]
     if device.type == "cpu":
-        return torch.float32  # bf16/fp16 GEMMs are slow on most CPUs
+        return torch.bfloat16 if cpu_features.native_bf16() else torch.float32
     saved = (config.torch_dtype or "").replace("torch.", "")
     return torch.float16 if saved == "float16" else torch.bfloat16
 

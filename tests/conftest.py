@@ -11,6 +11,9 @@ os.environ.pop("LORALEDGER_AUDIT_URL", None)  # a developer's own audit database
 # no test reaches the real Hub: a repo id resolves against a port nothing listens on (tests/fake_hub.py serves one)
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 os.environ["HF_HOME"] = os.path.join(os.environ["LORALEDGER_HOME"], "hf-home")
+# dtype="auto" on the CPU stays fp32 (exact against transformers' fp32) in every test, subprocesses included; the
+# bf16 choice on CPUs that multiply bf16 natively is tested on its own (tests/gpu/test_cpu_bf16.py)
+os.environ["LORALEDGER_CPU_NATIVE_BF16"] = "0"
 
 import shutil
 

@@ -65,3 +65,22 @@ def test_only_a_fixed_set_of_row_counts_reaches_onednn():
     assert len(sizes) == 37 and max(sizes) == CHUNK_ROWS
     for rows in range(1, CHUNK_ROWS + 1):
         assert rows <= padded_rows(rows) <= max(16, rows * 1.125)
+
+
+@needs_prepack
+@pytest.mark.parametrize("rows", [1, 5, 17, 300])
+def test_bf16_is_prepacked_only_where_the_cpu_multiplies_bf16_natively(rows, monkeypatch):
+    from loraledger.gpu import cpu_features
+
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: False)
+    assert not prepack_supported("cpu", torch.bfloat16)
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: True)
+    assert prepack_supported("cpu", torch.bfloat16)
+    g = torch.Generator().manual_seed(rows)
+    weight, bias = (torch.randn(96, 40, generator=g) * 0.1).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    x = torch.randn(rows, 40, generator=g).bfloat16()
+    with torch.inference_mode():
+        out = Dense(weight, bias, prepack=True)(x)
+    assert out.shape == (rows, 96) and out.dtype == torch.bfloat16
+    expect = F.linear(x.double(), weight.double(), bias.double())
+    torch.testing.assert_close(out.double(), expect, rtol=1e-2, atol=1e-2)  # bf16 output rounding

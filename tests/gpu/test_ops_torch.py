@@ -319,3 +319,26 @@ def test_lora_bf16_inputs_accumulate_in_fp32():
     fused = torch.zeros_like(y16)
     OPS.lora_apply(x16, a16, b16, meta, (0, 16), fused)
     torch.testing.assert_close(fused.float(), y_ref, rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_lora_apply_bf16_on_a_native_bf16_cpu_stays_within_bf16_rounding(native, monkeypatch):
+    """With native bf16 the grouped bmm runs in bf16 (fp32 accumulation, no fp32 copy of the stacks): the delta
+    stays within bf16 rounding of the fp32 computation, as without."""
+    from loraledger.gpu import cpu_features
+
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: native)
+    g = _gen(11)
+    a, b = _lora_stacks(g, 2, 4, ranks=[4, 4], in_f=64, outs=(16,))
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    slots = torch.tensor([0, 1, -1, 1, 0, 0], dtype=torch.int32)  # grouped decode-sized batch
+    x16 = torch.randn(slots.shape[0], 64, generator=g).bfloat16()
+    meta = OPS.lora_prepare(slots, 2)
+    y16 = torch.zeros(slots.shape[0], 16, dtype=torch.bfloat16)
+    OPS.lora_apply(x16, a16, b16, meta, (0, 16), y16)
+    idx = slots.clamp(min=0).long()
+    h_ref = torch.einsum("toi,ti->to", a16.float()[idx], x16.float()).bfloat16().float()
+    y_ref = torch.einsum("tor,tr->to", b16.float()[idx], h_ref)
+    y_ref[2] = 0
+    assert torch.equal(y16[2], torch.zeros(16, dtype=torch.bfloat16)), "a base-model row got a delta"
+    torch.testing.assert_close(y16.float(), y_ref, rtol=2**-6, atol=1e-3)
