@@ -159,8 +159,8 @@ def register(sub) -> None:
         help="seconds a request's body may take to arrive after its headers; then 408 (default 30)",
     )  # fmt: skip
     limits.add_argument(
-        "--max-body-readers", type=int, default=64,
-        help="requests still sending their bodies at once; more get 503 (default 64)",
+        "--max-body-readers", type=int, default=256,
+        help="requests still sending their bodies at once; more get 503 (default 256)",
     )  # fmt: skip
     limits.add_argument(
         "--header-timeout", type=float, default=10.0,
