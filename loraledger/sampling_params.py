@@ -192,7 +192,7 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
 
     def real(name: str, rule: str, ok) -> None:
         value = values[name]
-        if not _is_real(value) or not math.isfinite(value) or not ok(float(value)):
+        if not _is_real(value) or not _finite(value) or not ok(float(value)):
             raise bad(name, rule)
         values[name] = value if type(value) in (int, float) else float(value)
 
@@ -309,7 +309,7 @@ def _logit_bias(bias: object, bad) -> dict[int, float] | None:
             token = int(token)  # JSON keys (an OpenAI request, or the audit log read back)
         if not _is_int(token) or not 0 <= token < _INT64:
             raise bad("logit_bias", "keys must be token ids (ints >= 0)")
-        if not _is_real(value) or not math.isfinite(value):
+        if not _is_real(value) or not _finite(value):
             raise bad("logit_bias", "values must be finite numbers")
         out[int(token)] = min(100.0, max(-100.0, float(value)))
     return out
@@ -389,3 +389,11 @@ def _is_int(value: object) -> bool:
 
 def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _finite(value: int | float) -> bool:
+    """A finite float, or an int a float can hold (math.isfinite raises OverflowError on a larger one)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

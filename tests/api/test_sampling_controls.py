@@ -273,3 +273,12 @@ def test_the_audit_binding_records_the_new_parameters_and_verify_passes(tiny_lla
         )
         assert [c.token_ids for c in lineage.completions] == [out.outputs[0].token_ids]
         assert log.verify().ok
+
+
+@pytest.mark.parametrize(
+    "field", [{"temperature": 10**5000}, {"top_p": -(10**400)}, {"min_p": 10**309}, {"logit_bias": {5: 10**5000}}]
+)
+def test_an_int_too_large_for_a_float_is_a_sampling_params_error(field):
+    # math.isfinite raises OverflowError on such an int: it must come back as the request's own typed error
+    with pytest.raises(E.SamplingParamsError):
+        SamplingParams(**field)
