@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loraledger.errors import ConfigError, DeviceError
+from loraledger.errors import ConfigError, DeviceError, InternalError
 from loraledger.gpu import kernel_checks as checks
 from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
@@ -296,7 +296,9 @@ class CudaOps(Ops):
         softcap: float | None = None,
     ) -> torch.Tensor:
         if softcap is not None:
-            raise ConfigError("CudaOps does not cap attention scores (ModelConfig.check_device refuses such a model)")
+            raise InternalError(
+                "CudaOps was asked to cap attention scores, which ModelConfig.check_device refuses on CUDA"
+            )
         op = "paged_attention_decode"
         checks.check_paged_attention_decode(q, k_cache, v_cache, block_tables, seq_lens, sliding_window)
         self._on_device(op, "k_cache", k_cache)
@@ -381,7 +383,9 @@ class CudaOps(Ops):
         softcap: float | None = None,
     ) -> torch.Tensor:
         if softcap is not None:
-            raise ConfigError("CudaOps does not cap attention scores (ModelConfig.check_device refuses such a model)")
+            raise InternalError(
+                "CudaOps was asked to cap attention scores, which ModelConfig.check_device refuses on CUDA"
+            )
         checks.check_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, sliding_window)
         self._on_device("prefill_attention", "k_cache", k_cache)
         if sizes is None:
