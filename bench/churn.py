@@ -30,6 +30,7 @@ from bench.patching import wrap
 from bench.serving import ServingConfig, arrival_rate, measure_capacity, serving_traffic, stream_workload
 from bench.stats import percentiles
 from bench.workload import Workload, random_prompts, zipf_choices
+from loraledger.scheduling.simulator import slot_steps_bound
 
 
 @dataclass(frozen=True)
@@ -247,18 +248,3 @@ def churn_serving_traffic(traffic_cfg: ServingConfig, vocab_size: int, rate: flo
         traffic_cfg.base_share,
     )
     return replace(traffic, adapter_of=adapters)
-
-
-def slot_steps_bound(workload: Workload, max_loras: int) -> int:
-    """Fewest steps any schedule needs when at most `max_loras` adapters run per step.
-
-    A step gives a sequence at most one new token, so a request of N tokens needs N steps with its
-    adapter in a slot (prefill included: it samples the first token). Each adapter therefore holds a
-    slot for at least its longest request's N steps: steps >= ceil(sum over adapters of that N /
-    max_loras), and never fewer than the longest request's N.
-    """
-    longest: dict[int, int] = {}
-    for adapter, tokens in zip(workload.adapter_of, workload.max_tokens):
-        if adapter is not None:
-            longest[adapter] = max(longest.get(adapter, 0), tokens)
-    return max(-(-sum(longest.values()) // max_loras), max(workload.max_tokens))

@@ -122,3 +122,31 @@ def test_the_scan_finds_each_way_of_reaching_in():
         'getattr(..., "_core") (private to engine.py)',
         "._live (private to engine.py)",
     ]
+
+
+def bench_imports(root: Path) -> list[str]:
+    """Test files outside tests/bench that import the benchmarks: the suite's checks of the product may not
+    depend on bench/ (tests/bench checks the benchmarks' own catalogue and may)."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        if (root / "tests" / "bench") in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n == "bench" or n.startswith("bench.") for n in names):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_the_tests_of_the_product_do_not_import_the_benchmarks():
+    assert bench_imports(ROOT) == []
+
+
+def test_the_bench_import_scan_sees_both_import_forms(tmp_path):
+    (tmp_path / "tests" / "bench").mkdir(parents=True)
+    (tmp_path / "tests" / "a.py").write_text("import bench.run\n")
+    (tmp_path / "tests" / "b.py").write_text("from bench.slot_sim import simulate\n")
+    (tmp_path / "tests" / "c.py").write_text("import benchmark_tools\nfrom loraledger import bench_x\n")
+    (tmp_path / "tests" / "bench" / "d.py").write_text("from bench import run\n")
+    assert bench_imports(tmp_path) == ["tests/a.py:1", "tests/b.py:1"]

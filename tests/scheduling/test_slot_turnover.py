@@ -1,9 +1,9 @@
 """The scheduling policy's adapter-slot turnover on the churn-serving traffic, on a simulated clock.
 
-bench.slot_sim calls the real SchedulingPolicy with a stand-in executor,
-so these checks see the schedule itself: every request finishes, adapters are not thrown out of
-their slot and reloaded over and over, and the steps stay near the fewest any schedule could take
-under `max_loras` (bench.churn.slot_steps_bound). A second or so per run.
+loraledger.scheduling.simulator calls the real SchedulingPolicy with a stand-in executor, so these
+checks see the schedule itself: every request finishes, adapters are not thrown out of their slot
+and reloaded over and over, and the steps stay near the fewest any schedule could take under
+`max_loras` (slot_steps_bound). A second or so per run.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import math
 import numpy as np
 import pytest
 
-from bench.slot_sim import churn_pair, simulate
-from bench.workload import Workload
+from loraledger.scheduling.simulator import simulate
+from tests.scheduling.churn_traffic import Traffic, churn_traffic
 
 
 @pytest.fixture(scope="module")
 def churn_runs():
-    base_traffic, churn_traffic = churn_pair(9.8)  # the rate of this machine's measured churn-serving run
-    return base_traffic, simulate(base_traffic, 8), churn_traffic, simulate(churn_traffic, 8)
+    rate = 9.8  # the rate of this machine's measured churn-serving run
+    base, churn = churn_traffic(rate, 8), churn_traffic(rate, 1000)
+    return base, simulate(base, 8), churn, simulate(churn, 8)
 
 
 def test_every_churn_request_finishes_and_none_starves(churn_runs):
@@ -52,7 +53,7 @@ def test_one_slot_serves_adapters_one_after_another():
     # three adapters, one slot, all requests at t=0: each adapter gets the slot once, runs all of its
     # requests together, and the run takes exactly the bound (sum of each adapter's longest request)
     prompts = [[5] * 8 for _ in range(6)]
-    workload = Workload(
+    workload = Traffic(
         prompts=prompts, adapter_of=[0, 1, 2, 0, 1, 2], max_tokens=[4, 6, 3, 5, 2, 3], arrivals=[0.0] * 6
     )
     run = simulate(workload, 1)
@@ -64,7 +65,7 @@ def test_one_slot_serves_adapters_one_after_another():
 def test_base_model_requests_need_no_slot():
     rng = np.random.default_rng(0)
     prompts = rng.integers(4, 100, size=(10, 8)).tolist()
-    workload = Workload(prompts=prompts, adapter_of=[None] * 10, max_tokens=[5] * 10, arrivals=[0.0] * 10)
+    workload = Traffic(prompts=prompts, adapter_of=[None] * 10, max_tokens=[5] * 10, arrivals=[0.0] * 10)
     run = simulate(workload, 1)
     assert run.completed == 10 and run.slot_loads == 0
     assert run.steps == 5  # all ten share every step
