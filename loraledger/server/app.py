@@ -3,6 +3,7 @@ engine and drains it, so SIGTERM under uvicorn and a test's shutdown run the sam
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -30,6 +31,7 @@ SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers coun
 MAX_CALLER_ID_CHARS = 256
 KEYS_RELOAD_SECONDS = 10.0
 READY_CHECK_SECONDS = 2.0
+CUT_ANSWER_SECONDS = 1.0  # sending the error object of a request cut at shutdown (a client not reading: dropped)
 
 
 class ServerState:
@@ -233,19 +235,48 @@ class ServerMiddleware:
                 return message
             return await receive()  # after the body: a disconnect, when the client goes
 
+        started = False
+
         async def echoing_send(message) -> None:
-            if message["type"] == "http.response.start" and caller_id is not None:
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
-                }
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if caller_id is not None:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
+                    }
             await send(message)
 
         try:
             await self.app(scope, replay_receive, echoing_send)
+        except anyio.get_cancelled_exc_class():
+            # uvicorn cancels what is still running when the grace period ends; its own answer would be a plain-text
+            # 500. A request that has not answered yet gets an OpenAI error object instead (the cancellation is not
+            # passed on: the task ends here, its answer sent)
+            if started or not state.draining:
+                raise
+            await self._cut_at_shutdown(scope, receive, echoing_send)
         finally:
             if entered:
                 state.leave()
+
+    async def _cut_at_shutdown(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        grace = self.state.config.shutdown_grace_seconds
+        structlog.get_logger().bind(actor="server").warning(
+            "request cut at shutdown: the grace period ended before it answered", grace_seconds=grace
+        )
+        exc = unavailable(
+            f"the server is shutting down and this request did not finish within the grace period ({grace:g} s): its "
+            "output is not on record and is not released (it is recorded as aborted, or as interrupted when the audit "
+            "store did not answer); retry on another replica",
+            "shutting_down",
+        )
+        with anyio.move_on_after(CUT_ANSWER_SECONDS, shield=True):
+            await exc.response()(scope, receive, send)
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         """The whole body, within the size limit and the body deadline. A body that is not all there at once (the
