@@ -81,7 +81,9 @@ def test_withheld_outputs_at_shutdown_get_an_openai_error_object(tiny_llama_chat
     with AuditStore(f"sqlite:///{tmp_path / 'audit.db'}") as store:
         unfinished = store.unfinished_requests()
         assert len(unfinished) == 2, unfinished
-        assert sorted(r.request_id for r in store.recover_expired().requests) == sorted(r.request_id for r in unfinished)
+        assert sorted(r.request_id for r in store.recover_expired().requests) == sorted(
+            r.request_id for r in unfinished
+        )
     with AuditLog(f"sqlite:///{tmp_path / 'audit.db'}") as log:
         result = log.verify()
     assert result.ok, result.problems
