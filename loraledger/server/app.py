@@ -168,6 +168,32 @@ class ServerState:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+class ClientNotReading(Exception):
+    """A write of the answer did not go out within the send deadline: the client stopped reading."""
+
+
+def _bounded(send: Send, seconds: float) -> Send:
+    """send, each message within `seconds` (a client that stops reading would otherwise hold its request, and its
+    place in the server's capacity, for good); ClientNotReading past it. A message not sent is not half-sent:
+    uvicorn waits for room before it writes."""
+
+    async def bounded(message) -> None:
+        with anyio.move_on_after(seconds) as scope:
+            await send(message)
+        if scope.cancelled_caught:
+            raise ClientNotReading(f"the client read nothing of its answer for {seconds:g} s")
+
+    return bounded
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    """exc is a `kind`, or a group of nothing else (a stream's task groups wrap what its writes raised)."""
+    inner = getattr(exc, "exceptions", None)  # a BaseExceptionGroup (Python 3.11+, or anyio's backport)
+    if isinstance(inner, tuple) and inner:
+        return all(_only(e, kind) for e in inner)
+    return isinstance(exc, kind)
+
+
 class ServerMiddleware:
     """Per request, before any route: the caller's X-Request-Id (checked, echoed, logged), the log context, the key
     (a route that needs one answers 401 before reading the body), then the body, read whole under the size limit and
@@ -183,6 +209,7 @@ class ServerMiddleware:
             await self.app(scope, receive, send)
             return
         state = self.state
+        bounded_send = _bounded(send, state.limits.send_seconds)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         caller_id = headers.get("x-request-id")
         path = scope.get("path")
@@ -225,7 +252,7 @@ class ServerMiddleware:
             response = exc.response()
             if caller_id is not None and exc.param != "X-Request-Id":
                 response.headers["x-request-id"] = caller_id
-            await response(scope, receive, send)
+            await response(scope, receive, bounded_send)
             return
 
         async def replay_receive():
@@ -246,7 +273,7 @@ class ServerMiddleware:
                         **message,
                         "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
                     }
-            await send(message)
+            await bounded_send(message)
 
         try:
             await self.app(scope, replay_receive, echoing_send)
@@ -257,6 +284,13 @@ class ServerMiddleware:
             if started or not state.draining:
                 raise
             await self._cut_at_shutdown(scope, receive, echoing_send)
+        except Exception as exc:
+            if not _only(exc, ClientNotReading):
+                raise
+            # the connection is closed (its answer incomplete); a stream's requests were aborted on the way out
+            structlog.get_logger().bind(actor="server").warning(
+                "client cut off: it stopped reading its answer", send_seconds=state.limits.send_seconds
+            )
         finally:
             if entered:
                 state.leave()
