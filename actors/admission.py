@@ -34,14 +34,13 @@ from loraledger.actors.messages import (
 from loraledger.digests import binding_digest, prompt_digest
 from loraledger.errors import (
     AdapterChangedError,
-    AdapterUnsupportedError,
     DuplicateRequestError,
     EngineDeadError,
     NoTokenizerError,
 )
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
-from loraledger.sources.engine_sources import adapter_fields, ships_own_tokenizer, tokenizer_lora
+from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -173,14 +172,6 @@ class Admission:
                 if msg.resume:
                     lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
             # after the adapter: a Hub adapter's tokenizer files are in the snapshot its load fetched
-            if msg.chat_template_sha256 is not None and ships_own_tokenizer(ckpt):
-                raise AdapterUnsupportedError(
-                    "chat with a Hub adapter that ships its own tokenizer or chat template is not supported yet (the "
-                    "conversation was rendered with the model's template); download it (`hf download`) and give its "
-                    "folder as lora_path, or send the rendered prompt to generate",
-                    lora_name=lora.lora_name,
-                    lora_path=lora.lora_path,
-                )
             tokenizer = await self._tokenizer_for(tokenizer_lora(lora, ckpt))
             inputs = await self._model_inputs(msg, tokenizer)
             prompt_ids, constraint = inputs.prompt_token_ids, inputs.constraint

@@ -22,6 +22,7 @@ from loraledger.actors.messages import (
     ListLoras,
     PinLora,
     RemoveLora,
+    ResolveAdapter,
 )
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
@@ -45,6 +46,7 @@ from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.recovery import Recovery
 from loraledger.sampling_params import SamplingParams
+from loraledger.sources.engine_sources import tokenizer_lora
 
 
 class AsyncEngine:
@@ -175,6 +177,24 @@ class AsyncEngine:
         if lora_request is not None:
             lora_request = self._check_lora(lora_request)
         return core.setup.tokenizers.get(lora_request if self.args.enable_lora else None)
+
+    async def get_lora_tokenizer(self, lora_request: LoRARequest | None = None):
+        """get_tokenizer for any adapter, a Hub one too: the adapter is resolved first (fetched, or the commit it was
+        loaded at), so the tokenizer files or chat template it ships are read from the folder its weights come from.
+        Reads run off the event loop; a load that fails raises the adapter's typed error."""
+        core = self._live()
+        if lora_request is None or not self.args.enable_lora:
+            return core.setup.tokenizers.get(None)
+        lora_request = self._check_lora(lora_request)
+        answer: AdapterResolved = await self._ask(
+            "loader", lambda reply: ResolveAdapter(lora_request=lora_request, reply=reply)
+        )
+        if answer.error is not None:
+            raise answer.error
+        lora = tokenizer_lora(lora_request, answer.checkpoint)
+        if core.setup.tokenizers.cached(lora):
+            return core.setup.tokenizers.get(lora)
+        return await anyio.to_thread.run_sync(core.setup.tokenizers.get, lora)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """A new SamplingParams of the model's generation_config.json defaults (generation_config="auto"; vLLM's
