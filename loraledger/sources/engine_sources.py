@@ -65,4 +65,3 @@ def tokenizer_lora(lora, ckpt):
     from loraledger.lora.request import LoRARequest
 
     return LoRARequest(lora.lora_name, lora.lora_int_id, source.folder)
-
