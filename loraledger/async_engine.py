@@ -263,6 +263,7 @@ class AsyncEngine:
         key_id: str | None = None,
         user: str | None = None,
         audit_id: str | None = None,
+        bound_commit: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -276,7 +277,8 @@ class AsyncEngine:
         value the caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is its check_model_inputs' at admission.
         chat_template_sha256: set by LLM.chat and the chat route, the digest of the template that rendered the prompt
-        (the binding's chat_template_sha256).
+        (the binding's chat_template_sha256). bound_commit: with resume, the Hub commit the binding's adapter was read
+        at; the adapter is read at that commit again, wherever its branch is now.
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
         """
@@ -300,7 +302,7 @@ class AsyncEngine:
             user=user,
         )
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
-        msg = msgspec.structs.replace(submit, channel=send)
+        msg = msgspec.structs.replace(submit, channel=send, bound_commit=bound_commit if resume else None)
         try:
             await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
