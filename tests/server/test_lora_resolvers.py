@@ -3,6 +3,7 @@ tests/fake_hub.py): only for keys allowed the name, once per name, on record as 
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +19,8 @@ from loraledger.server import ServerConfig
 from loraledger.server.auth import add_key
 from loraledger.server.cli import config_from_args
 from loraledger.server.lora_resolvers import DEFAULT_MAX_LORAS, LoRAResolverSpec
-from loraledger.store.audit_store import ADAPTERS, EVENTS, AuditStore
+from loraledger.store.audit_store import ADAPTERS, EVENTS, REQUESTS, AuditStore
+from tests.api.test_chat import ADAPTER_TEMPLATE
 from tests.server.live import LiveServer
 
 
@@ -73,18 +75,21 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
     v1 = fake_hub.push("org/r8", tiny_llama.adapters["ogd_r16_rslora"], branch="v1")
     for name in ("secret", "extra"):
         fake_hub.push(f"org/{name}", tiny_llama.adapters["qv_r4"])
+    fake_hub.push("org/slow", tiny_llama.adapters["qv_r4"], hang=True)
+    templated = {p.name: p.read_bytes() for p in tiny_llama.adapters["all_r8"].iterdir() if p.is_file()}
+    fake_hub.push("org/chat", templated | {"chat_template.jinja": ADAPTER_TEMPLATE.encode()})
     keys = tmp_path / "keys.toml"
     _, admin = add_key(keys, tenant="ops", adapters=["*"], admin=True)
-    _, user = add_key(keys, tenant="acme", adapters=["tiny", "qv", "r8*", "gone", "extra"])
+    _, user = add_key(keys, tenant="acme", adapters=["tiny", "qv", "r8*", "gone", "extra", "slow", "chat"])
     audit_url = f"sqlite:///{tmp_path / 'audit.db'}"
     engine = EngineArgs(model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16,
-                        block_size=4, audit_url=audit_url)  # fmt: skip
+                        block_size=4, audit_url=audit_url, lora_download_timeout=5.0)  # fmt: skip
     config = ServerConfig(
         engine_args=engine,
         served_model_name=("tiny",),
         api_keys_file=str(keys),
         lora_resolvers=(LoRAResolverSpec.parse(str(folder)), LoRAResolverSpec.parse("hf://org")),
-        lora_resolver_max_loras=2,
+        lora_resolver_max_loras=3,
     )
     looked: list[str] = []
     path_for = LoRAResolverSpec.path_for
@@ -106,6 +111,23 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
         r = _complete(url, user, "gone")
         assert (r.status_code, r.json()["error"]["code"]) == (404, "model_not_found")
 
+        # a Hub adapter with its own chat template: the conversation is rendered with it, its digest on record
+        chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {user}"}, timeout=60)
+        assert r.status_code == 200, r.text
+        chatted = r.json()["id"]
+
+        # a hung Hub holds only the request for its adapter: the base model and an admin's load answer meanwhile
+        with ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(_complete, url, user, "slow")
+            assert _complete(url, user, "tiny").status_code == 200
+            body = {"lora_name": "side", "lora_path": str(tiny_llama.adapters["qv_r4"])}
+            loaded = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers={"Authorization": f"Bearer {admin}"})
+            assert loaded.status_code == 200, loaded.text
+            assert not slow.done()
+            r = slow.result(timeout=60)
+        assert (r.status_code, r.json()["error"]["code"]) == (503, "hub_timeout"), r.text
+
         # a Hub organisation's: concurrent first requests search and download once
         asked = fake_hub.requests["info"]
         with ThreadPoolExecutor(4) as pool:
@@ -125,7 +147,7 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
         assert (r.status_code, r.json()["error"]["code"]) == (403, "model_not_permitted")
         assert looked == [] and fake_hub.requests.total() == asked
 
-        # the Hub resolver has loaded its 2: a third waits for an unload
+        # the Hub resolver has loaded its 3 (the hung one gave its place back): a fourth waits for an unload
         r = _complete(url, user, "extra")
         assert (r.status_code, r.json()["error"]["code"]) == (503, "resolver_full"), r.text
         unload = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "r8@v1"},
@@ -136,5 +158,15 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
     adapters, loaded = _rows(audit_url)
     assert (adapters["r8@v1"].repo_id, adapters["r8@v1"].revision, adapters["r8@v1"].commit_sha) == ("org/r8", "v1", v1)
     assert adapters["qv"].path == str(folder / "qv") and adapters["qv"].repo_id is None
-    assert sorted(loaded) == ["extra", "qv", "r8", "r8@v1"]  # each loaded once; nothing for the denied or the unknown
-    assert "secret" not in adapters and "gone" not in adapters
+    assert sorted(loaded) == [
+        "chat",
+        "extra",
+        "qv",
+        "r8",
+        "r8@v1",
+        "side",
+    ]  # each loaded once; nothing for the denied or the unknown
+    assert "secret" not in adapters and "gone" not in adapters and "slow" not in adapters
+    with AuditStore(audit_url) as store, store.engine.connect() as conn:
+        (digest,) = conn.execute(select(REQUESTS.c.chat_template_sha256).where(REQUESTS.c.request_id == chatted)).one()
+    assert digest == hashlib.sha256(ADAPTER_TEMPLATE.encode()).hexdigest()
