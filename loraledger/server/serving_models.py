@@ -31,7 +31,7 @@ class OpenAIServingModels:
         self._created: dict[str, int] = {}
         self._next_id = 1
         self._lock = anyio.Lock()  # guards names and ids; an adapter's load itself runs outside it
-        self._reserved: set[str] = set()  # names whose first load is under way
+        self._loading: dict[str, anyio.Event] = {}  # names whose first load is under way, set when it has ended
         self._resolving: dict[str, _Pending] = {}  # names a resolver is looking for: one search per name at a time
         config = state.config
         self.resolvers = LoRAResolvers(config.lora_resolvers, config.lora_resolver_max_loras)
@@ -161,28 +161,39 @@ class OpenAIServingModels:
         name it, since it joins the served names only after the engine's add_lora has returned. load_inplace (vLLM's):
         an adapter of that name already loaded is read again, from `path`, under its id; requests admitted from then
         on run on the new content."""
-        async with self._lock:
-            known = self.adapters.get(name)
-            if known is not None and load_inplace:
+        while True:
+            under_way = self._loading.get(name)
+            if under_way is not None:
+                await under_way.wait()  # a load of this name is under way: this one is answered as if it came after
+                continue
+            async with self._lock:
+                if name in self._loading:
+                    continue  # another load of it began while this one waited for the lock
+                known = self.adapters.get(name)
+                if known is not None and load_inplace:
+                    try:
+                        reload = LoRARequest(name, known.lora_int_id, path, load_inplace=True)
+                    except LoRARequestError as exc:
+                        raise APIError(400, str(exc), param="lora_path") from None
+                    await self._state.engine.add_lora(reload)  # typed errors: the handlers map them
+                    # kept without the flag: a request naming it uses what was loaded, it does not read the folder again
+                    self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
+                    self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
+                    return self.adapters[name]
+                if name in self.base_names or name in self.adapters:
+                    raise APIError(
+                        400,
+                        f"The lora adapter '{name}' has already been loaded.",
+                        code="adapter_exists",
+                        param="lora_name",
+                    )
                 try:
-                    reload = LoRARequest(name, known.lora_int_id, path, load_inplace=True)
+                    lora = LoRARequest(name, self._next_id, path)
                 except LoRARequestError as exc:
-                    raise APIError(400, str(exc), param="lora_path") from None
-                await self._state.engine.add_lora(reload)  # typed errors: the handlers map them
-                # kept without the flag: a request naming it uses what was loaded, it does not read the folder again
-                self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
-                self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
-                return self.adapters[name]
-            if name in self.base_names or name in self.adapters or name in self._reserved:
-                raise APIError(
-                    400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name"
-                )
-            try:
-                lora = LoRARequest(name, self._next_id, path)
-            except LoRARequestError as exc:
-                raise APIError(400, str(exc), param="lora_name") from None
-            self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
-            self._reserved.add(name)
+                    raise APIError(400, str(exc), param="lora_name") from None
+                self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
+                self._loading[name] = done = anyio.Event()
+            break
         # the load (a Hub download, maybe) runs without the lock: other loads and unloads go on meanwhile
         try:
             await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
@@ -191,11 +202,13 @@ class OpenAIServingModels:
             with anyio.move_on_after(FORGET_SECONDS, shield=True):
                 with contextlib.suppress(Exception):
                     await self._state.engine.remove_lora(lora.lora_int_id)
-            self._reserved.discard(name)
             raise
-        self.adapters[name] = lora
-        self._reserved.discard(name)
-        self._created[name] = int(time.time())
+        else:
+            self.adapters[name] = lora
+            self._created[name] = int(time.time())
+        finally:
+            del self._loading[name]
+            done.set()
         self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)
         return lora
 

@@ -140,6 +140,19 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
         r = _complete(url, user, "r8@v1")  # a pinned revision is a name of its own
         assert r.json()["system_fingerprint"] == fingerprint_adapter(str(tiny_llama.adapters["ogd_r16_rslora"]))
 
+        # two loads of one name at once: the second is answered once the first is done (as if it came after), so
+        # when it says the adapter exists, it is served
+        def load_dup(_):
+            auth = {"Authorization": f"Bearer {admin}"}
+            body = {"lora_name": "dup", "lora_path": str(tiny_llama.adapters["all_r8"])}
+            r = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=auth, timeout=60)
+            served = {m["id"] for m in httpx.get(f"{url}/v1/models", headers=auth).json()["data"]}
+            return r.status_code, r.json()["error"]["code"] if r.status_code != 200 else None, "dup" in served
+
+        with ThreadPoolExecutor(2) as pool:
+            both = sorted(pool.map(load_dup, range(2)), key=lambda t: t[0])
+        assert both == [(200, None, True), (400, "adapter_exists", True)]
+
         # a name the key may not use: 403, and no disk read nor Hub request, though both resolvers have it
         looked.clear()
         asked = fake_hub.requests.total()
@@ -160,6 +173,7 @@ def test_adapters_load_on_first_use_for_allowed_keys_only(fake_hub, tiny_llama, 
     assert adapters["qv"].path == str(folder / "qv") and adapters["qv"].repo_id is None
     assert sorted(loaded) == [
         "chat",
+        "dup",
         "extra",
         "qv",
         "r8",
