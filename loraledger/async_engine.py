@@ -183,9 +183,10 @@ class AsyncEngine:
         loaded at), so the tokenizer files or chat template it ships are read from the folder its weights come from.
         Reads run off the event loop; a load that fails raises the adapter's typed error."""
         core = self._live()
-        if lora_request is None or not self.args.enable_lora:
-            return core.setup.tokenizers.get(None)
-        lora_request = self._check_lora(lora_request)
+        if lora_request is not None:
+            lora_request = self._check_lora(lora_request)
+        if lora_request is None or not self.args.enable_lora or core.setup.tokenizers.base is None:
+            return core.setup.tokenizers.get(None)  # no adapter, or no tokenizer at all (skip_tokenizer_init)
         answer: AdapterResolved = await self._ask(
             "loader", lambda reply: ResolveAdapter(lora_request=lora_request, reply=reply)
         )
