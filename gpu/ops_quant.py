@@ -41,7 +41,9 @@ def check_quant_linear(x: torch.Tensor, weight: DeviceQuantWeight) -> None:
     if not isinstance(weight, DeviceQuantWeight):
         checks.fail(op, f"weight must be a DeviceQuantWeight, got {type(weight).__name__}")
     if x.dim() < 1 or x.shape[-1] != weight.in_features:
-        checks.fail(op, f"x must have shape [..., {weight.in_features}] (the weight's in_features), got {tuple(x.shape)}")
+        checks.fail(
+            op, f"x must have shape [..., {weight.in_features}] (the weight's in_features), got {tuple(x.shape)}"
+        )
     n, k, bits = weight.out_features, weight.in_features, weight.bits
     if bits not in ks.QUANT_BITS:
         checks.fail(op, f"weight.bits must be one of {ks.QUANT_BITS}, got {bits}")
