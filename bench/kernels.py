@@ -1,6 +1,6 @@
 """Kernel benchmark: CudaOps' LoRA, paged-attention and W4A16 kernels, as a share of the GPU's own copy bandwidth.
 
-Run by hand on a GPU:  python bench/kernels.py [--sweep] [--only lora attention w4a16] [--json out.json]
+Run by hand on a GPU:  python bench/kernels.py [--sweep] [--cases lora attention w4a16] [--json out.json]
 
 Every case is memory-bound, so each is scored by the bytes it must move (every weight, cache and
 activation byte read or written once) over its median time, as a percentage of what a large
@@ -348,19 +348,19 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep-split", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shortest splits to sweep"
     )
     parser.add_argument(
-        "--only", nargs="+", choices=CASE_GROUPS, default=list(CASE_GROUPS), help="which groups of cases to run"
+        "--cases", nargs="+", choices=CASE_GROUPS, default=list(CASE_GROUPS), help="which groups of cases to run"
     )
     args = parser.parse_args(argv)
     if no_gpu("bench/kernels.py"):
         return 2
     copy = bench_copy(args.warmup, args.iters)
     results = [copy]
-    for group in args.only:
+    for group in args.cases:
         results += CASE_GROUPS[group](copy.gbps, args.warmup, args.iters)
     device = torch.cuda.get_device_name()
     print(f"device: {device}\n{_table(results)}")
     sweep = []
-    if args.sweep and "attention" in args.only:
+    if args.sweep and "attention" in args.cases:
         sweep = sweep_attention(copy.gbps, 5, 60, tuple(args.sweep_u), tuple(args.sweep_split))
     for case in ATTENTION_CASES:
         mine = [r for r in sweep if r["case"] == case.name]

@@ -17,5 +17,5 @@ def test_the_w4a16_group_is_selectable_and_needs_a_gpu(capsys):
     assert "w4a16" in kernels.CASE_GROUPS
     if cuda_problem() is None:
         return
-    assert kernels.main(["--only", "w4a16"]) == 2
+    assert kernels.main(["--cases", "w4a16"]) == 2
     assert "needs a GPU" in capsys.readouterr().err
