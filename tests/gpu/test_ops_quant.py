@@ -10,12 +10,12 @@ NaN-poisoned, so an element never written fails.
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
 
 from loraledger.errors import KernelInputError
-from loraledger.gpu import ops_quant
 from loraledger.gpu.ops_cuda import CudaOps
 from loraledger.gpu.ops_quant import GEMV_MAX_TOKENS, gemv_tokens, quant_dequantize_twin, quant_linear_twin
 from loraledger.quantization.device_layout import DeviceQuantWeight, from_affine, from_zero_point
@@ -127,6 +127,24 @@ def test_dequantize_emulated_is_exact(emulated, dtype, bits, group, kind):
     check_dequantize(emulated, "cpu", dtype, 7, 256, bits, group, kind)
 
 
+def test_decode_rows_run_the_gemv_and_prefill_rows_dequantize_once(emulated):
+    weight = random_weight(17, 64, 4, 32, "sym", F16, "cpu", "dispatch")
+    launched = []
+    launch = emulated._launcher.launch
+
+    def spy(template, targs, grid, block, args, shared_mem=0):
+        launched.append((template.name, tuple(targs), grid))
+        return launch(template, targs, grid, block, args, shared_mem)
+
+    with mock.patch.object(emulated._launcher, "launch", spy):
+        emulated.quant_linear(torch.randn(3, 64).to(BF16), weight)
+        emulated.quant_linear(torch.randn(GEMV_MAX_TOKENS + 1, 64).to(BF16), weight)
+    assert launched == [
+        ("quant_gemv_kernel", ("bf16_t", "f16_t", 4, 4), (3, 1)),  # 17 outputs, 8 a block; 3 tokens in one pass
+        ("quant_dequantize_kernel", ("f16_t", 4, "bf16_t"), (1,)),
+    ]
+
+
 def test_gemv_tokens_cover_the_rows_with_the_smallest_pass():
     assert [gemv_tokens(r) for r in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
     assert GEMV_MAX_TOKENS == 8
@@ -157,10 +175,6 @@ def test_quant_linear_refuses_what_the_kernels_cannot_read(emulated):
 def test_no_rows_gives_an_empty_result(emulated):
     weight = random_weight(8, 64, 4, 32, "sym", F16, "cpu", "empty")
     assert emulated.quant_linear(torch.randn(0, 64), weight).shape == (0, 8)
-
-
-def test_the_module_launches_through_cudaops_own_launcher():
-    assert issubclass(CudaOps, ops_quant.QuantLinearOps)
 
 
 # ---- on a GPU: decode shapes of the 1B and 8B models ----
