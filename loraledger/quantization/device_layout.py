@@ -145,19 +145,33 @@ def from_zero_point(
 
 
 def from_affine(
-    q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, *, scale_dtype: torch.dtype | None = None
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    offset: torch.Tensor,
+    bits: int,
+    *,
+    scale_dtype: torch.dtype | None = None,
+    perm: torch.Tensor | None = None,
 ) -> DeviceQuantWeight:
-    """W = q * scale + offset per group: GGUF blocks as gguf_blocks.decode gives them. An offset that is an exact
-    integer multiple of -scale (Q4_0's -8 d) becomes a zero point; any other (Q4_1's m) is kept as an offset."""
+    """W = q * scale + offset per group: GGUF blocks as gguf_blocks.decode gives them, or any format in that common
+    form (offset = -zero * scale, exact in fp32). Offsets that are exact integer multiples of -scale become zero
+    points (none stored when they are all the same, as Q4_0's 8 is); any other (Q4_1's m) is kept as an offset."""
     group = _check(q, scale, bits)
     if offset.shape != scale.shape:
         raise QuantizationError(f"offset {tuple(offset.shape)} and scale {tuple(scale.shape)} differ in shape")
     s, o = scale.to(torch.float32), offset.to(torch.float32)
     packed = pack_int32(q, bits, dim=1).contiguous()
-    nonzero = s[s != 0]
-    zero = float(-o[s != 0][0] / nonzero[0]) if nonzero.numel() else 0.0
-    if zero == round(zero) and 0 <= zero <= 2**bits and torch.equal(-zero * s, o):
+    default = float(2 ** (bits - 1))
+    nonzero = s != 0
+    zero = (-o / torch.where(nonzero, s, 1.0)).round()
+    # a group whose scale is 0 is its offset alone: any zero point fits it when that is 0, so take the others'
+    fill = float(zero[nonzero][0]) if bool(nonzero.any()) else default
+    zero = torch.where(nonzero, zero, fill)
+    if torch.equal(-zero * s, o) and bool(((zero >= 0) & (zero <= 2**bits)).all()):
         (scales,) = _exact_16bit({"scales": s}, scale_dtype)
-        return DeviceQuantWeight(packed, scales, None, None, zero, bits, group, *q.shape)
+        if bool((zero == fill).all()):
+            return DeviceQuantWeight(packed, scales, None, None, fill, bits, group, *q.shape, perm=perm)
+        zeros = zero.to(scales.dtype).contiguous()
+        return DeviceQuantWeight(packed, scales, zeros, None, default, bits, group, *q.shape, perm=perm)
     scales, offsets = _exact_16bit({"scales": s, "offsets": o}, scale_dtype)
-    return DeviceQuantWeight(packed, scales, None, offsets, 0.0, bits, group, *q.shape)
+    return DeviceQuantWeight(packed, scales, None, offsets, 0.0, bits, group, *q.shape, perm=perm)

@@ -104,6 +104,24 @@ def test_gguf_q4_0_and_q4_1_convert_exactly(kind):
     assert torch.equal(dev.dequantize(), want)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_common_affine_form_gets_its_zero_points_back(bits):
+    """offset = -zero * scale in fp32 (how the CPU path holds GPTQ / AWQ / compressed-tensors) converts to integer
+    zero points, not to offsets a 16-bit float could not hold."""
+    g = _gen(40 + bits)
+    q = torch.randint(0, 2**bits, (8, 128), generator=g)
+    scale = (torch.rand(8, 4, generator=g) * 0.1 + 0.01).to(torch.float16).float()
+    zero = torch.randint(0, 2**bits + 1, (8, 4), generator=g).float()
+    scale[0, 0] = 0.0  # an all-zero group
+    perm = torch.randperm(128, generator=g)
+    dev = from_affine(q, scale, -zero * scale, bits, scale_dtype=torch.float16, perm=perm)
+    assert dev.offsets is None and dev.zeros is not None and dev.perm is perm
+    want = ((q.float().reshape(8, 4, -1) - zero[..., None]) * scale[..., None]).reshape(8, 128)
+    assert torch.equal(dev.dequantize(), want)
+    uniform = from_affine(q, scale, -3.0 * scale, bits)
+    assert uniform.zeros is None and uniform.offsets is None and uniform.zero == 3.0
+
+
 def test_scales_a_16_bit_float_cannot_hold_are_refused():
     q = torch.zeros(2, 64, dtype=torch.int32)
     scale = torch.tensor([[1 + 2**-10, 1.0], [1.0, 1.0]]) * 3  # 11 significant bits times 3: neither fp16 nor bf16
