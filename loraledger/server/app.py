@@ -297,7 +297,7 @@ class ServerMiddleware:
 
     async def _cut_at_shutdown(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
-        if task is not None:
+        if task is not None and hasattr(task, "uncancel"):  # Python 3.11+: the cancellation is handled here
             task.uncancel()
         grace = self.state.config.shutdown_grace_seconds
         structlog.get_logger().bind(actor="server").warning(
