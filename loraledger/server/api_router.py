@@ -7,8 +7,9 @@ import structlog
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
+from loraledger.errors import AdapterError, AdapterNotFoundError
 from loraledger.server.auth import Caller, authenticate, require_admin
-from loraledger.server.errors import error_response
+from loraledger.server.errors import error_response, from_engine_error
 from loraledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -84,7 +85,14 @@ async def retrieve_model(model_id: str, request: Request, caller: Caller = Depen
 async def load_lora_adapter(
     body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)
 ) -> Response:
-    await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
+    try:
+        await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
+    except AdapterError as exc:  # about the body's lora_path; a folder that is not there is a 404, as in vLLM
+        error = from_engine_error(exc)
+        error.param = "lora_path"
+        if isinstance(exc, AdapterNotFoundError):
+            error.status = 404
+        raise error from None
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 

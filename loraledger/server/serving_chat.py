@@ -14,8 +14,8 @@ from loraledger.chat import render_chat
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
-from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.legacy_functions import legacy_answer
+from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
 from loraledger.server.request_extras import prompt_with_salt, template_kwargs
 from loraledger.server.response_nulls import chat_nulls
