@@ -232,7 +232,16 @@ class OpenAIServingChat(OpenAIServing):
                 error = from_engine_error(exc)
                 outcome = "rejected" if error.status < 500 else "failed"
                 await emit(
-                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                    sse(
+                        {
+                            "error": {
+                                "message": error.message,
+                                "type": error.type,
+                                "param": error.param,
+                                "code": error.code,
+                            }
+                        }
+                    )
                 )
         finally:
             with anyio.CancelScope(shield=True):

@@ -288,7 +288,16 @@ class OpenAIServingCompletion(OpenAIServing):
                 error = from_engine_error(errors[0])
                 outcome = "rejected" if error.status < 500 else "failed"
                 await emit(
-                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                    sse(
+                        {
+                            "error": {
+                                "message": error.message,
+                                "type": error.type,
+                                "param": error.param,
+                                "code": error.code,
+                            }
+                        }
+                    )
                 )
             else:
                 if include_usage:

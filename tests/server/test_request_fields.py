@@ -63,6 +63,9 @@ def test_harmless_fields_are_ignored_and_named_in_a_warning_header(rag):
     assert r.json()["choices"][0]["message"]["content"] == plain.json()["choices"][0]["message"]["content"]
     c = _post(rag, "/v1/completions", {"model": BASE, "prompt": "hi", "max_tokens": 2, "kv_transfer_params": {}})
     assert c.status_code == 200 and "kv_transfer_params" in c.headers["warning"]
+    streamed = _chat(rag, stream=True, verbosity="high")
+    assert streamed.status_code == 200 and "verbosity" in streamed.headers["warning"]
+    assert streamed.text.rstrip().endswith("data: [DONE]")
 
 
 def test_the_body_request_id_is_the_caller_id_unless_the_header_gives_one(rag):
