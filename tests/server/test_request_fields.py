@@ -48,6 +48,14 @@ def _post(server, route: str, body: dict, **headers) -> httpx.Response:
     return httpx.post(f"{server.base_url}{route}", json=body, headers=headers, timeout=60)
 
 
+def _rendered(server, messages) -> str:
+    """The text a conversation renders to, as /tokenize shows it."""
+    r = _post(server, "/tokenize", {"model": BASE, "messages": messages, "return_token_strs": True})
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(server.tiny.model_dir).decode(r.json()["tokens"])
+
+
 def _chat(server, **fields) -> httpx.Response:
     return _post(server, "/v1/chat/completions", {"model": BASE, "messages": CHAT, "max_tokens": 3, **fields})
 
@@ -93,7 +101,15 @@ def test_legacy_functions_are_served_as_tools_and_answered_as_a_function_call(ra
     # a legacy conversation: the assistant's function_call and the function's result render as tool turns
     turns = [*CHAT, {"role": "assistant", "content": None, "function_call": call},
              {"role": "function", "name": "clock", "content": "12:00"}]  # fmt: skip
-    assert _post(rag, "/v1/chat/completions", {"model": BASE, "messages": turns, "max_tokens": 2}).status_code == 200
+    legacy = _post(rag, "/v1/chat/completions", {"model": BASE, "messages": turns, "max_tokens": 2})
+    assert legacy.status_code == 200, legacy.text
+    as_tools = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": call}]}, {"role": "tool", "name": "clock", "content": "12:00"}]  # fmt: skip
+    same = _post(rag, "/v1/chat/completions", {"model": BASE, "messages": as_tools, "max_tokens": 2})
+    # rendered as the tool turns they stand for: the same prompt, byte for byte
+    digests = {binding(rag.audit_url, r.json()["id"]).prompt_sha256 for r in (legacy, same)}
+    assert len(digests) == 1 and None not in digests
+    assert "<|tool|> 12:00" in _rendered(rag, as_tools)
     both = _chat(rag, functions=FUNCTIONS, tools=[{"type": "function", "function": FUNCTIONS[0]}])
     assert both.status_code == 400 and "not both" in both.json()["error"]["message"]
 
