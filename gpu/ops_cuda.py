@@ -5,7 +5,7 @@ typed scalars, after the pure checks of kernel_checks.py have vouched for shapes
 dtypes and devices. CuPy is imported only when a CudaOps is built.
 
 The ops live by concept: the small fused ops here, KV cache and attention in ops_cuda_attention.py,
-LoRA in ops_cuda_lora.py; CudaOps inherits both.
+LoRA in ops_cuda_lora.py, weight-only quantized projections in ops_quant.py; CudaOps inherits them.
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
 from loraledger.gpu.ops import StepMemo
 from loraledger.gpu.ops_cuda_attention import CudaAttentionOps, prefill_sizes, sdpa_prefill_attention
 from loraledger.gpu.ops_cuda_lora import LORA_KERNELS, CudaLoraOps, lora_segments, lora_tiles
+from loraledger.gpu.ops_quant import QuantLinearOps
 
 __all__ = ["LORA_KERNELS", "CudaOps", "lora_segments", "lora_tiles", "prefill_sizes", "sdpa_prefill_attention"]
 
 
-class CudaOps(CudaAttentionOps, CudaLoraOps):
+class CudaOps(QuantLinearOps, CudaAttentionOps, CudaLoraOps):
     name = "cuda"
 
     def __init__(
