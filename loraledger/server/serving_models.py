@@ -100,6 +100,9 @@ class OpenAIServingModels:
                 lora = await self.load(model, path)
             except BaseException as exc:
                 self.resolvers.forget(model)
+                known = self.adapters.get(model)
+                if known is not None and isinstance(exc, APIError) and exc.code == "adapter_exists":
+                    return known  # an admin's load of this name ended first: the request runs on it
                 if isinstance(exc, HubNotFoundError):
                     continue  # not in this organisation: the next resolver may have it
                 raise

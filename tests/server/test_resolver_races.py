@@ -1,0 +1,74 @@
+"""Races around adapters loaded on first use (serving_models + lora_resolvers), driven directly with a stand-in
+engine whose add_lora waits until the test lets it finish: what a request naming an adapter sees while an admin
+loads or unloads it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import anyio
+import pytest
+
+from loraledger.server.auth import ANONYMOUS
+from loraledger.server.errors import APIError
+from loraledger.server.lora_resolvers import LoRAResolverSpec
+from loraledger.server.serving_models import OpenAIServingModels
+
+
+class _Engine:
+    """add_lora waits for `release` (a load under way); remove_lora forgets the id."""
+
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.started = anyio.Event()
+        self.loaded: dict[int, str] = {}
+
+    async def add_lora(self, lora) -> None:
+        self.started.set()
+        await self.release.wait()
+        self.loaded[lora.lora_int_id] = lora.lora_path
+
+    async def remove_lora(self, int_id: int) -> None:
+        self.loaded.pop(int_id, None)
+
+
+def _models(tmp_path, engine) -> OpenAIServingModels:
+    folder = tmp_path / "adapters"
+    (folder / "sql").mkdir(parents=True)
+    (folder / "sql" / "adapter_config.json").write_text("{}")
+    config = SimpleNamespace(
+        served_model_name=("base",),
+        engine_args=SimpleNamespace(model=str(tmp_path / "model")),
+        lora_resolvers=(LoRAResolverSpec.parse(str(folder)),),
+        lora_resolver_max_loras=4,
+    )
+    return OpenAIServingModels(SimpleNamespace(config=config, engine=engine))
+
+
+@pytest.mark.anyio
+async def test_a_request_naming_an_adapter_an_admin_is_loading_gets_that_adapter(tmp_path):
+    # an admin's /v1/load_lora_adapter of a name a resolver also has is under way when a request names it: the
+    # request is served on the adapter once the load ends (not a 400 "already loaded" about a field it never sent)
+    engine = _Engine()
+    models = _models(tmp_path, engine)
+    got: dict[str, object] = {}
+
+    async def admin() -> None:
+        got["admin"] = await models.load("sql", str(tmp_path / "elsewhere"))
+
+    async def request() -> None:
+        try:
+            got["request"] = await models.resolve("sql", ANONYMOUS, "/v1/completions")
+        except APIError as exc:
+            got["request"] = exc
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(admin)
+            await engine.started.wait()
+            tg.start_soon(request)
+            await anyio.sleep(0.2)  # the request is waiting on the admin's load
+            engine.release.set()
+    assert not isinstance(got["request"], APIError), got["request"]
+    assert got["request"] is got["admin"]
+    assert models.resolvers.count(0) == 0  # the admin's load is not the resolver's: it took no place there
