@@ -40,7 +40,7 @@ class LoRAResolverSpec:
         folder = Path(text).expanduser()
         if not text or not folder.is_dir():
             raise ConfigError(f"--lora-resolver {text!r}: no such folder; give a folder of adapters or hf://ORG")
-        return cls(str(folder))
+        return cls(str(folder.absolute()))  # a relative ORG/NAME path would read as a Hub repo id where it is absent
 
     def __str__(self) -> str:
         return f"{HUB_SCHEME}{self.location}" if self.hub else self.location

@@ -72,3 +72,17 @@ async def test_a_request_naming_an_adapter_an_admin_is_loading_gets_that_adapter
     assert not isinstance(got["request"], APIError), got["request"]
     assert got["request"] is got["admin"]
     assert models.resolvers.count(0) == 0  # the admin's load is not the resolver's: it took no place there
+
+
+def test_a_relative_resolver_folder_gives_paths_that_never_read_as_hub_ids(tmp_path, monkeypatch):
+    # `--lora-resolver adapters` (relative): the path a name resolves to must name that folder wherever it is read
+    # (another working directory, the folder gone by the time the loader reads it), never the Hub repo
+    # `adapters/NAME`, which anyone can publish
+    from loraledger.sources import parse_pinned
+
+    (tmp_path / "adapters" / "sql").mkdir(parents=True)
+    (tmp_path / "adapters" / "sql" / "adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    path = LoRAResolverSpec.parse("adapters").path_for("sql")
+    assert path == str(tmp_path / "adapters" / "sql")
+    assert parse_pinned(path) is None
