@@ -86,3 +86,33 @@ def test_a_relative_resolver_folder_gives_paths_that_never_read_as_hub_ids(tmp_p
     path = LoRAResolverSpec.parse("adapters").path_for("sql")
     assert path == str(tmp_path / "adapters" / "sql")
     assert parse_pinned(path) is None
+
+
+def test_a_hub_resolver_takes_plain_revisions_only():
+    # the revision in `NAME@rev` comes from any caller whose key may use the name: it must stay a branch, tag or
+    # commit of the repo, not a path (`../..` reaches the Hub cache's files) nor a pull-request ref (refs/pr/N, which
+    # anyone may push to on a public repo: unreviewed weights served under the organisation's name)
+    hub = LoRAResolverSpec.parse("hf://acme")
+    for name in ("sql@v1", "sql@main", "sql@release-2.0", "sql@" + "ab" * 20):
+        assert hub.path_for(name) == f"acme/{name}", name
+    for name in ("sql@refs/pr/1", "sql@../../x", "sql@..", "sql@a/../../b", "sql@.hidden", "sql@a%2Fb"):
+        assert hub.path_for(name) is None, name
+
+
+def test_a_revision_never_leads_out_of_the_hub_cache(tmp_path):
+    # a revision is a ref file's name under refs/: one that climbs out (`../../..`) neither reads a file elsewhere
+    # as a commit nor writes one there
+    from loraledger.sources import hub_cache
+
+    cache = tmp_path / "cache"
+    commit = "c" * 40
+    hub_cache.snapshot(str(cache), "acme/sql", commit).mkdir(parents=True)
+    (hub_cache.repo_folder(str(cache), "acme/sql") / "refs").mkdir()  # as any earlier fetch leaves it
+    (tmp_path / "leak").write_text(commit)
+    escaping = "../../../leak"
+    assert (hub_cache.repo_folder(str(cache), "acme/sql") / "refs" / escaping).resolve() == tmp_path / "leak"
+    assert hub_cache.cached_commit(str(cache), "acme/sql", escaping) is None
+    hub_cache.write_ref(str(cache), "acme/sql", "../../../written", commit)
+    assert not (tmp_path / "written").exists()
+    hub_cache.write_ref(str(cache), "acme/sql", "release/v1", commit)  # a branch with a slash stays a ref
+    assert hub_cache.cached_commit(str(cache), "acme/sql", "release/v1") == commit
