@@ -116,3 +116,28 @@ def test_a_revision_never_leads_out_of_the_hub_cache(tmp_path):
     assert not (tmp_path / "written").exists()
     hub_cache.write_ref(str(cache), "acme/sql", "release/v1", commit)  # a branch with a slash stays a ref
     assert hub_cache.cached_commit(str(cache), "acme/sql", "release/v1") == commit
+
+
+@pytest.mark.anyio
+async def test_an_offline_hub_resolver_without_the_name_lets_the_next_resolver_serve_it(tmp_path):
+    # HF_HUB_OFFLINE and a name not in the Hub cache: the Hub resolver does not have it, as a name not on the Hub;
+    # a folder resolver after it that has the name serves it (it was a 400 hub_offline, the folder never tried)
+    from loraledger.sources.errors import HubOfflineError
+
+    class _OfflineHub(_Engine):
+        async def add_lora(self, lora) -> None:
+            if not lora.lora_path.startswith("/"):
+                raise HubOfflineError("HF_HUB_OFFLINE is set", repo_id=lora.lora_path, revision="main")
+            self.loaded[lora.lora_int_id] = lora.lora_path
+
+    engine = _OfflineHub()
+    models = _models(tmp_path, engine)
+    folder = models.resolvers.specs[0]
+    models.resolvers.specs = (LoRAResolverSpec.parse("hf://acme"), folder)
+    with anyio.fail_after(10):
+        lora = await models.resolve("sql", ANONYMOUS, "/v1/completions")
+    assert lora.lora_path == folder.path_for("sql")
+    assert (models.resolvers.count(0), models.resolvers.count(1)) == (0, 1)
+    with pytest.raises(APIError) as caught:
+        await models.resolve("nowhere", ANONYMOUS, "/v1/completions")
+    assert (caught.value.status, caught.value.code) == (404, "model_not_found")
