@@ -92,6 +92,7 @@ class VerifyResult(msgspec.Struct, frozen=True, kw_only=True):
     completions: int
     problems: list[Problem]  # sorted by sequence number; at most VerifyResult.MAX_PROBLEMS kept
     problem_count: int  # all problems found, kept or not
+    erased_texts: int = 0  # prompt and completion text rows that `audit erase` removed, each on record
 
     MAX_PROBLEMS = 100
 

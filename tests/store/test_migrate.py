@@ -37,6 +37,8 @@ ADDED_COLUMNS = [
         for what in ("model", "tokenizer")
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
+    *(("0012_text_erasure", "requests", c) for c in ("prompt_commitment", "prompt_token_ids_commitment")),
+    *(("0012_text_erasure", "completions", c) for c in ("text_commitment", "token_ids_commitment")),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),
@@ -44,6 +46,8 @@ ADDED_TABLES = [
     ("0010_merkle_tree", "merkle_nodes"),
     ("0011_receipts_and_checkpoints", "checkpoints"),
     ("0011_receipts_and_checkpoints", "receipts"),
+    ("0012_text_erasure", "request_texts"),
+    ("0012_text_erasure", "erasures"),
 ]
 
 
