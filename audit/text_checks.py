@@ -16,6 +16,7 @@ from sqlalchemy import Connection, and_, func, literal, select
 
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, E, R, stream
+from loraledger.audit.records import VerifyResult
 from loraledger.digests import ListDigest, text_commitment, token_ids_commitment
 from loraledger.store.models import Erasure, RequestText
 from loraledger.store.records import EventKind
@@ -137,8 +138,14 @@ def check_erasures(conn: Connection, found: Problems) -> None:
         payload = payload if isinstance(payload, dict) else {}
         n, digest = count.get(seq, 0), sha.get(seq, ListDigest()).hexdigest()
         if payload.get("requests") != n or payload.get("requests_sha256") != digest:
-            found.add(seq, f"the erased event {seq} names {payload.get('requests')!r} requests, but the `erasures` rows "
-                      f"naming it are {n} (or name other requests)", table="erasures", key={"seq": seq})  # fmt: skip
+            message = (f"the erased event {seq} names {payload.get('requests')!r} requests, but the `erasures` rows "
+                       f"naming it are {n} (or name other requests)")  # fmt: skip
+            found.add(seq, message, table="events", key={"seq": seq})
+            rows = (
+                select(X.c.request_id).where(X.c.seq == seq).order_by(X.c.request_id).limit(VerifyResult.MAX_PROBLEMS)
+            )
+            for rid in conn.execute(rows).scalars():  # each row it may concern, so a reader can find the edited one
+                found.add(seq, message, rid, table="erasures", key={"request_id": rid})
             continue
         prompts, completions = _counts(conn, seq)
         if (payload.get("prompts"), payload.get("completions")) != (prompts, completions):

@@ -384,9 +384,9 @@ class RequestText(Base):
     __tablename__ = "request_texts"
 
     request_id: Mapped[str] = mapped_column(primary_key=True)
-    part: Mapped[str] = mapped_column(String(16), primary_key=True)
+    part: Mapped[str] = mapped_column(primary_key=True)
     idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    salt: Mapped[str] = mapped_column(String(32))
+    salt: Mapped[str]
     text: Mapped[str | None]
     token_ids: Mapped[list[int]]
 

@@ -36,9 +36,9 @@ def upgrade() -> None:
     op.create_table(
         "request_texts",
         sa.Column("request_id", sa.Text(), nullable=False),
-        sa.Column("part", sa.String(16), nullable=False),
+        sa.Column("part", sa.Text(), nullable=False),
         sa.Column("idx", sa.Integer(), autoincrement=False, nullable=False),
-        sa.Column("salt", sa.String(32), nullable=False),
+        sa.Column("salt", sa.Text(), nullable=False),
         sa.Column("text", sa.Text(), nullable=True),
         sa.Column("token_ids", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("request_id", "part", "idx", name=op.f("pk_request_texts")),
