@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import JSON, Boolean, Connection, Double, Integer, String, Table, select, text, update
 from sqlalchemy.types import DateTime
 
-from loraledger.audit.records import VerifyResult
 from loraledger.audit.erase import erase
+from loraledger.audit.records import VerifyResult
 from loraledger.audit.verify import verify_log
 from loraledger.evidence import log_tree
 from loraledger.evidence.log_key import LogKey

@@ -10,10 +10,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Engine, insert, inspect, select
 from sqlalchemy import exc as sa_exc
 
+from loraledger.audit.erase import erase
 from loraledger.evidence import log_tree
 from loraledger.evidence.log_key import LogKey
 from loraledger.store.audit_store import COMPLETIONS, AuditStore
-from loraledger.audit.erase import erase
 from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import PG_FUNCTIONS, guards_present
 from loraledger.store.instances import this_instance

@@ -65,6 +65,7 @@ def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> N
         for table, current, make_row in (
             ("requests", REQUESTS, "request_row"),
             ("adapters", audit_store.ADAPTERS, "adapter_row"),
+            ("completions", audit_store.COMPLETIONS, "completion_row"),
         ):
             dropped = {c for rev, t, c in ADDED_COLUMNS if rev in _revisions_after(start) and t == table}
             if dropped:
