@@ -17,11 +17,14 @@ def register(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--tenant", help="every request of this tenant (default: none; one of the three is required)")
     which.add_argument(
-        "--request", metavar="AUDIT_KEY", help="this one request (its audit key, RequestOutput.audit_id)"
+        "--request",
+        metavar="AUDIT_KEY",
+        help="this one request, by its audit key (default: none; one of the three is required)",
     )
     which.add_argument(
         "--before", metavar="DATE",
-        help="every request received before this ISO-8601 time (UTC if no offset); refused inside the minimum retention",
+        help="every request received before this ISO-8601 time (UTC if no offset); refused inside the minimum retention "
+        "(default: none; one of the three is required)",
     )  # fmt: skip
     p.add_argument("--reason", help="why, recorded in the erased event (default: none; required with --force)")
     p.add_argument(
