@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, delete, func, insert, select
 
-from loraledger.audit.queries import C, R
+from loraledger.audit.queries import C, E, R
 from loraledger.audit.retention import DEFAULT_KEEP_DAYS
 from loraledger.digests import erased_requests_digest
 from loraledger.errors import ConfigError
@@ -118,9 +118,10 @@ def erase(
         raise ConfigError(f"no request {request_id!r} is on record (erase takes the audit key, RequestOutput.audit_id)")
     has_text = select(T.c.request_id).where(T.c.request_id == R.c.request_id).exists()
     erased_before = select(X.c.request_id).where(X.c.request_id == R.c.request_id).exists()
-    ids = list(
-        conn.execute(select(R.c.request_id).where(where, has_text, ~erased_before).order_by(R.c.request_id)).scalars()
-    )
+    # a request still running would write completion text after its erasure: only ended requests are erased
+    ended = select(E.c.seq).where(E.c.request_id == R.c.request_id, E.c.kind.in_(sorted(EventKind.TERMINAL))).exists()
+    query = select(R.c.request_id).where(where, has_text, ~erased_before, ended).order_by(R.c.request_id)
+    ids = list(conn.execute(query).scalars())
     inline = select(func.count()).select_from(R).where(where, (R.c.prompt_text.is_not(None)) | R.c.request_id.in_(
         select(C.c.request_id).where(C.c.text_commitment.is_(None), C.c.text != "")))  # fmt: skip
     kept_inline = int(conn.execute(inline).scalar_one())

@@ -288,3 +288,19 @@ def test_commitments_open_with_the_kept_salt(served):
     row = kept[(bob[0].audit_id, "completion", 0)]
     assert row.text == bob[0].outputs[0].text
     assert len(row.salt) == 32 and text_commitment(row.salt, row.text) != text_commitment("00" * 16, row.text)
+
+
+def test_a_request_still_running_is_not_erased(db_url):
+    """Its completions would be written after the erasure: only ended requests are erased."""
+    import msgspec
+
+    from loraledger.store.audit_store import AuditStore
+    from tests.audit.salted import salted_batch
+
+    with AuditStore(db_url) as store:
+        made = salted_batch("running-1", at=time.time(), tenant="t")
+        store.write(msgspec.structs.replace(made, completions=[], events=made.events[:1], texts=made.texts[:1]))
+        with write_transaction(store.engine) as conn:
+            done = erase(conn, request_id="running-1", reason="asked")
+    assert done.seq is None and done.requests == 0
+    assert len(_texts(db_url)) == 1
