@@ -1,6 +1,6 @@
 """Erasure: make the prompt and completion text of some requests unrecoverable while the log still verifies.
 
-Text written from revision 0012 on lives in `request_texts`, each row under its own random salt; the chain, the
+Text written from revision 0013 on lives in `request_texts`, each row under its own random salt; the chain, the
 tree and the receipts hold only sha256(salt || text) commitments (and the token counts). `erase` deletes those
 rows, salts included, in one transaction under the writers' lock that also appends an `erased` event (who, why,
 which selector, how many requests, prompts and completions, and a digest of the erased requests' audit keys) and
@@ -46,7 +46,7 @@ class Erased(msgspec.Struct, frozen=True, kw_only=True):
     prompts: int
     completions: int
     text_rows: int  # `request_texts` rows deleted
-    kept_inline: int  # matching requests written before revision 0012: their text is in the chain's rows, kept
+    kept_inline: int  # matching requests written before revision 0013: their text is in the chain's rows, kept
 
 
 def default_actor() -> str:

@@ -55,6 +55,6 @@ def _erase(args: argparse.Namespace) -> int:
         out.write(f"erased the text of {done.requests} request(s): {done.prompts} prompt(s), {done.completions} "
                   f"completion(s), {done.text_rows} text row(s) deleted; erased event at seq {done.seq}\n")  # fmt: skip
     if done.kept_inline:
-        out.write(f"{done.kept_inline} matching request(s) were written before salted text (revision 0012): their text "
+        out.write(f"{done.kept_inline} matching request(s) were written before salted text (revision 0013): their text "
                   "is in rows the chain covers and stays\n")  # fmt: skip
     return 0

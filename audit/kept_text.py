@@ -1,5 +1,5 @@
 """Salted text as readers show it: a binding's prompt and its completions' text and token ids, read back from
-`request_texts` (revision 0012 on), or the `erased` event that removed them."""
+`request_texts` (revision 0013 on), or the `erased` event that removed them."""
 
 from __future__ import annotations
 

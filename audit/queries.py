@@ -145,7 +145,7 @@ COMPLETION_PREFIX = "c_"
 
 
 def _kept_text(request_id: Any, part: str, idx: Any) -> Any:
-    """The text a `request_texts` row keeps (revision 0012 on), NULL once erased."""
+    """The text a `request_texts` row keeps (revision 0013 on), NULL once erased."""
     return (
         select(T.c.text)
         .where(T.c.request_id == request_id, T.c.part == part, T.c.idx == idx)

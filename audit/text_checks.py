@@ -1,4 +1,4 @@
-"""Salted text and its erasures, checked by verify (revision 0012 on): each commitment against its text, each
+"""Salted text and its erasures, checked by verify (revision 0013 on): each commitment against its text, each
 missing text against an erasure on record, each erasure against its `erased` event.
 
 A binding or completion written with salted text commits to sha256(salt || text) and sha256(salt || ids); its

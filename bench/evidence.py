@@ -6,7 +6,7 @@
    with the chain alone, with the Merkle tree, and with the tree and a signed receipt per request,
    alternating rounds on one SQLite file; requests/s of each and the ratio to the chain alone.
 2. Salted text (bench/salted_text.py): the same writer with text inline in the chain-covered rows (before revision
-   0012) vs in `request_texts` under salted commitments, alternating rounds; requests/s and per-round ratios.
+   0013) vs in `request_texts` under salted commitments, alternating rounds; requests/s and per-round ratios.
 3. The tree at --leaves leaves (default 10^6, built in `merkle_nodes` of a fresh SQLite file): the append
    rate of 32-leaf batches at that size, a signed checkpoint's time, and inclusion and consistency proofs:
    size in hashes and bytes, time to read one from the store and to verify it (medians over 200 random ones).

@@ -1,5 +1,5 @@
 """What salted text costs the writer: group commits of finished requests with text inline in the chain-covered rows
-(as before revision 0012) vs kept in `request_texts` under salted commitments (as the engine writes now).
+(as before revision 0013) vs kept in `request_texts` under salted commitments (as the engine writes now).
 
 Run by `python -m bench.run --only evidence` (bench/evidence.py): alternating rounds, one SQLite file per mode, the
 median requests/s of each and the per-round ratios.

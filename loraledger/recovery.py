@@ -91,7 +91,7 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
     keyed by the request's audit key (RequestOutput.audit_id; its request_id is the caller's id, as first submitted)."""
     store = engine.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
-    # from revision 0012 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased)
+    # from revision 0013 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased)
     kept = await anyio.to_thread.run_sync(texts.kept_prompt_ids, store, [r.request_id for r in unfinished])
 
     async def one(record) -> None:

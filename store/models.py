@@ -218,9 +218,9 @@ class Completion(Base):
     stop string or stop token id as text; NULL if none), `adapter_fingerprint` (repeated from
     the request; a database trigger refuses a row where it differs from the request's binding),
     `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
-    generated), `finished_at` (UTC). `text_commitment` / `token_ids_commitment` (revision 0012): the completion's
+    generated), `finished_at` (UTC). `text_commitment` / `token_ids_commitment` (revision 0013): the completion's
     text and token ids live in `request_texts`, `text` is "" and `token_ids` [] here, and these hold sha256(salt ||
-    text) and sha256(salt || ids); NULL for rows written before 0012, which keep their text here.
+    text) and sha256(salt || ids); NULL for rows written before 0013, which keep their text here.
     """
 
     __tablename__ = "completions"
@@ -374,7 +374,7 @@ class Receipt(Base):
 
 class RequestText(Base):
     """`request_texts`: the text and token ids of a prompt or completion, apart so that `audit erase` can remove them
-    (revision 0012). The only audit rows that may be deleted, and only by an erasure on record (store/guards.py).
+    (revision 0013). The only audit rows that may be deleted, and only by an erasure on record (store/guards.py).
 
     Columns: `request_id`, `part` ("prompt" or "completion"), `idx` (0 for the prompt, else the completion index),
     `salt` (32 hex digits, random per row), `text` (NULL for a prompt given as token ids), `token_ids` (JSON list).
@@ -392,7 +392,7 @@ class RequestText(Base):
 
 
 class Erasure(Base):
-    """`erasures`: one row per request whose text `audit erase` removed (revision 0012), naming its `erased` event.
+    """`erasures`: one row per request whose text `audit erase` removed (revision 0013), naming its `erased` event.
 
     Columns: `request_id` (PK), `seq` (the `erased` event, whose payload counts these rows and digests their keys).
     A `request_texts` row can be deleted only when its request has a row here naming an `erased` event.

@@ -42,6 +42,9 @@ class EventKind:
     ERASED = "erased"
     # an engine instance joined the database: payload the `instances` row, written with it (store/instances.py)
     INSTANCE_REGISTERED = "instance_registered"
+    # an engine instance stopped cleanly (nothing left unfinished); written with its lease's stop marker, which verify
+    # compares with it (store/instances.py); payload: instance_id
+    INSTANCE_STOPPED = "instance_stopped"
 
     TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
 
@@ -100,7 +103,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     adapter_repo_id: str | None = None
     adapter_revision: str | None = None
     adapter_commit_sha: str | None = None
-    # salted text (revision 0012): where the prompt is kept as text, it lives in `request_texts` under a random salt and
+    # salted text (revision 0013): where the prompt is kept as text, it lives in `request_texts` under a random salt and
     # the binding carries sha256(salt || text) and sha256(salt || ids) instead (prompt_text stays None); None before
     prompt_commitment: str | None = None
     prompt_token_ids_commitment: str | None = None
@@ -119,7 +122,7 @@ class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     generated_token_count: int
     first_token_at: float | None
     finished_at: float
-    # salted text (revision 0012): text "" and token_ids [] here, the real ones in `request_texts`; None before
+    # salted text (revision 0013): text "" and token_ids [] here, the real ones in `request_texts`; None before
     text_commitment: str | None = None
     token_ids_commitment: str | None = None
 

@@ -70,7 +70,7 @@ def stored(conn: Connection, request_ids: Iterable[str]) -> dict[tuple[str, str,
 
 
 def prompt_token_ids(conn: Connection, request_ids: Iterable[str]) -> dict[str, list[int]]:
-    """The prompt token ids kept in `request_texts` (revision 0012 on; erased prompts are absent)."""
+    """The prompt token ids kept in `request_texts` (revision 0013 on; erased prompts are absent)."""
     return {rid: list(row.token_ids) for (rid, part, _), row in stored(conn, request_ids).items() if part == PROMPT}
 
 

@@ -41,7 +41,7 @@ def _completions(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[st
     kept = {(t.request_id, t.index): t for t in batch.texts if t.part == texts.COMPLETION}
     for c in batch.completions:
         if c.request_id in ids:
-            text = kept.get((c.request_id, c.index))  # salted text (revision 0012): the row holds commitments
+            text = kept.get((c.request_id, c.index))  # salted text (revision 0013): the row holds commitments
             found.setdefault(c.request_id, []).append(
                 {"completion_index": c.index, "text": c.text if text is None else text.text,
                  "token_ids": c.token_ids if text is None else text.token_ids,

@@ -1,4 +1,4 @@
-"""Requests written as the engine writes them from revision 0012 on: text in `request_texts`, salted commitments
+"""Requests written as the engine writes them from revision 0013 on: text in `request_texts`, salted commitments
 in the binding and the completions rows (store/texts.py); for tests that need them without running a model."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def log(log_url: str) -> tuple[str, SynthLog]:
         store.register(msgspec.structs.replace(instance, **sources))
         store.log_key = LogKey(Ed25519PrivateKey.generate(), "test.example/log")  # receipts for finished requests
         synth = build_log(store, n_requests=40, days=3, seed=5)
-        # then, as from revision 0012, requests with salted text; one of them erased
+        # then, as from revision 0013, requests with salted text; one of them erased
         write_salted(store, SALTED, at=START + 4 * DAY, tenant="acme", adapter=ADAPTERS[2])
         with write_transaction(store.engine) as conn:
             erase(conn, request_id=SALTED[0], reason="the data subject asked")
@@ -259,6 +259,10 @@ def test_swapping_two_adapters_names_fails_verify(engine, log):
 
 
 def test_the_clean_log_verifies(engine, log):
-    with unguarded(engine) as conn:
+    with engine.connect() as conn:
         result = verify_log(conn)
     assert result.ok, result.problems
+    with unguarded(engine) as conn:
+        result = verify_log(conn)
+    # the cases below edit rows with the guards out of the way: verify says so, and finds nothing else
+    assert result.problems and {p.table for p in result.problems} == {"triggers"}, result.problems

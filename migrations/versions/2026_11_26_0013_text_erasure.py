@@ -1,7 +1,7 @@
 """text kept apart so it can be erased: request_texts and erasures, salted commitments in requests and completions
 
-Revision ID: 0012_text_erasure
-Revises: 0011_receipts_and_checkpoints
+Revision ID: 0013_text_erasure
+Revises: 0012_stop_markers_in_chain
 Create Date: 2026-11-26
 
 From this revision on, the engine keeps a prompt's text (where prompts are audited as text) and every
@@ -25,8 +25,8 @@ from alembic import op
 from loraledger.errors import AuditSchemaError
 from loraledger.store import guards
 
-revision: str = "0012_text_erasure"
-down_revision: str | Sequence[str] | None = "0011_receipts_and_checkpoints"
+revision: str = "0013_text_erasure"
+down_revision: str | Sequence[str] | None = "0012_stop_markers_in_chain"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
