@@ -42,6 +42,7 @@ from loraledger.errors import (
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
 from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
+from loraledger.store import texts
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -364,6 +365,11 @@ class Admission:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
         prompt_hash = prompt_digest(prompt_text, prompt_ids)
+        # a prompt kept as text goes to `request_texts` under a salt; the binding commits to it (so it can be erased)
+        kept = None
+        if self._audit_prompts == "text":
+            kept = texts.salted(msg.request_id, texts.PROMPT, 0, recordable(prompt_text), prompt_ids)
+        committed = texts.commitments(kept) if kept is not None else (None, None)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -372,7 +378,7 @@ class Admission:
             lora_path=lora.lora_path if lora else None,
             tenant=recordable(msg.tenant),
             sampling_params=_recordable_params(msg.params),
-            prompt_text=recordable(prompt_text) if self._audit_prompts == "text" else None,
+            prompt_text=None,  # kept in `request_texts` (above), never in the binding the chain holds
             prompt_sha256=None if self._audit_prompts == "none" else prompt_hash,
             prompt_token_count=len(prompt_ids),
             received_at=msg.arrival_time,
@@ -388,12 +394,12 @@ class Admission:
             if constraint is not None and self._audit_prompts == "text"
             else None,
             **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
+            prompt_commitment=committed[0],
+            prompt_token_ids_commitment=committed[1],
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:
             payload["caller"] = {"user": recordable(msg.user)}
-        if self._audit_prompts == "text":
-            payload["prompt_token_ids"] = prompt_ids  # lets a resumed request re-run exactly this prompt
         event = EventRecord(
             kind=EventKind.REQUEST_ADMITTED,
             at=time.time(),
@@ -406,6 +412,7 @@ class Admission:
                 adapters=[ckpt.to_record(self._base_fp, time.time())] if ckpt is not None else [],
                 requests=[binding],
                 events=[event],
+                texts=[kept] if kept is not None else [],  # its token ids let a resumed request re-run the prompt
                 admission=True,
             )
         )

@@ -267,6 +267,7 @@ class AuditWriter:
             requests=[r for m in pending if id(m) not in refused for r in m.requests],
             completions=[c for m in pending if id(m) not in refused for c in m.completions],
             events=[e for m in pending if id(m) not in refused for e in m.events],
+            texts=[t for m in pending if id(m) not in refused for t in m.texts],
         )
         sent = {r.request_id for r in batch.requests} - self._attempted
         self._attempted.update(sent)

@@ -14,7 +14,7 @@ import msgspec
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.scheduling.step_plan import StepOutput, StepPlan
-from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord
+from loraledger.store.records import AdapterRecord, CompletionRecord, EventRecord, RequestRecord, TextRecord
 
 
 class Msg(msgspec.Struct, frozen=True, tag=True):
@@ -253,6 +253,7 @@ class AuditAppend(Msg):
     requests: list[RequestRecord] = []
     completions: list[CompletionRecord] = []
     events: list[EventRecord] = []
+    texts: list[TextRecord] = []  # the salted text of the bindings and completions above (store/texts.py)
     reply: object = None
     commit_notify: list[str] = []
     admission: bool = False  # refuse duplicates already in the log; obey audit_on_failure

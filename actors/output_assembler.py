@@ -35,6 +35,7 @@ from loraledger.digests import completions_digest, stored_time
 from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
+from loraledger.store import texts
 from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
 
 
@@ -379,12 +380,17 @@ class OutputAssembler:
         if self._audit is None:
             await self._release(req)
             return
+        # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
+        kept = [texts.salted(rid, texts.COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
+        committed = [texts.commitments(k) for k in kept]
         records = [
             CompletionRecord(
                 request_id=rid,
                 index=s.index,
-                text=recordable(s.text),
-                token_ids=list(s.token_ids),
+                text="",
+                token_ids=[],
+                text_commitment=c[0],
+                token_ids_commitment=c[1],
                 cumulative_logprob=s.cumulative_logprob,
                 finish_reason=s.finish_reason or "abort",
                 stop_reason=None if s.stop_reason is None else recordable(str(s.stop_reason)),
@@ -394,7 +400,7 @@ class OutputAssembler:
                 first_token_at=stored_time(req.metrics.first_token_ts or None),
                 finished_at=stored_time(now),
             )
-            for s in req.seqs
+            for s, c in zip(req.seqs, committed, strict=True)
         ]
         aborted = all(r == "abort" for r in reasons)
         event = EventRecord(
@@ -412,9 +418,9 @@ class OutputAssembler:
         )
         if self._durable:
             self._held[rid] = req
-            await self._audit.send(AuditAppend(completions=records, events=[event], commit_notify=[rid]))
+            await self._audit.send(AuditAppend(completions=records, events=[event], texts=kept, commit_notify=[rid]))
         else:
-            await self._audit.send(AuditAppend(completions=records, events=[event]))
+            await self._audit.send(AuditAppend(completions=records, events=[event], texts=kept))
             await self._release(req)
 
     async def _release(self, req: _ReqOut) -> None:

@@ -133,6 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from loraledger.evidence import commands as evidence
 
     evidence.register(sub, _command)  # receipt, verify-receipt, sign-checkpoint, prove, witness, vkey
+    from loraledger.audit import erase_command
+
+    erase_command.register(sub, _command)
 
 
 def _command(sub: Any, name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
@@ -361,8 +364,9 @@ def format_verify(result: VerifyResult) -> str:
         if head is None:
             return "OK: the audit log is empty\n"
         return (
-            f"OK: {result.events} events, {result.requests} requests, {result.completions} completions verified\n"
-            f"head {head.sequence} {head.hash}\n"
+            f"OK: {result.events} events, {result.requests} requests, {result.completions} completions verified"
+            + (f"; {result.erased_texts} text rows erased, each on record\n" if result.erased_texts else "\n")
+            + f"head {head.sequence} {head.hash}\n"
         )
     first = result.first_problem
     assert first is not None

@@ -49,8 +49,11 @@ def format_lineage(lineage: RequestLineage) -> str:
         *_model_lines(lineage.model_source),
         f"  prompt        {b.prompt_token_count} tokens, sha256 {b.prompt_sha256 or '-'}",
     ]
+    erased = f"(erased, event {lineage.erased_seq})" if lineage.erased_seq is not None else None
     if b.prompt_text is not None:
         lines.append(f"                {json.dumps(b.prompt_text, ensure_ascii=False)}")
+    elif erased is not None and b.prompt_token_ids_commitment is not None:
+        lines.append(f"                {erased}")
     lines.append(f"  sampling      {json.dumps(readable_sampling(b.sampling_params), sort_keys=True)}")
     if b.chat_template_sha256 is not None:
         lines.append(f"  chat template sha256 {b.chat_template_sha256}")
@@ -77,7 +80,8 @@ def format_lineage(lineage: RequestLineage) -> str:
         lines.append(
             f"  [{c.index}] {c.finish_reason:<6} {c.generated_token_count} tokens  adapter {adapter}  finished {iso(c.finished_at)}"
         )
-        lines.append(f"      {json.dumps(c.text, ensure_ascii=False)}")
+        gone = erased is not None and c.text_commitment is not None
+        lines.append(f"      {erased if gone else json.dumps(c.text, ensure_ascii=False)}")
     lines.append(f"events ({len(lineage.events)})")
     for e in lineage.events:
         lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")

@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL
 
 from loraledger.audit import queries as q
 from loraledger.audit import rows
+from loraledger.audit.kept_text import with_kept_text
 from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
 from loraledger.audit.timefmt import Instant, to_unix
 from loraledger.audit.verify import read_checkpoint, verify_log
@@ -166,6 +167,7 @@ class AuditLog:
                     select(q.C).where(q.C.c.request_id == request_id).order_by(q.C.c.completion_index)
                 )
             ]
+            binding, completions, erased = with_kept_text(conn, binding, completions)
             model_source = None
             if binding_row.instance_id is not None:
                 columns = [q.I.c[name] for name in SOURCE_FIELDS]
@@ -193,6 +195,7 @@ class AuditLog:
             status=status,
             instance_id=binding_row.instance_id,
             model_source=model_source,
+            erased_seq=erased,
         )
 
     def match_request(

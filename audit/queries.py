@@ -16,7 +16,7 @@ from sqlalchemy.types import String
 from loraledger.audit import records as rec
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
-from loraledger.store.models import Adapter, Completion, Event, Instance, Request, utc_from_unix
+from loraledger.store.models import Adapter, Completion, Event, Instance, Request, RequestText, utc_from_unix
 from loraledger.store.records import Checkpoint, EventKind
 
 A = Adapter.__table__
@@ -24,6 +24,7 @@ R = Request.__table__
 C = Completion.__table__
 E = Event.__table__
 I = Instance.__table__  # noqa: E741 (the tables are A, R, C, E, I throughout)
+T = RequestText.__table__
 
 STREAM_BATCH = 1000  # rows per fetch from a server-side cursor
 GROUP_KEYS = ("adapter", "tenant", "day")
@@ -143,15 +144,34 @@ def stream(conn: Connection, stmt: Select[Any]) -> Iterator[Row[Any]]:
 COMPLETION_PREFIX = "c_"
 
 
+def _kept_text(request_id: Any, part: str, idx: Any) -> Any:
+    """The text a `request_texts` row keeps (revision 0013 on), NULL once erased."""
+    return (
+        select(T.c.text)
+        .where(T.c.request_id == request_id, T.c.part == part, T.c.idx == idx)
+        .correlate_except(T)
+        .scalar_subquery()
+    )
+
+
 def completion_column(name: str) -> ColumnElement[Any]:
+    """A completions column as listings and reports show it: `text` of a salted row is read from `request_texts`
+    (NULL once erased)."""
+    if name == "text":
+        kept = _kept_text(C.c.request_id, "completion", C.c.completion_index)
+        return case((C.c.text_commitment.is_(None), C.c.text), else_=kept).label(COMPLETION_PREFIX + name)
     return C.c[name].label(COMPLETION_PREFIX + name)
 
 
 def request_column(name: str) -> ColumnElement[Any]:
     """A requests column as listings and reports show it: `caller_request_id` is the caller's id, which for a row from
-    before revision 0006 is its request_id (as the request_lineage view and `audit show` read it)."""
+    before revision 0006 is its request_id (as the request_lineage view and `audit show` read it); `prompt_text` of a
+    salted binding is read from `request_texts` (NULL once erased, as where prompts are not kept as text)."""
     if name == "caller_request_id":
         return func.coalesce(R.c.caller_request_id, R.c.request_id).label(name)
+    if name == "prompt_text":
+        kept = _kept_text(R.c.request_id, "prompt", 0)
+        return case((R.c.prompt_token_ids_commitment.is_(None), R.c.prompt_text), else_=kept).label(name)
     return R.c[name]
 
 

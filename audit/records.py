@@ -33,6 +33,9 @@ class RequestLineage(msgspec.Struct, frozen=True, kw_only=True):
     instance_id: str | None = None  # the engine instance that admitted it (None: written before instances existed)
     # where that instance's base model and tokenizer came from (the `instances` source columns; None: no instance)
     model_source: dict | None = None
+    # the `erased` event that removed its prompt and completion text (None: not erased); the records then hold
+    # prompt_text None and text "" beside their commitments
+    erased_seq: int | None = None
 
 
 class RequestRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +95,7 @@ class VerifyResult(msgspec.Struct, frozen=True, kw_only=True):
     completions: int
     problems: list[Problem]  # sorted by sequence number; at most VerifyResult.MAX_PROBLEMS kept
     problem_count: int  # all problems found, kept or not
+    erased_texts: int = 0  # prompt and completion text rows that `audit erase` removed, each on record
 
     MAX_PROBLEMS = 100
 

@@ -36,9 +36,12 @@ _REQUEST_SELECT = (
     func.nullif(q.R.c.tenant, "").label("tenant"),  # an empty tenant exports like no tenant
     *(q.R.c[name] for name in (
         "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path", "base_model_fingerprint", "engine_version",
-        "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
-        "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text",
-        "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
+        "instance_id", "prompt_sha256",
+    )),
+    q.request_column("prompt_text"),  # salted text from `request_texts`
+    *(q.R.c[name] for name in (
+        "prompt_token_count", "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256",
+        "constraint_text", "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
     )),
     cast(q.R.c.sampling_params, Text).label("sampling_params_json"),
 )  # fmt: skip

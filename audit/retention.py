@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, func, select
 
-from loraledger.audit.queries import C, R
+from loraledger.audit.queries import C, R, request_column
 from loraledger.errors import ConfigError
 
 DEFAULT_KEEP_DAYS = 183  # six months, the EU AI Act's minimum for automatically generated logs (Arts. 19, 26(6))
@@ -45,7 +45,7 @@ def retention_report(
             R.c.tenant,
             func.count().label("requests"),
             func.coalesce(func.sum(completions.c.n), 0).label("completions"),
-            func.count(R.c.prompt_text).label("prompts_with_text"),
+            func.count(request_column("prompt_text")).label("prompts_with_text"),
             func.min(R.c.received_at).label("oldest"),
         )
         .select_from(R.outerjoin(completions, completions.c.request_id == R.c.request_id))

@@ -37,6 +37,9 @@ def completion_record(row: Any, prefix: str = "") -> CompletionRecord:
         generated_token_count=col("generated_token_count"),
         first_token_at=None if first_token_at is None else first_token_at.timestamp(),
         finished_at=col("finished_at").timestamp(),
+        # revision 0013 on (a row read from an older schema, or a join that leaves them out, has none)
+        text_commitment=m.get(prefix + "text_commitment"),
+        token_ids_commitment=m.get(prefix + "token_ids_commitment"),
     )
 
 

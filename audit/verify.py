@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import Connection, func, select
 
-from loraledger.audit import unvouched
+from loraledger.audit import text_checks, unvouched
 from loraledger.audit.chain_walk import ChainWalk
 from loraledger.audit.event_rows import EventRows, Tables, ending_completions_query, events_query
 from loraledger.audit.problems import Problems
@@ -70,6 +70,8 @@ def verify_log(
     unvouched.check_stop_markers(conn, found)
     unvouched.check_unvouched_completions(conn, found)
     unvouched.check_completion_adapters(conn, found)
+    erased = text_checks.check_texts(conn, found)  # salted text against its commitments, or erased on record
+    text_checks.check_erasures(conn, found)
     tree_verify.check_all(conn, found.add)  # the Merkle tree, signed checkpoints and receipts (loraledger/evidence/)
     check_schema_objects(conn, found.add)  # the views are as the migrations made them
     n_requests = conn.execute(select(func.count()).select_from(R)).scalar_one()
@@ -80,6 +82,7 @@ def verify_log(
         events=walk.events,
         requests=int(n_requests),
         completions=int(n_completions),
+        erased_texts=erased,
         problems=found.sorted(),
         problem_count=found.count,
     )

@@ -5,7 +5,9 @@
 1. The writer: group commits of --batch finished requests (the rows and events bench.audit_chain writes)
    with the chain alone, with the Merkle tree, and with the tree and a signed receipt per request,
    alternating rounds on one SQLite file; requests/s of each and the ratio to the chain alone.
-2. The tree at --leaves leaves (default 10^6, built in `merkle_nodes` of a fresh SQLite file): the append
+2. Salted text (bench/salted_text.py): the same writer with text inline in the chain-covered rows (before revision
+   0013) vs in `request_texts` under salted commitments, alternating rounds; requests/s and per-round ratios.
+3. The tree at --leaves leaves (default 10^6, built in `merkle_nodes` of a fresh SQLite file): the append
    rate of 32-leaf batches at that size, a signed checkpoint's time, and inclusion and consistency proofs:
    size in hashes and bytes, time to read one from the store and to verify it (medians over 200 random ones).
 """
@@ -18,6 +20,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from bench import salted_text
 
 
 def _writer_rounds(folder: Path, batch: int, seconds: float, rounds: int) -> dict[str, float]:
@@ -231,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for mode, rate in rates.items():
             print(f"  {mode:<26} {rate:9.0f} requests/s  {rate / base:5.2f}x")
+        salted, ratios = salted_text.writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
+        base = salted["text inline (before)"]
+        print(f"writer, salted text vs text inline ({args.batch} per group commit, SQLite, {args.rounds} rounds)")
+        for mode, rate in salted.items():
+            print(f"  {mode:<26} {rate:9.0f} requests/s  {rate / base:5.2f}x")
+        print(f"  per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
         url = f"sqlite:///{Path(tmp) / 'tree.sqlite3'}"
         upgrade(url)
         built = _build_tree(url, args.leaves)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -228,6 +229,42 @@ def prompt_digest(text: str | None, token_ids: Sequence[int]) -> str:
     return bytes_sha256(json.dumps(list(token_ids), separators=(",", ":")).encode())
 
 
+# -- salted commitments to text that may be erased ----------------------------------------------
+
+TEXT_SALT_BYTES = 16
+
+
+def new_text_salt() -> str:
+    """A fresh random salt for one text row: 16 bytes from the OS's CSPRNG, as 32 lowercase hex digits."""
+    return secrets.token_hex(TEXT_SALT_BYTES)
+
+
+def _salt_bytes(salt: str) -> bytes:
+    raw = bytes.fromhex(salt)
+    if len(raw) != TEXT_SALT_BYTES:
+        raise ValueError(f"a text salt is {TEXT_SALT_BYTES} bytes (32 hex digits), got {len(raw)}")
+    return raw
+
+
+def text_commitment(salt: str, text: str) -> str:
+    """sha256(salt || utf8(text)): commits to a prompt's or completion's text without revealing it once the
+    salt is gone (salt: 32 hex digits, used as its 16 bytes)."""
+    return bytes_sha256(_salt_bytes(salt) + text.encode("utf-8"))
+
+
+def token_ids_commitment(salt: str, token_ids: Sequence[int]) -> str:
+    """sha256(salt || canonical_json(token_ids)), the same salt as the text's (the ids decode to the text)."""
+    return bytes_sha256(_salt_bytes(salt) + canonical_json(list(token_ids)))
+
+
+def erased_requests_digest(request_ids: Iterable[str]) -> str:
+    """An `erased` event's `requests_sha256`: digest of the erased requests' audit keys, sorted (code points)."""
+    sha = ListDigest()
+    for rid in sorted(request_ids):
+        sha.add(rid)
+    return sha.hexdigest()
+
+
 def binding_digest(binding: msgspec.Struct | Mapping[str, Any]) -> str:
     """The `binding_sha256` of a request_admitted event: the binding exactly as the payload carries it."""
     return digest(binding if isinstance(binding, Mapping) else msgspec.to_builtins(binding))
@@ -236,11 +273,23 @@ def binding_digest(binding: msgspec.Struct | Mapping[str, Any]) -> str:
 _COMPLETION_TIMES = ("first_token_at", "finished_at")
 
 
+_SALTED_COMPLETION = ("text_commitment", "token_ids_commitment")
+
+
 def completion_form(record: msgspec.Struct) -> dict[str, Any]:
-    """A completion record as its digest takes it: its fields, times as stored."""
+    """A completion record as its digest takes it: its fields, times as stored.
+
+    Form v1 (a row without commitments, written before salted text): every field but the commitments.
+    Form v2 (`text_commitment` set): the text and token ids are left out, their salted commitments go in.
+    """
     out = msgspec.to_builtins(record)
     for name in _COMPLETION_TIMES:
         out[name] = stored_time(out[name])
+    if out.get("text_commitment") is None:
+        for name in _SALTED_COMPLETION:
+            out.pop(name, None)
+    else:
+        del out["text"], out["token_ids"]
     return out
 
 

@@ -21,6 +21,7 @@ from loraledger.errors import AuditUnavailableError, InstanceLeaseLostError, Lor
 from loraledger.logging import get_logger
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
+from loraledger.store import texts
 from loraledger.structured_outputs import from_canonical
 
 if TYPE_CHECKING:
@@ -90,6 +91,8 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
     keyed by the request's audit key (RequestOutput.audit_id; its request_id is the caller's id, as first submitted)."""
     store = engine.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
+    # from revision 0013 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased)
+    kept = await anyio.to_thread.run_sync(texts.kept_prompt_ids, store, [r.request_id for r in unfinished])
 
     async def one(record) -> None:
         rid = record.request_id
@@ -105,7 +108,7 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
     async def run(record) -> None:
         rid = record.request_id
         payload = payloads.get(rid) or {}
-        prompt_ids = payload.get("prompt_token_ids")
+        prompt_ids = payload.get("prompt_token_ids", kept.get(rid))
         if prompt_ids is None:
             results[rid] = LoraLedgerError(
                 f"request {rid!r} cannot be resumed: its prompt was not kept (audit_prompts != 'text')"

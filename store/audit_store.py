@@ -16,7 +16,7 @@ from sqlalchemy.engine import URL
 from loraledger.digests import GENESIS_HASH, ChainBreak, EventFields, event_hash, first_break, json_roundtrip
 from loraledger.errors import AuditIntegrityError, AuditUnavailableError, DuplicateRequestError
 from loraledger.evidence import node_store
-from loraledger.store import instances, process_identity
+from loraledger.store import instances, process_identity, texts
 from loraledger.store.db import (
     display_url,
     make_engine,
@@ -214,6 +214,7 @@ def write_batch(
     registered = _insert_adapters(conn, batch.adapters)
     _insert_requests(conn, batch.requests, instance_id)
     _insert_completions(conn, batch.completions)
+    texts.insert_texts(conn, batch.texts)
     # the chain's turn: from here to the commit, no other writer appends (see store/db.py)
     take_writer_lock(conn)
     if instance_id is not None:
@@ -333,9 +334,7 @@ class AuditStore:
         return self
 
     def close(self) -> None:
-        if (
-            self.instance is not None
-        ):  # its engine no longer runs in this process: a restart here may recover it at once
+        if self.instance is not None:  # its engine no longer runs in this process: a restart may recover it at once
             process_identity.mark_running(self.instance.instance_id, False)
         if self._watchdog is not None:
             self._watchdog.close()

@@ -1,6 +1,7 @@
 """The append-only guards: database triggers that refuse to change or remove audit rows.
 
-Both dialects: UPDATE and DELETE on every audit table raise "audit table X is append-only",
+Both dialects: UPDATE and DELETE on every audit table raise "audit table X is append-only" (a
+`request_texts` row may be deleted once its request's erasure is on record: `audit erase`),
 and a completion whose adapter_fingerprint differs (NULL-safe) from its request's binding is
 refused. PostgreSQL also refuses TRUNCATE, and every guard is ENABLE ALWAYS, so
 `session_replication_role = replica` does not switch it off. SQLite's REPLACE conflict
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
-from loraledger.store.models import AUDIT_TABLES
+from loraledger.store.models import AUDIT_TABLES, ERASABLE_TABLES
 
 # when an insert's key is already taken (one EXISTS per unique key, so each uses its index)
 _KEY_TAKEN = {
@@ -34,7 +35,16 @@ _KEY_TAKEN = {
     "merkle_nodes": "EXISTS (SELECT 1 FROM merkle_nodes WHERE level = NEW.level AND idx = NEW.idx)",
     "checkpoints": "EXISTS (SELECT 1 FROM checkpoints WHERE tree_size = NEW.tree_size)",
     "receipts": "EXISTS (SELECT 1 FROM receipts WHERE request_id = NEW.request_id)",
+    "request_texts": "EXISTS (SELECT 1 FROM request_texts "
+    "WHERE request_id = NEW.request_id AND part = NEW.part AND idx = NEW.idx)",
+    "erasures": "EXISTS (SELECT 1 FROM erasures WHERE request_id = NEW.request_id)",
 }
+# the one way an audit row may go: a text row whose request has an `erasures` row that names an `erased` event,
+# both appended by `audit erase` in the transaction that deletes it (audit/erase.py)
+_ERASURE_ON_RECORD = (
+    "EXISTS (SELECT 1 FROM erasures x JOIN events e ON e.seq = x.seq "
+    "WHERE x.request_id = OLD.request_id AND e.kind = 'erased')"
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,9 @@ def _sqlite_guards() -> list[Guard]:
             Guard(
                 f"{table}_no_delete",
                 table,
-                f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} BEGIN {refuse}",
+                f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} "
+                + (f"WHEN NOT {_ERASURE_ON_RECORD} " if table in ERASABLE_TABLES else "")
+                + f"BEGIN {refuse}",
             ),
             Guard(
                 f"{table}_no_replace",
@@ -104,6 +116,17 @@ BEGIN
     RETURN NEW;
 END
 """,
+    "loraledger_guard_erasure": f"""
+BEGIN
+    IF {_ERASURE_ON_RECORD} THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION USING
+        MESSAGE = 'audit table ' || TG_TABLE_NAME || ' is append-only (DELETE refused), its rows go only by '
+            || 'loraledger audit erase, which records the erasure in the same transaction',
+        ERRCODE = 'restrict_violation';
+END
+""",
 }
 
 
@@ -126,8 +149,11 @@ def _pg_guards() -> list[PgGuard]:
             (f"{table}_no_truncate", "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT", _BEFORE | _TRUNCATE),
         ):
             on = timing.format(t=table)
-            sql = f"CREATE TRIGGER {name} {on} EXECUTE FUNCTION loraledger_refuse_change()"
-            guards.append(PgGuard(name, table, sql, tgtype=tgtype))
+            function = "loraledger_refuse_change"
+            if table in ERASABLE_TABLES and tgtype & _DELETE:
+                function = "loraledger_guard_erasure"
+            sql = f"CREATE TRIGGER {name} {on} EXECUTE FUNCTION {function}()"
+            guards.append(PgGuard(name, table, sql, function=function, tgtype=tgtype))
     guards.append(
         PgGuard(
             "completions_binding",

@@ -46,7 +46,20 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-AUDIT_TABLES = ("adapters", "requests", "completions", "events", "instances", "merkle_nodes", "checkpoints", "receipts")
+AUDIT_TABLES = (
+    "adapters",
+    "requests",
+    "completions",
+    "events",
+    "instances",
+    "merkle_nodes",
+    "checkpoints",
+    "receipts",
+    "request_texts",
+    "erasures",
+)
+# audit tables whose rows `audit erase` may delete, through the guarded path (store/guards.py, audit/erase.py)
+ERASABLE_TABLES = ("request_texts",)
 # coordination state, not audit facts: rows change (a lease is renewed), so no guard and no hash covers them;
 # what they decide (which instance recovered which) is put on the chain as events
 COORDINATION_TABLES = ("instance_leases",)
@@ -189,6 +202,8 @@ class Request(Base):
     adapter_repo_id: Mapped[str | None]
     adapter_revision: Mapped[str | None]
     adapter_commit_sha: Mapped[str | None] = mapped_column(String(40))
+    prompt_commitment: Mapped[str | None] = mapped_column(Sha256)
+    prompt_token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -203,7 +218,9 @@ class Completion(Base):
     stop string or stop token id as text; NULL if none), `adapter_fingerprint` (repeated from
     the request; a database trigger refuses a row where it differs from the request's binding),
     `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
-    generated), `finished_at` (UTC).
+    generated), `finished_at` (UTC). `text_commitment` / `token_ids_commitment` (revision 0013): the completion's
+    text and token ids live in `request_texts`, `text` is "" and `token_ids` [] here, and these hold sha256(salt ||
+    text) and sha256(salt || ids); NULL for rows written before 0013, which keep their text here.
     """
 
     __tablename__ = "completions"
@@ -224,6 +241,8 @@ class Completion(Base):
     generated_token_count: Mapped[int]
     first_token_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime]
+    text_commitment: Mapped[str | None] = mapped_column(Sha256)
+    token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
 
     request: Mapped[Request] = relationship(back_populates="completions", lazy="raise")
 
@@ -351,3 +370,36 @@ class Receipt(Base):
     body: Mapped[str]
     signature: Mapped[str]
     log_key: Mapped[str]
+
+
+class RequestText(Base):
+    """`request_texts`: the text and token ids of a prompt or completion, apart so that `audit erase` can remove them
+    (revision 0013). The only audit rows that may be deleted, and only by an erasure on record (store/guards.py).
+
+    Columns: `request_id`, `part` ("prompt" or "completion"), `idx` (0 for the prompt, else the completion index),
+    `salt` (32 hex digits, random per row), `text` (NULL for a prompt given as token ids), `token_ids` (JSON list).
+    The requests / completions row holds the commitments sha256(salt || text) and sha256(salt || ids).
+    """
+
+    __tablename__ = "request_texts"
+
+    request_id: Mapped[str] = mapped_column(primary_key=True)
+    part: Mapped[str] = mapped_column(primary_key=True)
+    idx: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    salt: Mapped[str]
+    text: Mapped[str | None]
+    token_ids: Mapped[list[int]]
+
+
+class Erasure(Base):
+    """`erasures`: one row per request whose text `audit erase` removed (revision 0013), naming its `erased` event.
+
+    Columns: `request_id` (PK), `seq` (the `erased` event, whose payload counts these rows and digests their keys).
+    A `request_texts` row can be deleted only when its request has a row here naming an `erased` event.
+    """
+
+    __tablename__ = "erasures"
+    __table_args__ = (Index(None, "seq"),)
+
+    request_id: Mapped[str] = mapped_column(primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)

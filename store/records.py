@@ -38,6 +38,8 @@ class EventKind:
     # the HTTP server refused a key a model it may not use; payload: tenant, key_id, adapter (the model asked for),
     # route; no request id and no binding (nothing was admitted)
     ACCESS_DENIED = "access_denied"
+    # `audit erase` removed the text of some requests; payload: who, why, the selector, counts, requests_sha256
+    ERASED = "erased"
     # an engine instance joined the database: payload the `instances` row, written with it (store/instances.py)
     INSTANCE_REGISTERED = "instance_registered"
     # an engine instance stopped cleanly (nothing left unfinished); written with its lease's stop marker, which verify
@@ -101,6 +103,10 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     adapter_repo_id: str | None = None
     adapter_revision: str | None = None
     adapter_commit_sha: str | None = None
+    # salted text (revision 0013): where the prompt is kept as text, it lives in `request_texts` under a random salt and
+    # the binding carries sha256(salt || text) and sha256(salt || ids) instead (prompt_text stays None); None before
+    prompt_commitment: str | None = None
+    prompt_token_ids_commitment: str | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,6 +122,23 @@ class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     generated_token_count: int
     first_token_at: float | None
     finished_at: float
+    # salted text (revision 0013): text "" and token_ids [] here, the real ones in `request_texts`; None before
+    text_commitment: str | None = None
+    token_ids_commitment: str | None = None
+
+
+class TextRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A prompt's or completion's text and token ids, kept apart (`request_texts`) so `audit erase` can remove them.
+
+    part: "prompt" (index 0) or "completion" (its index); salt: 32 hex digits, the row's commitments' salt.
+    """
+
+    request_id: str
+    part: str
+    index: int
+    salt: str
+    text: str | None
+    token_ids: list[int]
 
 
 class EventRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,6 +156,7 @@ class AuditBatch(msgspec.Struct, frozen=True, kw_only=True):
     requests: list[RequestRecord] = []
     completions: list[CompletionRecord] = []
     events: list[EventRecord] = []
+    texts: list[TextRecord] = []  # the salted text of the requests and completions above
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,9 +21,10 @@ ANSWER_WIDTH = 56  # the table's answer column wraps there
 
 # which adapter content wrote this answer: the completion, the binding it was made under, the adapter's record
 PROOF_SQL = """\
-SELECT c.text, r.lora_name, a.fingerprint, a.path, a.rank, a.target_modules
+SELECT t.text, r.lora_name, a.fingerprint, a.path, a.rank, a.target_modules
 FROM completions c
 JOIN requests r ON r.request_id = c.request_id
+LEFT JOIN request_texts t ON t.request_id = c.request_id AND t.part = 'completion' AND t.idx = c.completion_index
 LEFT JOIN adapters a ON a.fingerprint = c.adapter_fingerprint
 WHERE c.request_id = :request_id"""
 

@@ -88,6 +88,6 @@ def run_random(cache_dir: Path, url: str, *, max_tokens: int, device: str, rebui
     print(f"  loraledger audit show {outputs[0].audit_id}")
     print("  loraledger audit verify")
     print("or in SQL:")
-    print("  SELECT r.request_id, r.lora_name, r.adapter_fingerprint, c.finish_reason, c.text")
-    print("  FROM requests r JOIN completions c ON c.request_id = r.request_id ORDER BY r.received_at DESC LIMIT 6;")
+    print("  SELECT request_id, lora_name, adapter_fingerprint, finish_reason, text")
+    print("  FROM request_lineage ORDER BY received_at DESC LIMIT 6;")
     return 0

@@ -280,5 +280,5 @@ def _retention(args: argparse.Namespace) -> int:
     for t in report.past:
         out.write(f"  tenant {t.tenant or '-'}: {t.requests} requests, {t.completions} completions, "
                   f"{t.prompts_with_text} prompts kept as text, oldest {iso(t.oldest)}\n")  # fmt: skip
-    out.write("erasing their text while the chain still verifies is not available yet (EVIDENCE.md, Not yet)\n")
+    out.write("`loraledger audit erase --before DATE` erases their text; the log still verifies (EVIDENCE.md)\n")
     return 0

@@ -10,6 +10,7 @@ from loraledger.digests import canonical_json
 from loraledger.evidence import receipt
 from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.receipt import Receipt
+from loraledger.store import texts
 from loraledger.store.models import Completion, Request
 from loraledger.store.models import Receipt as ReceiptRow
 from loraledger.store.records import AuditBatch, EventKind
@@ -37,16 +38,24 @@ def _bindings(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[str, 
 def _completions(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Each request's completions: from the batch that finishes it (where the engine puts them), else from the table."""
     found: dict[str, list[dict[str, Any]]] = {}
+    kept = {(t.request_id, t.index): t for t in batch.texts if t.part == texts.COMPLETION}
     for c in batch.completions:
         if c.request_id in ids:
+            text = kept.get((c.request_id, c.index))  # salted text (revision 0013): the row holds commitments
             found.setdefault(c.request_id, []).append(
-                {"completion_index": c.index, "text": c.text, "token_ids": c.token_ids,
+                {"completion_index": c.index, "text": c.text if text is None else text.text,
+                 "token_ids": c.token_ids if text is None else text.token_ids,
                  "finish_reason": c.finish_reason, "generated_token_count": c.generated_token_count}
             )  # fmt: skip
     missing = [rid for rid in ids if rid not in found]
     if missing:
+        stored = texts.stored(conn, missing)
         for row in conn.execute(select(_COMPLETIONS).where(_COMPLETIONS.c.request_id.in_(missing))).mappings():
-            found.setdefault(row["request_id"], []).append(dict(row))
+            row = dict(row)
+            text = stored.get((row["request_id"], texts.COMPLETION, row["completion_index"]))
+            if text is not None:
+                row["text"], row["token_ids"] = text.text, list(text.token_ids)
+            found.setdefault(row["request_id"], []).append(row)
     return found
 
 

@@ -71,7 +71,9 @@ async def test_a_final_output_reaches_the_caller_only_once_its_rows_are_durable(
         await tg.start(h.assembler.run)
         append = await h.finish_one("a1")
         assert append.commit_notify == ["a1"]
-        assert [(c.request_id, c.token_ids, c.finish_reason) for c in append.completions] == [("a1", [5, 6], "length")]
+        assert [(c.request_id, c.token_ids, c.finish_reason) for c in append.completions] == [("a1", [], "length")]
+        # the token ids (and text) travel as salted text, the row only commits to them
+        assert [(t.request_id, t.part, t.token_ids) for t in append.texts] == [("a1", "completion", [5, 6])]
         assert [e.request_id for e in append.events] == ["a1"]
         await anyio.sleep(0.05)
         assert nothing_waiting(h.caller), "the output went out before its completion rows were committed"

@@ -13,7 +13,9 @@ import pytest
 from sqlalchemy import func, select, text
 
 from loraledger import LLM, AsyncEngine, EngineArgs, SamplingParams
+from loraledger.digests import text_commitment, token_ids_commitment
 from loraledger.lora.checkpoint_reader import fingerprint_adapter
+from loraledger.store import texts
 from loraledger.store.audit_store import ADAPTERS, COMPLETIONS, EVENTS, REQUESTS, AuditStore
 from loraledger.store.records import EventKind
 from tests.api.conftest import loras_for
@@ -23,10 +25,8 @@ WAIT_S = 120  # upper bounds only: a few tiny-model steps, unless a shared 2-cor
 
 # the README's auditor query: which adapter, by content, wrote which text
 README_JOIN = (
-    "SELECT r.request_id, a.name, a.fingerprint, c.text FROM requests r "
-    "JOIN adapters a ON a.fingerprint = r.adapter_fingerprint "
-    "JOIN completions c ON c.request_id = r.request_id "
-    "ORDER BY r.request_id, c.completion_index"
+    "SELECT request_id, adapter_name, adapter_fingerprint, text FROM request_lineage "
+    "WHERE adapter_fingerprint IS NOT NULL ORDER BY request_id, completion_index"
 )
 
 
@@ -51,6 +51,7 @@ def read_log(url: str) -> dict[str, list]:
                 ).all(),
                 "events": conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all(),
                 "joined": [tuple(row) for row in conn.execute(text(README_JOIN))],
+                "texts": conn.execute(select(texts.TEXTS)).all(),
             }
 
 
@@ -86,13 +87,23 @@ def test_mixed_adapter_batch_is_on_record_bound_to_each_fingerprint(db_url, tiny
             (lora.lora_name, lora.lora_int_id, lora.lora_path) if lora else (None, None, None)
         )
         assert req.tenant == "acme"
-        assert (req.prompt_text, req.prompt_sha256) == (prompt, sha256(prompt))
+        # the prompt is kept apart under a salt (so it can be erased); the binding commits to it
+        kept = {(t.request_id, t.part, t.idx): t for t in log["texts"]}
+        held = kept[(out.audit_id, "prompt", 0)]
+        assert (req.prompt_text, req.prompt_sha256, held.text) == (None, sha256(prompt), prompt)
+        assert req.prompt_commitment == text_commitment(held.salt, prompt)
+        assert req.prompt_token_ids_commitment == token_ids_commitment(held.salt, out.prompt_token_ids)
         assert req.sampling_params.get("n", 1) == p.n
         rows = [c for c in log["completions"] if c.request_id == out.audit_id]
         assert len(rows) == p.n == len(out.outputs)
         assert [(c.completion_index, c.text, c.token_ids, c.adapter_fingerprint) for c in rows] == [
-            (o.index, o.text, o.token_ids, fp) for o in out.outputs
+            (o.index, "", [], fp) for o in out.outputs
         ]
+        for c, o in zip(rows, out.outputs):
+            held = kept[(out.audit_id, "completion", o.index)]
+            assert (held.text, held.token_ids) == (o.text, list(o.token_ids))
+            assert c.text_commitment == text_commitment(held.salt, o.text)
+            assert c.token_ids_commitment == token_ids_commitment(held.salt, o.token_ids)
     adapters = {a.fingerprint: a for a in log["adapters"]}
     assert set(adapters) == set(fps.values())
     assert {a.name for a in adapters.values()} == set(fps)
@@ -139,9 +150,11 @@ def test_prompts_are_kept_only_as_audit_prompts_says(db_url, tiny_llama, mode):
         payload = json.dumps(event.payload)
         assert secret not in payload
         # the token ids would give the prompt away as surely as its text
-        assert "prompt_token_ids" not in payload, (
+        assert '"prompt_token_ids"' not in payload, (
             f"{event.kind} keeps the prompt's token ids with audit_prompts={mode!r}"
         )
+    # nor is the prompt in `request_texts`: only the completions are
+    assert {t.part for t in log["texts"]} == {"completion"}
     assert chain_break(db_url) is None
 
 
@@ -242,7 +255,10 @@ async def test_the_final_output_waits_for_its_commit(db_url, tiny_llama, monkeyp
     # the control: without audit_durable the output does come out before its rows are written
     assert rows_when_released == (1 if durable else 0)
     log = read_log(db_url)
-    assert [(c.request_id, c.token_ids) for c in log["completions"]] == [(out.audit_id, out.outputs[0].token_ids)]
+    assert [(c.request_id, c.completion_index) for c in log["completions"]] == [(out.audit_id, 0)]
+    assert [(t.request_id, t.token_ids) for t in log["texts"] if t.part == "completion"] == [
+        (out.audit_id, out.outputs[0].token_ids)
+    ]
     assert chain_break(db_url) is None
 
 
@@ -257,9 +273,10 @@ async def test_text_with_a_nul_character_is_recorded_with_a_replacement_char(db_
     assert outs[-1].finished
     log = read_log(db_url)
     (request,) = log["requests"]
-    assert (request.prompt_text, request.prompt_sha256) == ("before\ufffdafter", sha256(prompt))
+    kept = {t.part: t for t in log["texts"]}
+    assert (kept["prompt"].text, request.prompt_sha256) == ("before\ufffdafter", sha256(prompt))
     assert request.tenant == "ac\ufffdme"
-    (completion,) = log["completions"]
+    completion = kept["completion"]
     assert completion.text == outs[-1].outputs[0].text.replace("\x00", "\ufffd")
     assert list(completion.token_ids) == outs[-1].outputs[0].token_ids
     assert chain_break(db_url) is None

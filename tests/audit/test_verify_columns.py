@@ -22,18 +22,20 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import JSON, Boolean, Connection, Double, Integer, String, Table, select, text, update
 from sqlalchemy.types import DateTime
 
+from loraledger.audit.erase import erase
 from loraledger.audit.records import VerifyResult
 from loraledger.audit.verify import verify_log
 from loraledger.evidence import log_tree
 from loraledger.evidence.log_key import LogKey
 from loraledger.store.audit_store import AuditStore
-from loraledger.store.db import make_engine
+from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import guards_for
 from loraledger.store.instances import SOURCE_FIELDS, this_instance
 from loraledger.store.migrate import upgrade
 from loraledger.store.models import AUDIT_TABLES, COORDINATION_TABLES, Base
 from loraledger.store.records import EventKind
-from tests.audit.synth import ADAPTERS, SynthLog, build_log
+from tests.audit.salted import write_salted
+from tests.audit.synth import ADAPTERS, DAY, START, SynthLog, build_log
 from tests.db_fixtures import _libpq
 
 # the audit tables; instance_leases is coordination state that changes in place (store/instances.py), not a fact on record
@@ -71,6 +73,11 @@ def log(log_url: str) -> tuple[str, SynthLog]:
         store.register(msgspec.structs.replace(instance, **sources))
         store.log_key = LogKey(Ed25519PrivateKey.generate(), "test.example/log")  # receipts for finished requests
         synth = build_log(store, n_requests=40, days=3, seed=5)
+        # then, as from revision 0013, requests with salted text; one of them erased
+        write_salted(store, SALTED, at=START + 4 * DAY, tenant="acme", adapter=ADAPTERS[2])
+        with write_transaction(store.engine) as conn:
+            erase(conn, request_id=SALTED[0], reason="the data subject asked")
+        synth.events = store.head().sequence
         with store.engine.begin() as conn:
             log_tree.sign_checkpoint(conn, store.log_key)
     return log_url, synth
@@ -120,7 +127,20 @@ def _targets(synth: SynthLog) -> dict[str, dict[str, Any]]:
         "merkle_nodes": {"level": 1, "idx": 3},
         "checkpoints": {"tree_size": synth.events},
         "receipts": {"request_id": request.binding.request_id},
+        "request_texts": {"request_id": SALTED[1], "part": "completion", "idx": 1},
+        "erasures": {"request_id": SALTED[0]},
     }
+
+
+# the columns only a request written with salted text fills (its prompt_text, and its completions' text, are empty)
+SALTED_COLUMNS = {"prompt_commitment", "prompt_token_ids_commitment", "text_commitment", "token_ids_commitment"}
+SALTED = ["salted-0", "salted-1"]
+
+
+def _target(synth: SynthLog, table: str, column: str) -> dict[str, Any]:
+    if column in SALTED_COLUMNS:
+        return {"request_id": SALTED[1]} if table == "requests" else {"request_id": SALTED[1], "completion_index": 0}
+    return _targets(synth)[table]
 
 
 def _row(conn: Connection, table: Table, where: dict[str, Any]) -> Any:
@@ -181,7 +201,7 @@ def _edit_and_verify(
 ) -> tuple[VerifyResult, list]:
     t = TABLES[table]
     with unguarded(engine) as conn:
-        where = _targets(synth)[table]
+        where = _target(synth, table, column)
         row = _row(conn, t, where)
         old = getattr(row, column)
         new = None if to_null else _other_value(t.c[column], old)

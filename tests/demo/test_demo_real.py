@@ -50,8 +50,11 @@ def test_the_demo_shows_what_each_adapter_learned_and_proves_who_wrote_it(demo_f
     with AuditLog(url) as log, log.snapshot() as conn:
         records = conn.execute(
             text(
-                "SELECT r.lora_name, r.prompt_text, c.token_ids, c.text, c.finish_reason FROM requests r "
-                "JOIN completions c ON c.request_id = r.request_id ORDER BY r.request_id"
+                "SELECT r.lora_name, p.text AS prompt_text, t.token_ids, t.text, c.finish_reason FROM requests r "
+                "JOIN completions c ON c.request_id = r.request_id "
+                "JOIN request_texts p ON p.request_id = r.request_id AND p.part = 'prompt' "
+                "JOIN request_texts t ON t.request_id = c.request_id AND t.part = 'completion' "
+                "AND t.idx = c.completion_index ORDER BY r.request_id"
             )
         ).all()
     assert len(records) == 3 * len(QUESTIONS)

@@ -16,6 +16,7 @@ KINDS = (
     "binding_sha256",
     "completions_sha256",
     "prompt_sha256",
+    "text_commitment",
     "registration_sha256",
     "adapter_fingerprint",
     "base_model_fingerprint",

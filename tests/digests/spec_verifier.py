@@ -117,14 +117,29 @@ def event_hash(prev_hash: str, event: dict[str, Any]) -> str:
     return sha256(prev_hash.encode("ascii") + cj(fields))
 
 
+_SALTED = ("text_commitment", "token_ids_commitment")
+
+
+def _completion_form(c: dict[str, Any]) -> dict[str, Any]:
+    """Section 4: form v1 (no text_commitment) without the commitments, form v2 without text and token_ids."""
+    out = {**c, "first_token_at": stored_time(c["first_token_at"]), "finished_at": stored_time(c["finished_at"])}
+    drop = _SALTED if c.get("text_commitment") is None else ("text", "token_ids")
+    return {k: v for k, v in out.items() if k not in drop}
+
+
 def completions_sha256(completions: list[dict[str, Any]]) -> str:
     """Section 4: in index order, times as stored."""
-    ordered = sorted(completions, key=lambda c: c["index"])
-    stored = [
-        {**c, "first_token_at": stored_time(c["first_token_at"]), "finished_at": stored_time(c["finished_at"])}
-        for c in ordered
-    ]
-    return digest(stored)
+    return digest([_completion_form(c) for c in sorted(completions, key=lambda c: c["index"])])
+
+
+def text_commitment(salt: str, text: str) -> str:
+    """Section 4: sha256 of the 16 salt bytes, then the text's UTF-8."""
+    return sha256(bytes.fromhex(salt) + text.encode("utf-8"))
+
+
+def token_ids_commitment(salt: str, token_ids: list[int]) -> str:
+    """Section 4: sha256 of the 16 salt bytes, then the canonical JSON of the ids."""
+    return sha256(bytes.fromhex(salt) + cj(token_ids))
 
 
 def _frame(data: bytes) -> bytes:

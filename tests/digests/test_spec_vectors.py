@@ -75,11 +75,12 @@ def test_event_chain():
 def test_binding_sha256():
     v = V["binding_sha256"]
     record = msgspec.convert(v["binding"], RequestRecord)
-    assert (
-        spec.digest(v["binding"])
-        == digests.binding_digest(v["binding"])
-        == digests.binding_digest(record)
-        == v["sha256"]
+    assert spec.digest(v["binding"]) == digests.binding_digest(v["binding"]) == v["sha256"]
+    # a binding written today carries the salted-text keys (null where prompts are not kept as text)
+    salted = msgspec.convert(v["salted_binding"], RequestRecord)
+    assert spec.digest(v["salted_binding"]) == digests.binding_digest(salted) == v["salted_sha256"]
+    assert digests.binding_digest(record) == digests.binding_digest(
+        {**v["binding"], "prompt_commitment": None, "prompt_token_ids_commitment": None}
     )
 
 
@@ -91,6 +92,25 @@ def test_completions_sha256():
     for record in sorted(records, key=lambda r: r.index):
         streamed.add(record)
     assert streamed.hexdigest() == v["sha256"]
+    salted = [msgspec.convert(c, CompletionRecord) for c in v["salted_completions"]]
+    assert spec.completions_sha256(v["salted_completions"]) == digests.completions_digest(salted) == v["salted_sha256"]
+
+
+def test_text_commitment():
+    v = V["text_commitment"]
+    for part in (v["prompt"], v["completion"]):
+        salt = part["salt"]
+        assert spec.text_commitment(salt, part["text"]) == digests.text_commitment(salt, part["text"])
+        assert digests.text_commitment(salt, part["text"]) == part["text_commitment"]
+        ids = part["token_ids"]
+        assert (
+            spec.token_ids_commitment(salt, ids)
+            == digests.token_ids_commitment(salt, ids)
+            == part["token_ids_commitment"]
+        )
+    assert spec.digest(sorted(v["erased"])) == digests.erased_requests_digest(v["erased"]) == v["requests_sha256"]
+    with pytest.raises(ValueError, match="16 bytes"):
+        digests.text_commitment("00ff", "x")
 
 
 def test_prompt_sha256():

@@ -10,15 +10,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Engine, insert, inspect, select
 from sqlalchemy import exc as sa_exc
 
+from loraledger.audit.erase import erase
 from loraledger.evidence import log_tree
 from loraledger.evidence.log_key import LogKey
 from loraledger.store.audit_store import COMPLETIONS, AuditStore
-from loraledger.store.db import make_engine
+from loraledger.store.db import make_engine, write_transaction
 from loraledger.store.guards import PG_FUNCTIONS, guards_present
 from loraledger.store.instances import this_instance
 from loraledger.store.models import AUDIT_TABLES
 from loraledger.store.rows import completion_row
-from tests.db_fixtures import FP_A, FP_B, make_completion, sample_batch
+from tests.audit.salted import write_salted
+from tests.db_fixtures import FP_A, FP_B, T0, make_completion, sample_batch
 
 # a column per table that an attacker would like to rewrite
 TARGET = {
@@ -30,6 +32,8 @@ TARGET = {
     "merkle_nodes": "hash",
     "checkpoints": "note",
     "receipts": "body",
+    "request_texts": "text",
+    "erasures": "request_id",
 }
 KEY = {
     "instances": "instance_id",
@@ -40,6 +44,8 @@ KEY = {
     "merkle_nodes": "level, idx",
     "checkpoints": "tree_size",
     "receipts": "request_id",
+    "request_texts": "request_id, part, idx",
+    "erasures": "request_id",
 }
 
 
@@ -51,6 +57,9 @@ def engine(audit_store: AuditStore) -> Iterator[Engine]:
     )  # receipts, a checkpoint: rows to guard
     audit_store.write(sample_batch(["r1", "r2"]))
     audit_store.write(sample_batch(["base1"], None))
+    write_salted(audit_store, ["s1", "s2"], at=T0 + 10, tenant="acme")  # text rows, one of them erased
+    with write_transaction(audit_store.engine) as conn:
+        erase(conn, request_id="s1", reason="asked")
     engine = make_engine(audit_store.url)
     with engine.begin() as conn:
         log_tree.sign_checkpoint(conn, audit_store.log_key)
@@ -101,11 +110,16 @@ def test_update_and_delete_are_refused(engine):
         refused(engine, f"DELETE FROM {table}", f"audit table {table} is append-only")
 
 
+# erasures has no text column outside its key: its replacement rewrites the event it names
+REPLACED = {"erasures": ("seq", "seq + 1000")}
+
+
 def test_replacing_a_row_is_refused(engine):
     for table in AUDIT_TABLES:
-        source = select_with(engine, table, TARGET[table], "'tampered'")
+        column, value = REPLACED.get(table, (TARGET[table], "'tampered'"))
+        source = select_with(engine, table, column, value)
         message = f"audit table {table} is append-only"
-        upsert = f"DO UPDATE SET {TARGET[table]} = excluded.{TARGET[table]}"
+        upsert = f"DO UPDATE SET {column} = excluded.{column}"
         if engine.dialect.name == "sqlite":
             refused(engine, f"INSERT OR REPLACE INTO {table} {source}", message)
             refused(engine, f"REPLACE INTO {table} {source}", message)

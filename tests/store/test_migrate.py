@@ -37,6 +37,8 @@ ADDED_COLUMNS = [
         for what in ("model", "tokenizer")
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
+    *(("0013_text_erasure", "requests", c) for c in ("prompt_commitment", "prompt_token_ids_commitment")),
+    *(("0013_text_erasure", "completions", c) for c in ("text_commitment", "token_ids_commitment")),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),
@@ -44,6 +46,8 @@ ADDED_TABLES = [
     ("0010_merkle_tree", "merkle_nodes"),
     ("0011_receipts_and_checkpoints", "checkpoints"),
     ("0011_receipts_and_checkpoints", "receipts"),
+    ("0013_text_erasure", "request_texts"),
+    ("0013_text_erasure", "erasures"),
 ]
 
 
@@ -61,6 +65,7 @@ def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> N
         for table, current, make_row in (
             ("requests", REQUESTS, "request_row"),
             ("adapters", audit_store.ADAPTERS, "adapter_row"),
+            ("completions", audit_store.COMPLETIONS, "completion_row"),
         ):
             dropped = {c for rev, t, c in ADDED_COLUMNS if rev in _revisions_after(start) and t == table}
             if dropped:
@@ -334,7 +339,8 @@ def test_a_new_database_migrates_under_a_deadline_shorter_than_the_migration_idl
 def test_0012_brings_the_clean_stops_of_an_existing_log_into_the_chain(db_url):
     """Clean stops written before they went on the chain: verify would call their markers forged; the revision
     appends one instance_stopped event each (marked backfilled), leaving the chain as it was, and verify passes."""
-    from loraledger.audit.verify import verify_log
+    from loraledger.audit import unvouched
+    from loraledger.audit.problems import Problems
     from loraledger.store import instances
     from loraledger.store.instances import this_instance
 
@@ -353,8 +359,10 @@ def test_0012_brings_the_clean_stops_of_an_existing_log_into_the_chain(db_url):
         )
     with engine.connect() as conn:
         before = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
-        stale = verify_log(conn)
-    assert not stale.ok and [p.key for p in stale.problems] == [{"instance_id": stopped.instance_id}]
+        # verify's check of stop markers (the whole of verify reads the columns later revisions add)
+        stale = Problems()
+        unvouched.check_stop_markers(conn, stale)
+    assert [p.key for p in stale.sorted()] == [{"instance_id": stopped.instance_id}]
 
     assert upgrade(db_url) == head_revision()
     with engine.connect() as conn:

@@ -1,0 +1,80 @@
+"""Salted text kept apart from the chain (`request_texts`): made by the engine, written with its batch, read back.
+
+A prompt kept as text and every completion's text and token ids go into `request_texts`, each under a fresh salt,
+while the binding and the completions row carry only sha256(salt || text) and sha256(salt || ids)
+(loraledger/digests.py). The chain, the Merkle tree and the receipts never hold the text itself, so `audit erase`
+can delete these rows and everything on record still verifies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, Table, insert, select, tuple_
+
+from loraledger.digests import new_text_salt, text_commitment, token_ids_commitment
+from loraledger.store.models import RequestText
+from loraledger.store.records import TextRecord
+
+TEXTS: Table = RequestText.__table__  # type: ignore[assignment]
+PROMPT, COMPLETION = "prompt", "completion"
+_IN_CHUNK = 300
+
+
+def salted(request_id: str, part: str, index: int, text: str | None, token_ids: Sequence[int]) -> TextRecord:
+    """A text record under a fresh salt."""
+    return TextRecord(
+        request_id=request_id, part=part, index=index, salt=new_text_salt(), text=text, token_ids=list(token_ids)
+    )
+
+
+def commitments(record: TextRecord) -> tuple[str | None, str]:
+    """(sha256(salt || text) or None where there is no text, sha256(salt || ids)) of a text record."""
+    text = None if record.text is None else text_commitment(record.salt, record.text)
+    return text, token_ids_commitment(record.salt, record.token_ids)
+
+
+def text_row(r: TextRecord) -> dict[str, Any]:
+    return {"request_id": r.request_id, "part": r.part, "idx": r.index, "salt": r.salt, "text": r.text,
+            "token_ids": list(r.token_ids)}  # fmt: skip
+
+
+def insert_texts(conn: Connection, records: Sequence[TextRecord]) -> None:
+    """Insert the text rows not yet on record (a retried batch writes each once); inside the batch's transaction."""
+    rows = {(r.request_id, r.part, r.index): r for r in reversed(records)}
+    if not rows:
+        return
+    keys = list(rows)
+    existing: set[tuple[str, str, int]] = set()
+    for start in range(0, len(keys), _IN_CHUNK):
+        chunk = keys[start : start + _IN_CHUNK]
+        query = select(TEXTS.c.request_id, TEXTS.c.part, TEXTS.c.idx).where(
+            tuple_(TEXTS.c.request_id, TEXTS.c.part, TEXTS.c.idx).in_(chunk)
+        )
+        existing.update((row.request_id, row.part, row.idx) for row in conn.execute(query))
+    new = [text_row(r) for key, r in rows.items() if key not in existing]
+    if new:
+        conn.execute(insert(TEXTS), new)
+
+
+def stored(conn: Connection, request_ids: Iterable[str]) -> dict[tuple[str, str, int], Any]:
+    """The `request_texts` rows of request_ids, by (request_id, part, idx); an erased request has none."""
+    ids = sorted(set(request_ids))
+    found: dict[tuple[str, str, int], Any] = {}
+    for start in range(0, len(ids), _IN_CHUNK):
+        query = select(TEXTS).where(TEXTS.c.request_id.in_(ids[start : start + _IN_CHUNK]))
+        for row in conn.execute(query):
+            found[(row.request_id, row.part, row.idx)] = row
+    return found
+
+
+def prompt_token_ids(conn: Connection, request_ids: Iterable[str]) -> dict[str, list[int]]:
+    """The prompt token ids kept in `request_texts` (revision 0013 on; erased prompts are absent)."""
+    return {rid: list(row.token_ids) for (rid, part, _), row in stored(conn, request_ids).items() if part == PROMPT}
+
+
+def kept_prompt_ids(store: Any, request_ids: Iterable[str]) -> dict[str, list[int]]:
+    """prompt_token_ids read through an open AuditStore (recovery's resume: the prompts to re-run)."""
+    with store.engine.connect() as conn:
+        return prompt_token_ids(conn, request_ids)
