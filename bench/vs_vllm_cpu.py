@@ -151,6 +151,11 @@ def run_batches(args, assets, python: Path, logs: Path) -> dict:
                     for engine in order:
                         out = workers[(engine, dtype, lora)].ask(prompts=ps, adapters=ads, max_tokens=tokens)
                         tps.setdefault((name, dtype, engine), []).append(out["tokens"] / out["seconds"])
+                        # each figure as it comes: a run cut short still leaves its rounds in the log
+                        print(
+                            f"  round {r + 1} | {name} | {dtype} | {engine} | {tps[(name, dtype, engine)][-1]:,.1f} tok/s",
+                            flush=True,
+                        )
                         ids[(name, dtype, engine)] = out["ids"]
             print(f"round {r + 1}/{args.rounds} done", flush=True)
     finally:
