@@ -3,7 +3,7 @@
 Two views of one measured generate() call (after a warm-up), neither needing changes to the engine:
 
 - inside the step, on the executor's worker thread: the torch profiler wraps every
-  ModelRunner.execute call and sums each aten op's self CPU time; the model's parts (LoRA, the
+  ModelRunner.launch and .finish call and sums each aten op's self CPU time; the model's parts (LoRA, the
   device ops, input preparation, sampling) are labelled with record_function so that their
   inclusive time shows up next to the ops;
 - outside the step, on the engine's event-loop thread (scheduler, admission, output assembly):
@@ -48,7 +48,8 @@ _LABELLED = (
     ("loraledger.gpu.model_runner", "ModelRunner._sample", "runner._sample"),
     ("loraledger.gpu.model_runner", "ModelRunner._apply_slot_changes", "runner._apply_slot_changes"),
     ("loraledger.gpu.model_runner", "build_forward_batch", "build_forward_batch"),
-    ("loraledger.gpu.model_runner", "ModelRunner.execute", "runner.execute (whole step)"),
+    ("loraledger.gpu.model_runner", "ModelRunner.launch", "runner.launch (whole step)"),
+    ("loraledger.gpu.model_runner", "ModelRunner.finish", "runner.finish (whole step)"),
 )
 
 
@@ -66,7 +67,8 @@ def _label(module_name: str, path: str, label: str) -> None:
 
 
 class StepProfiler:
-    """Runs the torch profiler around each ModelRunner.execute call (in whatever thread calls it) and sums it up.
+    """Runs the torch profiler around each ModelRunner.launch and .finish call (in whatever thread calls them;
+    the Executor's step thread calls these two, not execute) and sums it up.
 
     Steps are kept apart by kind: "prefill" (some sequence brings more than one token) and "decode".
     """
@@ -77,6 +79,7 @@ class StepProfiler:
             lambda: collections.defaultdict(lambda: [0.0, 0.0, 0])
         )
         self.steps: collections.Counter[str] = collections.Counter()
+        self.kinds: dict[int, str] = {}  # runner -> kind of the step it launched last (finish follows launch)
         self.enabled = False
 
     def install(self) -> None:
@@ -84,25 +87,33 @@ class StepProfiler:
 
         for spec in _LABELLED:
             _label(*spec)
-        labelled_execute = ModelRunner.execute
         profiler = self
 
-        def execute(runner, plan):
-            if not profiler.enabled:
-                return labelled_execute(runner, plan)
-            kind = "prefill" if any(len(w.token_ids) > 1 for w in plan.seqs) else "decode"
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                out = labelled_execute(runner, plan)
-            profiler.steps[kind] += 1
-            table = profiler.ops[kind]
-            for e in prof.key_averages():
-                entry = table[e.key]
-                entry[0] += e.self_cpu_time_total
-                entry[1] += e.cpu_time_total
-                entry[2] += e.count
-            return out
+        def profiled(original, kind_of):
+            def call(runner, arg):
+                if not profiler.enabled:
+                    return original(runner, arg)
+                kind = kind_of(runner, arg)
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    out = original(runner, arg)
+                table = profiler.ops[kind]
+                for e in prof.key_averages():
+                    entry = table[e.key]
+                    entry[0] += e.self_cpu_time_total
+                    entry[1] += e.cpu_time_total
+                    entry[2] += e.count
+                return out
 
-        ModelRunner.execute = execute
+            return call
+
+        def launch_kind(runner, plan):
+            kind = "prefill" if any(len(w.token_ids) > 1 for w in plan.seqs) else "decode"
+            profiler.steps[kind] += 1
+            profiler.kinds[id(runner)] = kind
+            return kind
+
+        ModelRunner.launch = profiled(ModelRunner.launch, launch_kind)
+        ModelRunner.finish = profiled(ModelRunner.finish, lambda runner, step: profiler.kinds.get(id(runner), "decode"))
 
     def report(self, top: int) -> str:
         labels = {spec[2] for spec in _LABELLED}
@@ -111,9 +122,9 @@ class StepProfiler:
             table = self.ops.get(kind)
             if not table:
                 continue
-            step_total = table.get("runner.execute (whole step)", [0, 0, 0])[1] or 1.0
-            lines.append(f"{kind} steps: {self.steps[kind]}, runner.execute {step_total / 1e6:.2f}s in all")
-            lines.append("  aten ops by self CPU time (share of runner.execute)")
+            step_total = sum(table.get(f"runner.{f} (whole step)", [0, 0, 0])[1] for f in ("launch", "finish")) or 1.0
+            lines.append(f"{kind} steps: {self.steps[kind]}, runner.launch + finish {step_total / 1e6:.2f}s in all")
+            lines.append("  aten ops by self CPU time (share of the step)")
             ops = sorted(((k, v) for k, v in table.items() if k not in labels), key=lambda kv: -kv[1][0])
             for name, (self_us, _, calls) in ops[:top]:
                 lines.append(

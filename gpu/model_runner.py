@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -112,8 +111,6 @@ class ModelRunner:
         default max_model_len) runs eagerly."""
         self.config = ModelConfig.from_pretrained(model_dir)
         self.device = torch.device(device)
-        if self.device.type == "cpu":
-            _keep_freed_memory()
         self.dtype = dtype
         self.ops = ops
         self.block_size = block_size
@@ -122,6 +119,9 @@ class ModelRunner:
         self.kv_cache = KVCache(self.config, num_kv_blocks, block_size, dtype, self.device)
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
+        if self.device.type == "cpu":
+            del weights  # the plain weights the pre-packed copies replaced: freed, then handed back
+            _keep_freed_memory()
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.grammar_mask = GrammarMask(self.config.vocab_size)
         self.graphs: DecodeGraphs | None = None
@@ -478,14 +478,13 @@ class _PromptLogprobJob:
         return out
 
 
-@functools.cache
 def _keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of handing it back to the OS at once.
+    """Hand back what loading the weights freed (malloc_trim), then make glibc keep freed memory for reuse.
 
     Each forward allocates and frees multi-megabyte temporaries; with glibc's defaults these are
     mmap'ed or trimmed on free, and every reuse pays page faults that cost up to 10x the arithmetic
-    (measured on rms_norm over 1024 tokens). The price is a process that keeps its peak heap. A no-op
-    where glibc's mallopt is not available.
+    (rms_norm over 1024 tokens). The price is a process that keeps its peak heap: set before the load, that
+    peak held the plain weights the pre-packed copies replaced. A no-op where glibc's mallopt is missing.
     """
     name = ctypes.util.find_library("c")
     try:
@@ -495,6 +494,7 @@ def _keep_freed_memory() -> bool:
         return False
     if mallopt is None:
         return False
+    getattr(libc, "malloc_trim", lambda _pad: 0)(0)
     m_trim_threshold, m_mmap_threshold = -1, -3
     ok = mallopt(m_mmap_threshold, 32 << 20)  # the largest value glibc accepts
     return bool(ok and mallopt(m_trim_threshold, 1 << 30))

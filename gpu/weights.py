@@ -37,7 +37,9 @@ class LayerWeights:
 
 @dataclass
 class ModelWeights:
-    embed: torch.Tensor  # [V, H]
+    # [V, H]; on the CPU the checkpoint's own tensor (its dtype) in a mapping of the file of its own, so only
+    # the rows looked up are ever paged in, and a tied lm_head's pre-packed copy is not beside a second full one
+    embed: torch.Tensor
     layers: list[LayerWeights]
     norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
@@ -83,12 +85,21 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 def load_weights(
     model_dir: str | Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str
 ) -> ModelWeights:
-    """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`."""
-    reader = _TensorReader(weight_files(model_dir), dtype)
+    """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`.
+
+    Memory: safetensors hands out tensors backed by one mapping of the whole file, which stays resident (every
+    page read while loading) as long as any of them lives. So every tensor kept here owns its memory (a copy
+    where the cast and the move left the mapped one), the load's mapping goes when the reader closes, and on
+    the CPU the embedding is taken afresh from a new mapping that nothing has read yet (`embed`, in the
+    checkpoint's dtype: the forward casts the rows it looks up). The file must then stay in place unchanged
+    while the engine runs (replacing it by a rename is safe; truncating it in place is not).
+    """
+    files = weight_files(model_dir)
+    reader = _TensorReader(files, dtype)
     try:
 
         def get(name: str) -> torch.Tensor:
-            return reader.get(name).to(device)
+            return _owned(reader.get(name), device)
 
         def fused(names: list[str]) -> torch.Tensor:
             return torch.cat([reader.get(n) for n in names], dim=0).to(device)
@@ -96,7 +107,7 @@ def load_weights(
         def norm(name: str) -> torch.Tensor:
             """An RMSNorm weight as the forward multiplies by it: Gemma stores w for (1 + w)."""
             t = reader.get(name)
-            return (t.float() + config.norm_offset).to(t.dtype).to(device) if config.norm_offset else t.to(device)
+            return (t.float() + config.norm_offset).to(t.dtype).to(device) if config.norm_offset else _owned(t, device)
 
         layers = []
         for i in range(config.num_hidden_layers):
@@ -120,22 +131,38 @@ def load_weights(
                     post_ff_norm=norm(f"{p}post_feedforward_layernorm.weight") if config.sandwich_norms else None,
                 )
             )
-        embed = get("model.embed_tokens.weight")
+        mapped_embed = torch.device(device).type == "cpu"
+        embed = None if mapped_embed else get("model.embed_tokens.weight")
         if config.tie_word_embeddings:
-            lm_head = embed
+            lm_head = get("model.embed_tokens.weight") if mapped_embed else embed
         else:
             lm_head = get("lm_head.weight")
-        weights = ModelWeights(embed=embed, layers=layers, norm=norm("model.norm.weight"), lm_head=lm_head)
+        final_norm = norm("model.norm.weight")
     finally:
         reader.close()
+    if mapped_embed:
+        embed_reader = _TensorReader(files, None)
+        try:
+            embed = embed_reader.get("model.embed_tokens.weight")
+        finally:
+            embed_reader.close()
+    weights = ModelWeights(embed=embed, layers=layers, norm=final_norm, lm_head=lm_head)
     _check_shapes(weights, config, model_dir)
     return weights
 
 
-class _TensorReader:
-    """Finds each tensor in whichever shard holds it; errors name the file and the tensor."""
+def _owned(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`tensor` on `device` in memory of its own: a copy when the move left it in the file's mapping."""
+    moved = tensor.to(device)
+    return moved.clone() if moved.data_ptr() == tensor.data_ptr() else moved
 
-    def __init__(self, files: list[Path], dtype: torch.dtype) -> None:
+
+class _TensorReader:
+    """Finds each tensor in whichever shard holds it; errors name the file and the tensor.
+
+    Tensors come in `dtype` (None: the checkpoint's own, still backed by the file's mapping)."""
+
+    def __init__(self, files: list[Path], dtype: torch.dtype | None) -> None:
         self.dtype = dtype
         self._handles = []
         self._where: dict[str, int] = {}
@@ -163,7 +190,7 @@ class _TensorReader:
             raise ModelLoadError(
                 f"tensor {name!r} in {path} cannot be read ({exc}); the checkpoint is corrupt"
             ) from exc
-        return tensor.to(self.dtype)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
     def close(self) -> None:
         self._handles.clear()

