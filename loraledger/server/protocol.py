@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # OpenAI fields accepted and without effect here (billing, storage and routing hints of OpenAI's own service)
-IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier")
+IGNORED = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
 class _Body(BaseModel):
@@ -97,6 +97,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (forced: enforced; auto: the first is kept)
     echo: bool | None = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False

@@ -30,6 +30,7 @@ from loraledger.server.serving_engine import (
 from loraledger.server.streaming import SSEResponse
 from loraledger.server.tools.forced import forced_tools, tool_calls
 from loraledger.server.tools.parsers import PARSERS
+from loraledger.server.tools.streaming import tool_delta, tool_stream
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -82,8 +83,6 @@ class OpenAIServingChat(OpenAIServing):
                 'tool_choice "auto" needs a server started with --enable-auto-tool-choice --tool-call-parser NAME',
                 param="tool_choice",
             )
-        if auto and req.stream:
-            raise APIError(400, 'tool_choice "auto" is served unstreamed; set stream=false', param="stream")
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs
@@ -112,7 +111,10 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         tracker.prompt_tokens = len(first.prompt_token_ids or ())
         if stream:
-            return SSEResponse(lambda emit: self._stream(req, created, gen, first, tracker, emit))
+            parser = config.tool_call_parser if auto else None
+            parallel = req.parallel_tool_calls is not False
+            streams = (lambda: tool_stream(forced, parser, parallel)) if forced is not None or auto else None
+            return SSEResponse(lambda emit: self._stream(req, created, gen, first, tracker, emit, streams))
         final = first
         try:
             async for out in gen:
@@ -127,6 +129,7 @@ class OpenAIServingChat(OpenAIServing):
             content = c.text
             if auto:
                 content, calls = PARSERS[config.tool_call_parser](c.text)
+                calls = calls[:1] if req.parallel_tool_calls is False else calls  # as vLLM: the first call kept
             logprobs = (
                 {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
                 if req.logprobs and c.logprobs is not None
@@ -155,8 +158,10 @@ class OpenAIServingChat(OpenAIServing):
         tracker.finish("ok")
         return Response(msgspec.json.encode(body), media_type="application/json")
 
-    async def _stream(self, req, created: int, gen, first, tracker, emit) -> None:
+    async def _stream(self, req, created: int, gen, first, tracker, emit, streams) -> None:
+        """streams: with tools forced or auto, a factory of one ToolStream per choice (tool_calls deltas)."""
         rid = response_id(first)
+        tools = {i: streams() for i in range(req.n or 1)} if streams is not None else {}
         fingerprint = self.fingerprint(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         top = req.top_logprobs or 0
@@ -205,8 +210,14 @@ class OpenAIServingChat(OpenAIServing):
                         )
                         if c.finish_reason is not None:
                             reported.add(c.index)
-                        delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                        choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                        finish = c.finish_reason
+                        if c.index in tools:
+                            delta, finish = tool_delta(tools[c.index], c.text, finish)
+                            if not delta and logprobs is None and finish is None:
+                                continue  # text held back: it may begin a call
+                        else:
+                            delta = {"content": c.text} if c.text or finish is None else {}
+                        choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
                                         "stop_reason": c.stop_reason})  # fmt: skip
                     last = out.receipt if out.finished else None
                     if choices or last is not None:
