@@ -18,6 +18,7 @@ from loraledger.server.protocol import (
     TokenizeCompletionRequest,
     UnloadLoRAAdapterRequest,
 )
+from loraledger.server.responses_protocol import ResponsesRequest
 from loraledger.server.serving_engine import RequestContext
 from loraledger.server.streaming import until_disconnect
 from loraledger.version import __version__
@@ -60,6 +61,11 @@ async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
 ) -> Response:
     return await _generate(request, lambda: _state(request).chat.create(body, caller, _context(request)))
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return await _generate(request, lambda: _state(request).responses.create(body, caller, _context(request)))
 
 
 @router.get("/v1/models")
