@@ -37,6 +37,7 @@ def completion_record(row: Any, prefix: str = "") -> CompletionRecord:
         generated_token_count=col("generated_token_count"),
         first_token_at=None if first_token_at is None else first_token_at.timestamp(),
         finished_at=col("finished_at").timestamp(),
+        tool_calls=m.get(prefix + "tool_calls"),
     )
 
 

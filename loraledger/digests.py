@@ -237,11 +237,19 @@ _COMPLETION_TIMES = ("first_token_at", "finished_at")
 
 
 def completion_form(record: msgspec.Struct) -> dict[str, Any]:
-    """A completion record as its digest takes it: its fields, times as stored."""
+    """A completion record as its digest takes it: its fields, times as stored; `tool_calls` only when it holds
+    calls (completions without, and those before the column, digest as before)."""
     out = msgspec.to_builtins(record)
     for name in _COMPLETION_TIMES:
         out[name] = stored_time(out[name])
+    if out.get("tool_calls", 0) is None:
+        del out["tool_calls"]
     return out
+
+
+def tools_digest(canonical_tools: str) -> str:
+    """A binding's `tools_sha256`: of the request's tool definitions as canonical JSON text (its `tools_text`)."""
+    return text_sha256(canonical_tools)
 
 
 class CompletionsDigest(ListDigest):

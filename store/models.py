@@ -189,6 +189,8 @@ class Request(Base):
     adapter_repo_id: Mapped[str | None]
     adapter_revision: Mapped[str | None]
     adapter_commit_sha: Mapped[str | None] = mapped_column(String(40))
+    tools_sha256: Mapped[str | None] = mapped_column(Sha256)
+    tools_text: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -203,7 +205,8 @@ class Completion(Base):
     stop string or stop token id as text; NULL if none), `adapter_fingerprint` (repeated from
     the request; a database trigger refuses a row where it differs from the request's binding),
     `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
-    generated), `finished_at` (UTC).
+    generated), `finished_at` (UTC), `tool_calls` (revision 0012: the calls read from `text` for a request with
+    tools, canonical JSON `[{"name", "arguments"}]`; NULL without a call).
     """
 
     __tablename__ = "completions"
@@ -224,6 +227,7 @@ class Completion(Base):
     generated_token_count: Mapped[int]
     first_token_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime]
+    tool_calls: Mapped[str | None]
 
     request: Mapped[Request] = relationship(back_populates="completions", lazy="raise")
 

@@ -53,6 +53,8 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "adapter_repo_id": r.adapter_repo_id,
         "adapter_revision": r.adapter_revision,
         "adapter_commit_sha": r.adapter_commit_sha,
+        "tools_sha256": r.tools_sha256,
+        "tools_text": r.tools_text,
     }
 
 
@@ -71,6 +73,7 @@ def completion_row(r: CompletionRecord) -> dict[str, Any]:
         "generated_token_count": r.generated_token_count,
         "first_token_at": None if r.first_token_at is None else utc_from_unix(r.first_token_at),
         "finished_at": utc_from_unix(r.finished_at),
+        "tool_calls": r.tool_calls,
     }
 
 
@@ -118,4 +121,6 @@ def request_record(row: Any) -> RequestRecord:
         adapter_repo_id=row.adapter_repo_id,
         adapter_revision=row.adapter_revision,
         adapter_commit_sha=row.adapter_commit_sha,
+        tools_sha256=row.tools_sha256,
+        tools_text=row.tools_text,
     )

@@ -31,8 +31,22 @@ from loraledger.server.streaming import SSEResponse
 from loraledger.server.tools.forced import forced_tools, tool_calls
 from loraledger.server.tools.parsers import PARSERS
 from loraledger.server.tools.streaming import tool_delta, tool_stream
+from loraledger.tool_calls import ToolCallSpec
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+def tool_call_spec(req, forced, parser: str | None) -> ToolCallSpec | None:
+    """What the record holds of a request's tools: their definitions, and how each completion's calls are read."""
+    if not req.tools:
+        return None
+    parallel = req.parallel_tool_calls is not False
+    if forced is not None:
+        mode = "named" if forced.name is not None else "required"
+        return ToolCallSpec(tools=req.tools, mode=mode, name=forced.name, parallel=parallel)
+    if parser is not None:
+        return ToolCallSpec(tools=req.tools, mode="auto", parser=parser, parallel=parallel)
+    return ToolCallSpec(tools=req.tools, mode="none")
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -101,7 +115,10 @@ class OpenAIServingChat(OpenAIServing):
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
-        gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha)
+        spec = tool_call_spec(req, forced, config.tool_call_parser if auto else None)
+        gen = self.outputs(
+            rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha, tool_calls=spec
+        )
         try:
             first = await anext(gen)  # a refusal at admission is a proper HTTP error
         except BaseException:

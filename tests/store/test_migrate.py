@@ -37,6 +37,9 @@ ADDED_COLUMNS = [
         for what in ("model", "tokenizer")
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
+    ("0012_tool_calls", "requests", "tools_sha256"),
+    ("0012_tool_calls", "requests", "tools_text"),
+    ("0012_tool_calls", "completions", "tool_calls"),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),
@@ -61,6 +64,7 @@ def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> N
         for table, current, make_row in (
             ("requests", REQUESTS, "request_row"),
             ("adapters", audit_store.ADAPTERS, "adapter_row"),
+            ("completions", audit_store.COMPLETIONS, "completion_row"),
         ):
             dropped = {c for rev, t, c in ADDED_COLUMNS if rev in _revisions_after(start) and t == table}
             if dropped:
