@@ -113,7 +113,9 @@ def _tool_calls(spec: object) -> ToolCallSpec | None:
     if not isinstance(spec, ToolCallSpec):
         raise ConfigError(f"tool_calls must be a loraledger.tool_calls.ToolCallSpec, got {type(spec).__name__}")
     try:
-        return msgspec.convert(msgspec.to_builtins(spec), ToolCallSpec)
+        copy = msgspec.convert(msgspec.to_builtins(spec), ToolCallSpec)
+        copy.canonical_tools()  # the binding's tools_text: JSON values only (no NaN)
+        return copy
     except (msgspec.ValidationError, TypeError, ValueError) as exc:
         raise ConfigError(f"tool_calls cannot be put on record: {exc}; send tools as JSON values") from None
 

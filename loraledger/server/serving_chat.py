@@ -11,6 +11,7 @@ import structlog
 from starlette.responses import Response
 
 from loraledger.chat import render_chat
+from loraledger.digests import canonical_json
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
@@ -40,6 +41,10 @@ def tool_call_spec(req, forced, parser: str | None) -> ToolCallSpec | None:
     """What the record holds of a request's tools: their definitions, and how each completion's calls are read."""
     if not req.tools:
         return None
+    try:
+        canonical_json(req.tools)
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, f"tools must be JSON values with a canonical form ({exc})", param="tools") from None
     parallel = req.parallel_tool_calls is not False
     if forced is not None:
         mode = "named" if forced.name is not None else "required"

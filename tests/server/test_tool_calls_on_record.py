@@ -114,3 +114,15 @@ def test_tools_and_calls_are_on_record_and_verified(tiny_llama_chat, tmp_path, p
     with AuditLog(url) as log:
         result = log.verify()
     assert not result.ok and one.id in result.first_problem.message and "completions" in result.first_problem.message
+
+
+def test_tools_without_a_canonical_form_are_a_400(live, keys):
+    import httpx
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": float("nan")}}}]
+    body = {"model": BASE, "messages": CHAT, "tools": tools, "max_tokens": 2}
+    r = httpx.post(
+        f"{live.base_url}/v1/chat/completions", content=json.dumps(body), timeout=60,
+        headers={"Authorization": f"Bearer {keys.acme}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    assert r.status_code == 400 and "canonical" in r.json()["error"]["message"], r.text
