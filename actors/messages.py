@@ -68,6 +68,9 @@ class Submit(Msg):
     # the server's, for a request with tools: loraledger.tool_calls.ToolCallSpec (binding: tools_sha256, tools_text;
     # completions: tool_calls)
     tool_calls: object = None
+    cache_salt: str | None = (
+        None  # the prompt's cache_salt (vLLM's): prefix-cache blocks shared only under the same salt
+    )
 
 
 class Abort(Msg):
@@ -139,6 +142,7 @@ class NewRequest(Msg):
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
     caller_request_id: str | None = None  # named in the errors the Scheduler fails the request with
     grammar: object = None  # gpu.grammar_compiler.CompiledConstraint of SamplingParams.structured_outputs
+    cache_salt: str | None = None  # Submit.cache_salt
 
 
 class TrackRequest(Msg):

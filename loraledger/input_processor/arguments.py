@@ -16,7 +16,7 @@ from loraledger.errors import (
     SamplingParamsError,
     TenantError,
 )
-from loraledger.input_processor.prompt import parse_prompt
+from loraledger.input_processor.prompt import parse_prompt, prompt_cache_salt
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.text import storable_text
@@ -103,6 +103,7 @@ def check_arguments(
         key_id=_caller_field(key_id, "key_id"),
         user=_caller_field(user, "user"),
         tool_calls=_tool_calls(tool_calls),
+        cache_salt=prompt_cache_salt(prompt),
     )
 
 
