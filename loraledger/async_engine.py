@@ -283,8 +283,7 @@ class AsyncEngine:
         at; the adapter is read at that commit again, wherever its branch is now.
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
-        tool_calls: set by the server for a request with tools, a loraledger.tool_calls.ToolCallSpec (the binding's
-        tools_sha256 and tools_text; each completion's tool_calls).
+        tool_calls: the server's loraledger.tool_calls.ToolCallSpec for a request with tools (on record with it).
         """
         core = self._live()
         if core.fatal is not None:
