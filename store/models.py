@@ -205,7 +205,7 @@ class Completion(Base):
     stop string or stop token id as text; NULL if none), `adapter_fingerprint` (repeated from
     the request; a database trigger refuses a row where it differs from the request's binding),
     `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
-    generated), `finished_at` (UTC), `tool_calls` (revision 0012: the calls read from `text` for a request with
+    generated), `finished_at` (UTC), `tool_calls` (revision 0013: the calls read from `text` for a request with
     tools, canonical JSON `[{"name", "arguments"}]`; NULL without a call).
     """
 

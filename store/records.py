@@ -101,7 +101,7 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     adapter_repo_id: str | None = None
     adapter_revision: str | None = None
     adapter_commit_sha: str | None = None
-    # tools (revision 0012): the sha256 of the request's tool definitions as canonical JSON, and that text where
+    # tools (revision 0013): the sha256 of the request's tool definitions as canonical JSON, and that text where
     # audit_prompts is "text"; None for requests without tools
     tools_sha256: str | None = None
     tools_text: str | None = None
@@ -120,7 +120,7 @@ class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     generated_token_count: int
     first_token_at: float | None
     finished_at: float
-    tool_calls: str | None = None  # revision 0012: the calls read from `text` (canonical JSON); None for none
+    tool_calls: str | None = None  # revision 0013: the calls read from `text` (canonical JSON); None for none
 
 
 class EventRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -99,7 +99,7 @@ def _binding(
         **(_constraint(request_id) if tenant and key_ids else {}),
         # the adapter's Hub source for this request (revision 0009 on)
         **(_adapter_source(adapter) if adapter and key_ids else {}),
-        # and had tools (revision 0012 on): their completions hold the calls read from their text
+        # and had tools (revision 0013 on): their completions hold the calls read from their text
         **(_tools(request_id) if tenant and key_ids else {}),
     )
 

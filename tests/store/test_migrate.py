@@ -37,9 +37,9 @@ ADDED_COLUMNS = [
         for what in ("model", "tokenizer")
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
-    ("0012_tool_calls", "requests", "tools_sha256"),
-    ("0012_tool_calls", "requests", "tools_text"),
-    ("0012_tool_calls", "completions", "tool_calls"),
+    ("0013_tool_calls", "requests", "tools_sha256"),
+    ("0013_tool_calls", "requests", "tools_text"),
+    ("0013_tool_calls", "completions", "tool_calls"),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),

@@ -1,7 +1,7 @@
 """tool calls on record: requests.tools_sha256, tools_text and completions.tool_calls
 
-Revision ID: 0012_tool_calls
-Revises: 0011_receipts_and_checkpoints
+Revision ID: 0013_tool_calls
+Revises: 0012_stop_markers_in_chain
 Create Date: 2026-11-26
 
 A request with tools (the chat route's or the Responses API's `tools`) is bound to their definitions: the sha256
@@ -20,8 +20,8 @@ from alembic import op
 
 from loraledger.errors import AuditSchemaError
 
-revision: str = "0012_tool_calls"
-down_revision: str | Sequence[str] | None = "0011_receipts_and_checkpoints"
+revision: str = "0013_tool_calls"
+down_revision: str | Sequence[str] | None = "0012_stop_markers_in_chain"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
