@@ -31,7 +31,7 @@ from loraledger.actors.messages import (
     Submit,
     TrackRequest,
 )
-from loraledger.digests import binding_digest, prompt_digest
+from loraledger.digests import binding_digest, prompt_digest, tools_digest
 from loraledger.errors import (
     AdapterChangedError,
     DuplicateRequestError,
@@ -218,6 +218,7 @@ class Admission:
                     channel=msg.channel,
                     tokenizer=tokenizer if msg.params.detokenize else None,
                     caller_request_id=msg.caller_request_id or rid,
+                    tool_calls=msg.tool_calls,
                 )
             )
             tracked = True
@@ -361,6 +362,16 @@ class Admission:
         if outcome is not None:
             raise outcome
 
+    def _tools_fields(self, spec) -> dict:
+        """The binding's tools_sha256, and tools_text where prompts are audited as text (tools say as much)."""
+        if spec is None:
+            return {}
+        text = spec.canonical_tools()
+        return {
+            "tools_sha256": tools_digest(text),
+            "tools_text": recordable(text) if self._audit_prompts == "text" else None,
+        }
+
     async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt, constraint) -> None:
         lora = msg.lora_request
         prompt_text = msg.prompt if msg.prompt is not None else None
@@ -396,6 +407,7 @@ class Admission:
             **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
             prompt_commitment=committed[0],
             prompt_token_ids_commitment=committed[1],
+            **self._tools_fields(msg.tool_calls),
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:

@@ -65,6 +65,9 @@ class Submit(Msg):
     caller_request_id: str | None = None
     user: str | None = None
     bound_commit: str | None = None  # with resume: the Hub commit the binding's adapter was read at (read it again)
+    # the server's, for a request with tools: loraledger.tool_calls.ToolCallSpec (binding: tools_sha256, tools_text;
+    # completions: tool_calls)
+    tool_calls: object = None
     cache_salt: str | None = (
         None  # the prompt's cache_salt (vLLM's): prefix-cache blocks shared only under the same salt
     )
@@ -156,6 +159,7 @@ class TrackRequest(Msg):
     channel: object
     tokenizer: object = None  # the request's tokenizer (an adapter's own, or the model's); None: no text
     caller_request_id: str | None = None  # RequestOutput.request_id (audit_id is RequestOutput.audit_id)
+    tool_calls: object = None  # Submit's ToolCallSpec: each completion's calls are read from its text by it
 
 
 class PinSlot(Msg):

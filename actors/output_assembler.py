@@ -37,6 +37,7 @@ from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, Request
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.store import texts
 from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
+from loraledger.tool_calls import recorded_calls
 
 
 @dataclass(eq=False)
@@ -399,6 +400,7 @@ class OutputAssembler:
                 generated_token_count=len(s.token_ids),
                 first_token_at=stored_time(req.metrics.first_token_ts or None),
                 finished_at=stored_time(now),
+                tool_calls=recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None,
             )
             for s, c in zip(req.seqs, committed, strict=True)
         ]

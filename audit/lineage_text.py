@@ -61,6 +61,10 @@ def format_lineage(lineage: RequestLineage) -> str:
         lines.append(f"  constraint    {b.constraint_kind}, sha256 {b.constraint_sha256 or '-'}")
         if b.constraint_text is not None:
             lines.append(f"                {b.constraint_text}")
+    if b.tools_sha256 is not None:
+        lines.append(f"  tools         sha256 {b.tools_sha256}")
+        if b.tools_text is not None:
+            lines.append(f"                {b.tools_text}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:
@@ -82,6 +86,8 @@ def format_lineage(lineage: RequestLineage) -> str:
         )
         gone = erased is not None and c.text_commitment is not None
         lines.append(f"      {erased if gone else json.dumps(c.text, ensure_ascii=False)}")
+        if c.tool_calls is not None:
+            lines.append(f"      tool calls {c.tool_calls}")
     lines.append(f"events ({len(lineage.events)})")
     for e in lineage.events:
         lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")

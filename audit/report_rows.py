@@ -20,12 +20,13 @@ REQUEST_COLUMNS = (
     "request_id", "caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",
     "base_model_fingerprint", "engine_version", "instance_id", "prompt_sha256", "prompt_text", "prompt_token_count",
     "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256", "constraint_text",
-    "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
+    "adapter_repo_id", "adapter_revision", "adapter_commit_sha", "tools_sha256", "tools_text",
     "sampling_params", "status", "num_completions", "generated_tokens",
 )  # fmt: skip
 COMPLETION_COLUMNS = (
     "request_id", "completion_index", "tenant", "adapter_fingerprint", "finish_reason", "stop_reason",
     "prompt_token_count", "generated_token_count", "cumulative_logprob", "first_token_at", "finished_at", "text",
+    "tool_calls",
 )  # fmt: skip
 
 # Selected in file order, so a joined row is a line with few changes. The database formats the
@@ -41,7 +42,7 @@ _REQUEST_SELECT = (
     q.request_column("prompt_text"),  # salted text from `request_texts`
     *(q.R.c[name] for name in (
         "prompt_token_count", "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256",
-        "constraint_text", "adapter_repo_id", "adapter_revision", "adapter_commit_sha",
+        "constraint_text", "adapter_repo_id", "adapter_revision", "adapter_commit_sha", "tools_sha256", "tools_text",
     )),
     cast(q.R.c.sampling_params, Text).label("sampling_params_json"),
 )  # fmt: skip
@@ -53,6 +54,7 @@ _COMPLETION_SELECT = (
     q.iso_text(q.C.c.first_token_at).label("c_first_token_iso"),
     q.iso_text(q.C.c.finished_at).label("c_finished_iso"),
     q.completion_column("text"),
+    q.completion_column("tool_calls"),
 )  # fmt: skip
 # A request row (see queries.request_groups) is request_id, _REQUEST_SELECT, status_kind; a
 # completion row is request_id, c_completion_index, _COMPLETION_SELECT: positions by name, found once.

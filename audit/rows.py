@@ -40,6 +40,7 @@ def completion_record(row: Any, prefix: str = "") -> CompletionRecord:
         # revision 0013 on (a row read from an older schema, or a join that leaves them out, has none)
         text_commitment=m.get(prefix + "text_commitment"),
         token_ids_commitment=m.get(prefix + "token_ids_commitment"),
+        tool_calls=m.get(prefix + "tool_calls"),
     )
 
 

@@ -265,6 +265,7 @@ class AsyncEngine:
         user: str | None = None,
         audit_id: str | None = None,
         bound_commit: str | None = None,
+        tool_calls: object = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -282,6 +283,7 @@ class AsyncEngine:
         at; the adapter is read at that commit again, wherever its branch is now.
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
+        tool_calls: the server's loraledger.tool_calls.ToolCallSpec for a request with tools (on record with it).
         """
         core = self._live()
         if core.fatal is not None:
@@ -301,6 +303,7 @@ class AsyncEngine:
             chat_template_sha256=chat_template_sha256,
             key_id=key_id,
             user=user,
+            tool_calls=tool_calls,
         )
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
         msg = msgspec.structs.replace(submit, channel=send, bound_commit=bound_commit if resume else None)

@@ -281,6 +281,8 @@ def completion_form(record: msgspec.Struct) -> dict[str, Any]:
 
     Form v1 (a row without commitments, written before salted text): every field but the commitments.
     Form v2 (`text_commitment` set): the text and token ids are left out, their salted commitments go in.
+    In both, `tool_calls` only when it holds calls (completions without, and those before the column, digest as
+    before).
     """
     out = msgspec.to_builtins(record)
     for name in _COMPLETION_TIMES:
@@ -290,7 +292,14 @@ def completion_form(record: msgspec.Struct) -> dict[str, Any]:
             out.pop(name, None)
     else:
         del out["text"], out["token_ids"]
+    if out.get("tool_calls", 0) is None:
+        del out["tool_calls"]
     return out
+
+
+def tools_digest(canonical_tools: str) -> str:
+    """A binding's `tools_sha256`: of the request's tool definitions as canonical JSON text (its `tools_text`)."""
+    return text_sha256(canonical_tools)
 
 
 class CompletionsDigest(ListDigest):

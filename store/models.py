@@ -204,6 +204,8 @@ class Request(Base):
     adapter_commit_sha: Mapped[str | None] = mapped_column(String(40))
     prompt_commitment: Mapped[str | None] = mapped_column(Sha256)
     prompt_token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
+    tools_sha256: Mapped[str | None] = mapped_column(Sha256)
+    tools_text: Mapped[str | None]
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -220,7 +222,9 @@ class Completion(Base):
     `prompt_token_count`, `generated_token_count`, `first_token_at` (UTC, NULL if no token was
     generated), `finished_at` (UTC). `text_commitment` / `token_ids_commitment` (revision 0013): the completion's
     text and token ids live in `request_texts`, `text` is "" and `token_ids` [] here, and these hold sha256(salt ||
-    text) and sha256(salt || ids); NULL for rows written before 0013, which keep their text here.
+    text) and sha256(salt || ids); NULL for rows written before 0013, which keep their text here. `tool_calls`
+    (revision 0014: the calls read from the text for a request with tools, canonical JSON `[{"name",
+    "arguments"}]`; NULL without a call).
     """
 
     __tablename__ = "completions"
@@ -243,6 +247,7 @@ class Completion(Base):
     finished_at: Mapped[dt.datetime]
     text_commitment: Mapped[str | None] = mapped_column(Sha256)
     token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
+    tool_calls: Mapped[str | None]
 
     request: Mapped[Request] = relationship(back_populates="completions", lazy="raise")
 

@@ -107,6 +107,10 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     # the binding carries sha256(salt || text) and sha256(salt || ids) instead (prompt_text stays None); None before
     prompt_commitment: str | None = None
     prompt_token_ids_commitment: str | None = None
+    # tools (revision 0014): the sha256 of the request's tool definitions as canonical JSON, and that text where
+    # audit_prompts is "text"; None for requests without tools
+    tools_sha256: str | None = None
+    tools_text: str | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,6 +129,7 @@ class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     # salted text (revision 0013): text "" and token_ids [] here, the real ones in `request_texts`; None before
     text_commitment: str | None = None
     token_ids_commitment: str | None = None
+    tool_calls: str | None = None  # revision 0014: the calls read from `text` (canonical JSON); None for none
 
 
 class TextRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -55,6 +55,8 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "adapter_commit_sha": r.adapter_commit_sha,
         "prompt_commitment": r.prompt_commitment,
         "prompt_token_ids_commitment": r.prompt_token_ids_commitment,
+        "tools_sha256": r.tools_sha256,
+        "tools_text": r.tools_text,
     }
 
 
@@ -75,6 +77,7 @@ def completion_row(r: CompletionRecord) -> dict[str, Any]:
         "finished_at": utc_from_unix(r.finished_at),
         "text_commitment": r.text_commitment,
         "token_ids_commitment": r.token_ids_commitment,
+        "tool_calls": r.tool_calls,
     }
 
 
@@ -124,4 +127,6 @@ def request_record(row: Any) -> RequestRecord:
         adapter_commit_sha=row.adapter_commit_sha,
         prompt_commitment=row.prompt_commitment,
         prompt_token_ids_commitment=row.prompt_token_ids_commitment,
+        tools_sha256=row.tools_sha256,
+        tools_text=row.tools_text,
     )

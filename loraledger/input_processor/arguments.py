@@ -20,6 +20,7 @@ from loraledger.input_processor.prompt import parse_prompt, prompt_cache_salt
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.text import storable_text
+from loraledger.tool_calls import ToolCallSpec
 
 MAX_ID_CHARS = 1024  # request ids and tenants: keys of the audit log
 
@@ -51,6 +52,7 @@ def check_arguments(
     chat_template_sha256: object = None,
     key_id: object = None,
     user: object = None,
+    tool_calls: object = None,
 ) -> Submit:
     """The Submit message for these arguments (channel left unset), every one checked and copied, or the typed error
     of the first bad one, in this order: request id, tenant, sampling params, prompt, tokenizer needs, adapter,
@@ -100,8 +102,23 @@ def check_arguments(
         else storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64),
         key_id=_caller_field(key_id, "key_id"),
         user=_caller_field(user, "user"),
+        tool_calls=_tool_calls(tool_calls),
         cache_salt=prompt_cache_salt(prompt),
     )
+
+
+def _tool_calls(spec: object) -> ToolCallSpec | None:
+    """The request's tools and how its calls are read (the server's), as the engine's own copy."""
+    if spec is None:
+        return None
+    if not isinstance(spec, ToolCallSpec):
+        raise ConfigError(f"tool_calls must be a loraledger.tool_calls.ToolCallSpec, got {type(spec).__name__}")
+    try:
+        copy = msgspec.convert(msgspec.to_builtins(spec), ToolCallSpec)
+        copy.canonical_tools()  # the binding's tools_text: JSON values only (no NaN)
+        return copy
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:
+        raise ConfigError(f"tool_calls cannot be put on record: {exc}; send tools as JSON values") from None
 
 
 def _check_untokenized(text_prompt: bool, params: SamplingParams) -> None:

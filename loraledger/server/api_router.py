@@ -20,6 +20,7 @@ from loraledger.server.protocol import (
     UnloadLoRAAdapterRequest,
 )
 from loraledger.server.request_extras import WARNING_HEADER, caller_id, ignored_warning
+from loraledger.server.responses_protocol import ResponsesRequest
 from loraledger.server.serving_engine import RequestContext
 from loraledger.server.streaming import until_disconnect
 from loraledger.version import __version__
@@ -68,6 +69,11 @@ async def create_chat_completion(
 ) -> Response:
     ctx = _context(request, body)
     return await _generate(request, lambda: _state(request).chat.create(body, caller, ctx), body)
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request, caller: Caller = Depends(authenticate)) -> Response:
+    return await _generate(request, lambda: _state(request).responses.create(body, caller, _context(request)))
 
 
 @router.get("/v1/models")

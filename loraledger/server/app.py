@@ -23,7 +23,7 @@ from loraledger.server.metrics import ServerMetrics
 from loraledger.server.request_extras import MAX_CALLER_ID_CHARS
 from loraledger.server.signals import SignalInbox
 
-GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
+GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})
 AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
     "/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/tokenize", "/detokenize", "/metrics",
 }  # fmt: skip
@@ -43,6 +43,7 @@ class ServerState:
         from loraledger.server.serving_completion import OpenAIServingCompletion
         from loraledger.server.serving_evidence import ServingEvidence
         from loraledger.server.serving_models import OpenAIServingModels
+        from loraledger.server.serving_responses import OpenAIServingResponses
         from loraledger.server.serving_tokenization import OpenAIServingTokenization
 
         self.config = config
@@ -54,6 +55,7 @@ class ServerState:
         self.models = OpenAIServingModels(self)
         self.completion = OpenAIServingCompletion(self)
         self.chat = OpenAIServingChat(self)
+        self.responses = OpenAIServingResponses(self.chat)  # the Responses API, served through the chat route
         self.tokenization = OpenAIServingTokenization(self)
         self.evidence = ServingEvidence(self)  # GET /evidence/...: checkpoints, proofs, receipts
         self.tracing = RequestTracing()  # a span per request where OpenTelemetry is installed (the otel extra)

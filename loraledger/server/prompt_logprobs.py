@@ -4,21 +4,12 @@ with `max_tokens: 0`) and the `prompt_logprobs` field, both in vLLM's shapes."""
 from __future__ import annotations
 
 from loraledger.outputs import Logprob
-from loraledger.server.errors import APIError
 from loraledger.server.serving_engine import LOGPROB_FLOOR
 
 
 def echo_only(req) -> bool:
     """True for `echo` with `max_tokens: 0`: the answer is the prompt alone (vLLM runs one token and drops it)."""
     return bool(req.echo) and req.max_tokens == 0
-
-
-def check_echo(req, stream: bool) -> None:
-    """Refuse what the echo paths do not serve, naming the fix."""
-    if stream and echo_only(req):
-        raise APIError(400, "echo with max_tokens=0 is served unstreamed; set stream=false", param="stream")
-    if stream and req.echo and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs is served unstreamed; set stream=false", param="stream")
 
 
 def prompt_logprobs_wanted(req) -> int | None:

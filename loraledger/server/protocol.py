@@ -21,7 +21,7 @@ from loraledger.server.legacy_functions import as_tool_messages, as_tools
 # reasoning models), `prediction` (predicted output: a latency hint, the answer is the model's either way);
 # vLLM's `kv_transfer_params` (disaggregated prefill: the KV is computed here, the response's is null)
 IGNORED = (
-    "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier",
+    "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
     "verbosity", "prediction", "kv_transfer_params",
 )  # fmt: skip
 
@@ -121,6 +121,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call (forced: enforced; auto: the first is kept)
     functions: list[dict[str, Any]] | None = None  # OpenAI's legacy form of tools: served as tools
     function_call: str | dict[str, Any] | None = None  # ... and of tool_choice
     documents: list[dict[str, Any]] | None = None  # for RAG templates, as transformers' apply_chat_template(documents=)

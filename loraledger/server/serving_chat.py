@@ -11,6 +11,7 @@ import structlog
 from starlette.responses import Response
 
 from loraledger.chat import render_chat
+from loraledger.digests import canonical_json
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
@@ -33,8 +34,27 @@ from loraledger.server.serving_engine import (
 from loraledger.server.streaming import SSEResponse
 from loraledger.server.tools.forced import forced_tools, tool_calls
 from loraledger.server.tools.parsers import PARSERS
+from loraledger.server.tools.streaming import tool_delta, tool_stream
+from loraledger.tool_calls import ToolCallSpec
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
+
+
+def tool_call_spec(req, forced, parser: str | None) -> ToolCallSpec | None:
+    """What the record holds of a request's tools: their definitions, and how each completion's calls are read."""
+    if not req.tools:
+        return None
+    try:
+        canonical_json(req.tools)
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, f"tools must be JSON values with a canonical form ({exc})", param="tools") from None
+    parallel = req.parallel_tool_calls is not False
+    if forced is not None:
+        mode = "named" if forced.name is not None else "required"
+        return ToolCallSpec(tools=req.tools, mode=mode, name=forced.name, parallel=parallel)
+    if parser is not None:
+        return ToolCallSpec(tools=req.tools, mode="auto", parser=parser, parallel=parallel)
+    return ToolCallSpec(tools=req.tools, mode="none")
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -87,8 +107,6 @@ class OpenAIServingChat(OpenAIServing):
                 'tool_choice "auto" needs a server started with --enable-auto-tool-choice --tool-call-parser NAME',
                 param="tool_choice",
             )
-        if auto and req.stream:
-            raise APIError(400, 'tool_choice "auto" is served unstreamed; set stream=false', param="stream")
         if req.echo:
             raise APIError(400, "echo is not supported by this server's chat route", param="echo")
         top = req.top_logprobs
@@ -107,8 +125,11 @@ class OpenAIServingChat(OpenAIServing):
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
+        spec = tool_call_spec(req, forced, config.tool_call_parser if auto else None)
         prompt = prompt_with_salt(prompt, req.cache_salt)
-        gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha)
+        gen = self.outputs(
+            rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha, tool_calls=spec
+        )
         try:
             first = await anext(gen)  # a refusal at admission is a proper HTTP error
         except BaseException:
@@ -118,7 +139,10 @@ class OpenAIServingChat(OpenAIServing):
         created = int(time.time())
         tracker.prompt_tokens = len(first.prompt_token_ids or ())
         if stream:
-            return SSEResponse(lambda emit: self._stream(req, created, gen, first, tracker, emit))
+            parser = config.tool_call_parser if auto else None
+            parallel = req.parallel_tool_calls is not False
+            streams = (lambda: tool_stream(forced, parser, parallel)) if forced is not None or auto else None
+            return SSEResponse(lambda emit: self._stream(req, created, gen, first, tracker, emit, streams))
         final = first
         try:
             async for out in gen:
@@ -133,6 +157,7 @@ class OpenAIServingChat(OpenAIServing):
             content = c.text
             if auto:
                 content, calls = PARSERS[config.tool_call_parser](c.text)
+                calls = calls[:1] if req.parallel_tool_calls is False else calls  # as vLLM: the first call kept
             logprobs = (
                 {"content": chat_logprobs(c.token_ids, c.logprobs, top or 0, None)}
                 if req.logprobs and c.logprobs is not None
@@ -164,8 +189,10 @@ class OpenAIServingChat(OpenAIServing):
         tracker.finish("ok")
         return Response(msgspec.json.encode(chat_nulls(body)), media_type="application/json")
 
-    async def _stream(self, req, created: int, gen, first, tracker, emit) -> None:
+    async def _stream(self, req, created: int, gen, first, tracker, emit, streams) -> None:
+        """streams: with tools forced or auto, a factory of one ToolStream per choice (tool_calls deltas)."""
         rid = response_id(first)
+        tools = {i: streams() for i in range(req.n or 1)} if streams is not None else {}
         fingerprint = self.fingerprint(first)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         top = req.top_logprobs or 0
@@ -214,8 +241,14 @@ class OpenAIServingChat(OpenAIServing):
                         )
                         if c.finish_reason is not None:
                             reported.add(c.index)
-                        delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                        choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                        finish = c.finish_reason
+                        if c.index in tools:
+                            delta, finish = tool_delta(tools[c.index], c.text, finish)
+                            if not delta and logprobs is None and finish is None:
+                                continue  # text held back: it may begin a call
+                        else:
+                            delta = {"content": c.text} if c.text or finish is None else {}
+                        choices.append({"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
                                         "stop_reason": c.stop_reason})  # fmt: skip
                     last = out.receipt if out.finished else None
                     if choices or last is not None:

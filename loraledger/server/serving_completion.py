@@ -13,7 +13,6 @@ from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
 from loraledger.server.prompt_logprobs import (
-    check_echo,
     echo_logprobs,
     echo_only,
     joined,
@@ -45,7 +44,6 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError(400, "best_of is not supported (it must equal n, or be left out)", param="best_of")
         lora = await self.models.resolve(req.model, caller, ctx.route)
         stream = bool(req.stream)
-        check_echo(req, stream)
         max_tokens = 1 if echo_only(req) else req.max_tokens  # the one token run for echo alone is dropped
         params = self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs, stream=stream)
         if prompt_logprobs_wanted(req) is not None:
@@ -68,12 +66,14 @@ class OpenAIServingCompletion(OpenAIServing):
                     await gen.aclose()
             raise
         created = int(time.time())
-        if stream:
-            return SSEResponse(lambda emit: self._stream(req, base, created, gens, firsts, echo, tracker, emit))
-        finals = await self._finals(gens, firsts)
         tokenizer = None
         if req.echo and req.logprobs is not None:
             tokenizer = await self.engine.get_lora_tokenizer(lora)
+        if stream:
+            return SSEResponse(
+                lambda emit: self._stream(req, base, created, gens, firsts, echo, tracker, emit, tokenizer)
+            )
+        finals = await self._finals(gens, firsts)
         body = self._response(
             req, base if len(finals) > 1 else response_id(finals[0]), created, finals, echo, tracker, tokenizer
         )
@@ -212,7 +212,7 @@ class OpenAIServingCompletion(OpenAIServing):
             "receipts": [out.receipt for out in finals if out.receipt is not None],  # one per prompt (EVIDENCE.md)
         }
 
-    async def _stream(self, req, base: str, created: int, gens, firsts, echo, tracker, emit) -> None:
+    async def _stream(self, req, base: str, created: int, gens, firsts, echo, tracker, emit, tokenizer=None) -> None:
         n = req.n or 1
         rid = base if len(gens) > 1 else response_id(firsts[0])
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -238,19 +238,23 @@ class OpenAIServingCompletion(OpenAIServing):
                 errors.append(exc)
                 tg.cancel_scope.cancel()
 
+        alone = echo_only(req)  # the prompt alone: its chunk is the choice's only one
+
         async def each(p: int) -> None:
-            if echo:
-                await emit(
-                    sse(
-                        chunk(
-                            [
-                                {"index": p * n + i, "text": echo[p], "logprobs": None, "finish_reason": None}
-                                for i in range(n)
-                            ]
-                        )
-                    )
-                )
             out = firsts[p]
+            if echo:
+                prompt = None
+                if req.logprobs is not None:  # the prompt's logprobs, as the unstreamed answer's first part
+                    prompt = echo_logprobs(out.prompt_token_ids or [], out.prompt_logprobs, req.logprobs, tokenizer)
+                for i in range(n):
+                    offsets[p * n + i] = len(echo[p])
+                choices = [{"index": p * n + i, "text": echo[p], "logprobs": prompt, "finish_reason": "length" if alone else None}
+                           for i in range(n)]  # fmt: skip
+                if alone:
+                    reported.update(p * n + i for i in range(n))
+                    for c in choices:
+                        c["stop_reason"] = None
+                await emit(sse(chunk(choices)))
             while True:
                 choices = []
                 for c in out.outputs:

@@ -203,6 +203,7 @@ class OpenAIServing:
         *,
         user: str | None = None,
         chat_template_sha256: str | None = None,
+        tool_calls: object = None,
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs from the engine. Leaving early (the client went away; the server shutting down past
         its grace period) aborts the request, and returns once what it generated is on record as aborted."""
@@ -210,7 +211,7 @@ class OpenAIServing:
         gen = self.engine.generate(
             prompt, params, request_id, lora,
             tenant=caller.tenant, key_id=caller.key_id, user=user,
-            chat_template_sha256=chat_template_sha256,
+            chat_template_sha256=chat_template_sha256, **({"tool_calls": tool_calls} if tool_calls is not None else {}),
         )  # fmt: skip
         started = time.time_ns()
         try:

@@ -19,7 +19,7 @@ class SSEResponse(Response):
         self.status_code = 200
         self.background = None
         self.init_headers({"Cache-Control": "no-cache", **(headers or {})})
-        self._produce = produce
+        self.produce = produce  # public: a route that translates another's events (the Responses API) wraps it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -35,7 +35,7 @@ class SSEResponse(Response):
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch)
-            await self._produce(emit)
+            await self.produce(emit)
             tg.cancel_scope.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

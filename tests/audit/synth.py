@@ -99,6 +99,8 @@ def _binding(
         **(_constraint(request_id) if tenant and key_ids else {}),
         # the adapter's Hub source for this request (revision 0009 on)
         **(_adapter_source(adapter) if adapter and key_ids else {}),
+        # and had tools (revision 0014 on): their completions hold the calls read from their text
+        **(_tools(request_id) if tenant and key_ids else {}),
     )
 
 
@@ -108,6 +110,11 @@ def _adapter_source(adapter: AdapterRecord) -> dict:
         "adapter_revision": adapter.revision,
         "adapter_commit_sha": adapter.commit_sha,
     }
+
+
+def _tools(request_id: str) -> dict:
+    canonical = '[{"function":{"name":"lookup","parameters":{"type":"object"}},"type":"function"}]'
+    return {"tools_sha256": hashlib.sha256(canonical.encode()).hexdigest(), "tools_text": canonical}
 
 
 def _constraint(request_id: str) -> dict:
@@ -142,6 +149,7 @@ def _completions(rng: random.Random, binding: RequestRecord, n: int, reason: str
                 generated_token_count=len(tokens),
                 first_token_at=first,
                 finished_at=first + rng.random() * 3,
+                tool_calls=f'[{{"arguments":{{"n":{index}}},"name":"lookup"}}]' if binding.tools_sha256 else None,
             )
         )
     return out

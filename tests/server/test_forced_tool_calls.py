@@ -62,7 +62,6 @@ def test_bad_tool_choices_are_400_naming_the_fix(live, keys):
     bad = [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, "not in tools"),
         ({"tool_choice": "required"}, "needs tools"),
-        ({"tool_choice": "required", "tools": TOOLS, "stream": True}, "unstreamed"),
         ({"tool_choice": "sometimes", "tools": TOOLS}, "tool_choice must be"),
         ({"tool_choice": "required", "tools": [{"type": "function"}]}, "tools[0]"),
     ]

@@ -66,17 +66,48 @@ def test_prompt_logprobs_are_returned_not_dropped(live, keys):
     assert plain["choices"][0]["prompt_logprobs"] is None
 
 
-def test_max_tokens_0_without_echo_and_streamed_echo_with_logprobs_are_400(live, keys):
-    for body in (
-        {"model": "tiny", "prompt": "the sea", "max_tokens": 0},
-        {"model": "tiny", "prompt": "the sea", "max_tokens": 0, "echo": True, "stream": True},
-        {"model": "tiny", "prompt": "the sea", "max_tokens": 2, "echo": True, "logprobs": 1, "stream": True},
-    ):
-        r = httpx.post(
-            f"{live.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {keys.acme}"}, timeout=60
+def test_max_tokens_0_without_echo_is_400(live, keys):
+    body = {"model": "tiny", "prompt": "the sea", "max_tokens": 0}
+    r = httpx.post(
+        f"{live.base_url}/v1/completions", json=body, headers={"Authorization": f"Bearer {keys.acme}"}, timeout=60
+    )
+    assert r.status_code == 400 and "max_tokens" in r.text, r.text
+
+
+def test_streamed_echo_with_logprobs_adds_up_to_the_unstreamed_answer(live, client):
+    for model, max_tokens, n in (("tiny", 3, 1), ("qv_r4", 0, 1), ("qv_r4", 4, 2)):  # n = 2: seeded sampling
+        args = dict(
+            model=model,
+            prompt=PROMPT_IDS,
+            max_tokens=max_tokens,
+            echo=True,
+            logprobs=2,
+            temperature=0 if n == 1 else 1,
+            n=n,
+            seed=7,
         )
-        assert r.status_code == 400, r.text
-        assert "max_tokens" in r.text or "stream" in r.text
+        whole = client.completions.create(**args)
+        texts, lps, finish = {}, {}, {}
+        for chunk in client.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                assert chunk.usage.completion_tokens == whole.usage.completion_tokens
+            for c in chunk.choices:
+                texts[c.index] = texts.get(c.index, "") + c.text
+                got = lps.setdefault(
+                    c.index, {"tokens": [], "token_logprobs": [], "text_offset": [], "top_logprobs": []}
+                )
+                for key in got:
+                    got[key] += getattr(c.logprobs, key) if c.logprobs is not None else []
+                finish[c.index] = c.finish_reason or finish.get(c.index)
+        for choice in whole.choices:
+            lp, got = choice.logprobs, lps[choice.index]
+            assert texts[choice.index] == choice.text and finish[choice.index] == choice.finish_reason
+            assert got["tokens"] == lp.tokens and got["text_offset"] == lp.text_offset, (model, max_tokens)
+            assert got["token_logprobs"][0] is None and lp.token_logprobs[0] is None
+            assert all(
+                math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got["token_logprobs"][1:], lp.token_logprobs[1:])
+            )
+            assert len(got["tokens"]) == len(PROMPT_IDS) + max_tokens
 
 
 def test_chat_returns_prompt_logprobs_of_the_rendered_prompt(live, keys):

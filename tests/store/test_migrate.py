@@ -39,6 +39,9 @@ ADDED_COLUMNS = [
     ),
     *(("0013_text_erasure", "requests", c) for c in ("prompt_commitment", "prompt_token_ids_commitment")),
     *(("0013_text_erasure", "completions", c) for c in ("text_commitment", "token_ids_commitment")),
+    ("0014_tool_calls", "requests", "tools_sha256"),
+    ("0014_tool_calls", "requests", "tools_text"),
+    ("0014_tool_calls", "completions", "tool_calls"),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),

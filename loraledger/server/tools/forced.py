@@ -45,8 +45,6 @@ def forced_tools(req) -> ForcedTools | None:
     functions = _functions(req.tools)
     if not functions:
         raise APIError(400, "tool_choice needs tools: send the functions the model may call", param="tools")
-    if req.stream:
-        raise APIError(400, "a required or named tool_choice is served unstreamed; set stream=false", param="stream")
     if getattr(req, "response_format", None) not in (None, {"type": "text"}) or req.structured_outputs is not None:
         raise APIError(400, "tool_choice and response_format both constrain the output; send one", param="tool_choice")
     if choice == "required":
@@ -59,6 +57,8 @@ def forced_tools(req) -> ForcedTools | None:
             for name, params in functions.items()
         ]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if getattr(req, "parallel_tool_calls", None) is False:
+            schema["maxItems"] = 1  # one call, as OpenAI with parallel_tool_calls=false
         return ForcedTools(StructuredOutputsParams(json=schema), None)
     fn = choice.get("function") if isinstance(choice, dict) else None
     name = fn.get("name") if isinstance(fn, dict) else None

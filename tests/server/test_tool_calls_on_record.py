@@ -1,0 +1,128 @@
+"""Tool calls on record: a request with tools is bound to their definitions (tools_sha256 always, tools_text where
+audit_prompts is "text"); each completion holds the calls read from its text (canonical JSON), forced or auto,
+streamed or not, on chat and on the Responses API; `verify` finds a forged digest or forged calls, `audit show`
+prints both."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import openai
+import pytest
+from sqlalchemy import select, text
+
+from loraledger.audit import AuditLog
+from loraledger.audit.lineage_text import format_lineage
+from loraledger.digests import canonical_json
+from loraledger.store.audit_store import COMPLETIONS, REQUESTS, AuditStore
+from loraledger.store.guards import guards_for
+from loraledger.tool_calls import ToolCallSpec, calls_of
+from tests.audit.tampering import tamper
+from tests.server.conftest import BASE, server_config
+from tests.server.live import LiveServer
+from tests.server.test_forced_tool_calls import CHAT, TIME, TOOLS
+
+WROTE = (
+    'Now: <tool_call>{"name": "clock", "arguments": {"zone": "utc"}}</tool_call>'
+    '<tool_call>{"name": "weather", "arguments": {"city": "oslo", "unit": "c"}}</tool_call>'
+)
+REGEX = {"regex": WROTE.replace("{", r"\{").replace("}", r"\}")}
+
+
+def _rows(url: str):
+    with AuditStore(url) as store, store.engine.connect() as conn:
+        requests = {r.request_id: r for r in conn.execute(select(REQUESTS))}
+        completions = {r.request_id: r for r in conn.execute(select(COMPLETIONS))}
+    return requests, completions
+
+
+@pytest.mark.parametrize("policy", ["text", "hash"])
+def test_tools_and_calls_are_on_record_and_verified(tiny_llama_chat, tmp_path, policy):
+    config = server_config(
+        tiny_llama_chat, tmp_path, None, insecure_no_auth=True, enable_auto_tool_choice=True, tool_call_parser="hermes",
+        engine={"audit_prompts": policy},
+    )  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'audit.db'}"
+    named = {"type": "function", "function": {"name": "clock"}}
+    with LiveServer(config) as live:
+        client = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="x", max_retries=0, timeout=60)
+        forced = client.chat.completions.create(
+            model="qv_r4", messages=CHAT, tools=TOOLS, tool_choice=named, max_completion_tokens=160, temperature=0
+        )
+        streamed = list(client.chat.completions.create(
+            model=BASE, messages=CHAT, tools=TOOLS, max_tokens=400, temperature=0, stream=True,
+            extra_body={"structured_outputs": REGEX},
+        ))  # fmt: skip
+        one = client.chat.completions.create(
+            model=BASE, messages=CHAT, tools=TOOLS, max_tokens=400, temperature=0, parallel_tool_calls=False,
+            extra_body={"structured_outputs": REGEX},
+        )  # fmt: skip
+        response = client.responses.create(
+            model="qv_r4", input="time?", max_output_tokens=160, temperature=0,
+            tools=[{"type": "function", "name": "clock", "parameters": TIME}], tool_choice={"type": "function", "name": "clock"},
+        )  # fmt: skip
+        plain = client.chat.completions.create(model=BASE, messages=CHAT, max_tokens=4, temperature=0)
+    requests, completions = _rows(url)
+    tools_text = canonical_json(TOOLS).decode()
+    sha = hashlib.sha256(tools_text.encode()).hexdigest()
+
+    call = forced.choices[0].message.tool_calls[0]
+    assert requests[forced.id].tools_sha256 == sha
+    assert requests[forced.id].tools_text == (tools_text if policy == "text" else None)
+    want = [{"name": "clock", "arguments": json.loads(call.function.arguments)}]
+    assert completions[forced.id].tool_calls == canonical_json(want).decode()
+
+    two = [
+        {"name": "clock", "arguments": {"zone": "utc"}},
+        {"name": "weather", "arguments": {"city": "oslo", "unit": "c"}},
+    ]
+    assert completions[streamed[0].id].tool_calls == canonical_json(two).decode()
+    assert completions[one.id].tool_calls == canonical_json(two[:1]).decode()
+    assert [c.function.name for c in one.choices[0].message.tool_calls] == ["clock"]
+    # an auditor recomputes the calls from the row's text and the request's tool_choice
+    spec = ToolCallSpec(tools=TOOLS, mode="auto", parser="hermes", parallel=False)
+    assert canonical_json(calls_of(spec, completions[one.id].text)).decode() == completions[one.id].tool_calls
+
+    flat = [{"type": "function", "function": {"name": "clock", "parameters": TIME}}]
+    assert requests[response.id].tools_sha256 == hashlib.sha256(canonical_json(flat)).hexdigest()
+    assert json.loads(completions[response.id].tool_calls)[0]["arguments"] == json.loads(response.output[0].arguments)
+    assert requests[plain.id].tools_sha256 is None and completions[plain.id].tool_calls is None
+
+    with AuditLog(url) as log:
+        assert log.verify().ok
+        shown = format_lineage(log.request(forced.id))
+    assert f"tools         sha256 {sha}" in shown and f"tool calls {completions[forced.id].tool_calls}" in shown
+    assert (tools_text in shown) == (policy == "text")
+
+    with AuditStore(url) as store, store.engine.begin() as conn:  # guards out of the way, as an intruder would
+        for guard in guards_for("sqlite"):
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}")
+        conn.execute(
+            text("UPDATE requests SET tools_sha256 = :h WHERE request_id = :r"), {"h": "e" * 64, "r": forced.id}
+        )
+    with AuditLog(url) as log:
+        result = log.verify()
+    assert not result.ok and "tools_sha256" in result.first_problem.message
+    forged = canonical_json([{"name": "weather", "arguments": {"city": "rome", "unit": "c"}}]).decode()
+    tamper(
+        url,
+        "UPDATE requests SET tools_sha256 = :h WHERE request_id = :f",
+        "UPDATE completions SET tool_calls = :c WHERE request_id = :o",
+        h=sha, f=forced.id, c=forged, o=one.id,
+    )  # fmt: skip
+    with AuditLog(url) as log:
+        result = log.verify()
+    assert not result.ok and one.id in result.first_problem.message and "completions" in result.first_problem.message
+
+
+def test_tools_without_a_canonical_form_are_a_400(live, keys):
+    import httpx
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": float("nan")}}}]
+    body = {"model": BASE, "messages": CHAT, "tools": tools, "max_tokens": 2}
+    r = httpx.post(
+        f"{live.base_url}/v1/chat/completions", content=json.dumps(body), timeout=60,
+        headers={"Authorization": f"Bearer {keys.acme}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    assert r.status_code == 400 and "canonical" in r.json()["error"]["message"], r.text
