@@ -82,7 +82,12 @@ def test_tools_and_calls_are_on_record_and_verified(tiny_llama_chat, tmp_path, p
     assert [c.function.name for c in one.choices[0].message.tool_calls] == ["clock"]
     # an auditor recomputes the calls from the row's text and the request's tool_choice
     spec = ToolCallSpec(tools=TOOLS, mode="auto", parser="hermes", parallel=False)
-    assert canonical_json(calls_of(spec, completions[one.id].text)).decode() == completions[one.id].tool_calls
+    with AuditLog(url) as log, log.snapshot() as conn:  # the completion's text, kept apart under its salt
+        one_text = conn.execute(
+            text("SELECT text FROM request_texts WHERE request_id = :r AND part = 'completion' AND idx = 0"),
+            {"r": completions[one.id].request_id},
+        ).scalar_one()
+    assert canonical_json(calls_of(spec, one_text)).decode() == completions[one.id].tool_calls
 
     flat = [{"type": "function", "function": {"name": "clock", "parameters": TIME}}]
     assert requests[response.id].tools_sha256 == hashlib.sha256(canonical_json(flat)).hexdigest()
