@@ -46,6 +46,10 @@ SOURCE_FIELDS = (
     "tokenizer_repo_id",
     "tokenizer_revision",
     "tokenizer_commit_sha",
+    "quantization",
+    "quant_method",
+    "quant_bits",
+    "quant_group_size",
 )  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
@@ -67,6 +71,12 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     tokenizer_repo_id: str | None = None
     tokenizer_revision: str | None = None
     tokenizer_commit_sha: str | None = None
+    # how the base model's weights are quantized as served (None: float): QuantScheme.describe(), its method, bits
+    # and group size (None: per channel)
+    quantization: str | None = None
+    quant_method: str | None = None
+    quant_bits: int | None = None
+    quant_group_size: int | None = None
 
 
 class LeaseState(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,10 @@ ADDED_COLUMNS = [
         for what in ("model", "tokenizer")
         for c in ("", "_repo_id", "_revision", "_commit_sha")
     ),
+    *(
+        ("0012_base_quantization", "instances", c)
+        for c in ("quantization", "quant_method", "quant_bits", "quant_group_size")
+    ),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),

@@ -1,0 +1,75 @@
+"""One projection of a quantized safetensors checkpoint, read into an AffineWeight (packing.py has each layout).
+
+A module is quantized when its format's tensors are there (compressed-tensors `weight_packed`, GPTQ/AWQ `qweight`,
+bitsandbytes int8 `SCB`); a module the quantizer left out (an `ignore` list) keeps a plain `weight`, read as float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from loraledger.errors import QuantizationError
+from loraledger.quantization import packing
+from loraledger.quantization.affine import AffineWeight
+from loraledger.quantization.scheme import QuantScheme
+
+Getter = Callable[[str], torch.Tensor]  # a tensor by its checkpoint name, as stored
+Has = Callable[[str], bool]
+
+_MARKERS = {"compressed-tensors": "weight_packed", "gptq": "qweight", "awq": "qweight", "bitsandbytes": "SCB"}
+
+
+def is_quantized(scheme: QuantScheme, prefix: str, has: Has) -> bool:
+    """Whether module `prefix` (e.g. "model.layers.0.self_attn.q_proj") is stored quantized."""
+    marker = _MARKERS.get(scheme.method)
+    if scheme.method == "bitsandbytes" and scheme.bits == 4:
+        marker = "weight.absmax"
+    return marker is not None and has(f"{prefix}.{marker}")
+
+
+def read_module(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> AffineWeight:
+    """The quantized module at `prefix` as an AffineWeight (exact: no value is rounded on the way)."""
+    method = scheme.method
+    try:
+        if method == "compressed-tensors":
+            return _compressed_tensors(scheme, prefix, get, has)
+        if method == "gptq":
+            g_idx = get(f"{prefix}.g_idx") if has(f"{prefix}.g_idx") else None
+            q, scale, zero, perm = packing.gptq_grouped(
+                get(f"{prefix}.qweight"),
+                get(f"{prefix}.qzeros"),
+                get(f"{prefix}.scales"),
+                g_idx,
+                scheme.bits,
+                scheme.group_size,
+            )
+            return AffineWeight.from_zero(q, scale, zero, scheme.bits, perm)
+        if method == "awq":
+            q, scale, zero = packing.awq_unpack(get(f"{prefix}.qweight"), get(f"{prefix}.qzeros"), get(f"{prefix}.scales"))
+            return AffineWeight.from_zero(q, scale, zero, 4)
+        if method == "bitsandbytes" and scheme.bits == 8:
+            w = get(f"{prefix}.weight")
+            scale = (get(f"{prefix}.SCB").to(torch.float32) / 127.0).reshape(-1, 1)
+            return AffineWeight((w.to(torch.int32) + 128), scale, -128.0 * scale, 8)
+    except (RuntimeError, IndexError) as exc:
+        raise QuantizationError(f"{prefix}: the {method} tensors do not describe one layer ({exc})") from exc
+    raise QuantizationError(f"{prefix}: reading {scheme.describe()} weights is not implemented")
+
+
+def _compressed_tensors(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> AffineWeight:
+    shape = get(f"{prefix}.weight_shape").tolist() if has(f"{prefix}.weight_shape") else None
+    packed = get(f"{prefix}.weight_packed")
+    in_features = int(shape[1]) if shape else packed.shape[1] * 32 // scheme.bits
+    zero = get(f"{prefix}.weight_zero_point") if has(f"{prefix}.weight_zero_point") else None
+    q, scale, zero_u = packing.compressed_tensors_unpack(
+        packed, get(f"{prefix}.weight_scale"), zero, scheme.bits, in_features
+    )
+    perm = None
+    if has(f"{prefix}.weight_g_idx"):  # activation order: columns of a group are scattered, as GPTQ's desc_act
+        g_idx = get(f"{prefix}.weight_g_idx").to(torch.int64)
+        order = torch.argsort(g_idx, stable=True)
+        if not torch.equal(order, torch.arange(in_features)):
+            perm, q = order, q[:, order].contiguous()
+    return AffineWeight.from_zero(q, scale, zero_u, scheme.bits, perm)
