@@ -39,7 +39,9 @@ def read_quantization(model: str | Path, requested: str | None = None) -> QuantS
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"{path} cannot be read as JSON ({exc})") from exc
     if requested == "gguf":
-        raise QuantizationError(f"quantization='gguf' was asked for but {model} is a checkpoint folder; name a .gguf file")
+        raise QuantizationError(
+            f"quantization='gguf' was asked for but {model} is a checkpoint folder; name a .gguf file"
+        )
     scheme = detect_quantization(raw, requested)
     if scheme is not None and scheme.quantized_at_load:
         raise QuantizationError(

@@ -118,7 +118,9 @@ class ModelRunner:
         self.ops = ops
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        weights = base_model.load_base(model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization)
+        weights = base_model.load_base(
+            model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization
+        )
         self.kv_cache = KVCache(self.config, num_kv_blocks, block_size, dtype, self.device)
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)

@@ -53,7 +53,9 @@ def prepare(args: EngineArgs) -> EngineSetup:
             ".gguf file or a Hub repo id (org/name)"
         )
     if gguf and tokenizer_source is not None and tokenizer_source.folder == model_source.folder:
-        raise ConfigError(f"a GGUF model needs its tokenizer named: pass tokenizer= (--tokenizer) with {model_dir.name}")
+        raise ConfigError(
+            f"a GGUF model needs its tokenizer named: pass tokenizer= (--tokenizer) with {model_dir.name}"
+        )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
     quantization = base_model.read_quantization(model_dir, args.quantization)

@@ -43,9 +43,9 @@ class AffineWeight:
         """The fp32 weight [out, in] in the input's own column order."""
         out, k = self.shape
         groups = self.scale.shape[1]
-        w = (self.q.to(torch.float32).reshape(out, groups, -1) * self.scale[..., None] + self.offset[..., None]).reshape(
-            out, k
-        )
+        w = (
+            self.q.to(torch.float32).reshape(out, groups, -1) * self.scale[..., None] + self.offset[..., None]
+        ).reshape(out, k)
         if self.perm is None:
             return w
         restored = torch.empty_like(w)

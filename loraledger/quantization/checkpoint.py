@@ -47,7 +47,9 @@ def read_module(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> Affi
             )
             return AffineWeight.from_zero(q, scale, zero, scheme.bits, perm)
         if method == "awq":
-            q, scale, zero = packing.awq_unpack(get(f"{prefix}.qweight"), get(f"{prefix}.qzeros"), get(f"{prefix}.scales"))
+            q, scale, zero = packing.awq_unpack(
+                get(f"{prefix}.qweight"), get(f"{prefix}.qzeros"), get(f"{prefix}.scales")
+            )
             return AffineWeight.from_zero(q, scale, zero, 4)
         if method == "bitsandbytes" and scheme.bits == 8:
             w = get(f"{prefix}.weight")

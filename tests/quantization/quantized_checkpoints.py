@@ -1,0 +1,189 @@
+"""Quantized checkpoints of the tiny Llama, written in the tests, each beside a float copy of exactly the weights it
+dequantizes to (the reference transformers + PEFT run).
+
+Every projection is round-to-nearest quantized (4 or 8 bits, per group, symmetric or not; GPTQ desc_act with a
+scattered g_idx) and the integers, scales and zero points are written in each format's layout as its documentation
+gives it (loraledger/quantization/packing.py cites it; tests/quantization/test_packing.py checks the packers). The
+float copy is computed from the integers before packing, so the engine's unpacking is checked against it too.
+GGUF files are written with the `gguf` package itself (its Q4_0 / Q4_1 / Q8_0 quantizers), q/k rows in llama.cpp's
+rotary order as its converter writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from loraledger.quantization.packing import AWQ_ORDER, pack_int32
+
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def rtn(w: torch.Tensor, bits: int, group: int | None, symmetric: bool, g_idx: torch.Tensor | None = None):
+    """(q unsigned int32 [out, in], scale fp32 [out, G] (fp16 values), zero int32 [out, G]): w ~ (q - zero) * scale,
+    column k in group g_idx[k] (default k // group)."""
+    out, k = w.shape
+    g_idx = torch.arange(k) // (group or k) if g_idx is None else g_idx
+    groups = int(g_idx.max()) + 1
+    top = 2**bits - 1
+    scale = torch.empty(out, groups)
+    zero = torch.empty(out, groups, dtype=torch.int32)
+    for g in range(groups):
+        cols = w[:, g_idx == g]
+        if symmetric:
+            s = cols.abs().amax(1) / (2 ** (bits - 1) - 1)
+            z = torch.full((out,), 2 ** (bits - 1), dtype=torch.int32)
+        else:
+            lo, hi = cols.amin(1).clamp(max=0), cols.amax(1).clamp(min=0)
+            s = (hi - lo) / top
+            z = torch.round(-lo / s.clamp(min=1e-8)).clamp(1, top).to(torch.int32)  # GPTQ stores zero - 1: keep it >= 0
+        scale[:, g] = s.clamp(min=1e-6).half().float()
+        zero[:, g] = z
+    q = torch.clamp(torch.round(w / scale[:, g_idx]) + zero[:, g_idx], 0, top).to(torch.int32)
+    return q, scale, zero, g_idx
+
+
+def _dequant(q, scale, zero, g_idx) -> torch.Tensor:
+    return (q - zero[:, g_idx]).float() * scale[:, g_idx]
+
+
+def _copy_model_files(src: Path, dest: Path, config_extra: dict | None) -> dict:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+    config = json.loads((src / "config.json").read_text())
+    if config_extra:
+        config.update(config_extra)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    return config
+
+
+def write_quantized(src: Path, root: Path, method: str, *, bits: int = 4, group: int | None = 32, sym: bool = False,
+                    desc_act: bool = False) -> tuple[Path, Path]:  # fmt: skip
+    """(quantized checkpoint folder, float folder of its dequantized weights) for method "compressed-tensors",
+    "gptq", "awq" or "bitsandbytes" (int8, per row)."""
+    name = f"{method}-{bits}b-g{group}-{'sym' if sym else 'asym'}{'-act' if desc_act else ''}"
+    qdir, fdir = root / name, root / f"{name}-float"
+    weights = load_file(str(src / "model.safetensors"))
+    quantized, dequantized = {}, dict(weights)
+    gen = torch.Generator().manual_seed(11)
+    for key, w in weights.items():
+        prefix = key.removesuffix(".weight")
+        if not prefix.endswith(PROJECTIONS):
+            quantized[key] = w
+            continue
+        w = w.float()
+        out, k = w.shape
+        g_idx = None
+        if desc_act:  # activation order: each group's columns scattered over the row
+            g_idx = (torch.arange(k) // group)[torch.randperm(k, generator=gen)]
+        if method == "bitsandbytes":
+            scb = (w.abs().amax(1) / 127).half().float() * 127  # SCB / 127 an fp16 value: the fp32 copy is exact
+            q8 = torch.round(w * 127 / scb[:, None]).clamp(-127, 127).to(torch.int8)
+            quantized[key], quantized[f"{prefix}.SCB"] = q8, scb
+            dequantized[key] = q8.float() * (scb / 127)[:, None]
+            continue
+        q, scale, zero, g_idx = rtn(w, bits, group, sym, g_idx)
+        dequantized[key] = _dequant(q, scale, zero, g_idx)
+        if method == "compressed-tensors":
+            quantized[f"{prefix}.weight_packed"] = pack_int32(q, bits, dim=1)
+            quantized[f"{prefix}.weight_scale"] = scale.half()
+            quantized[f"{prefix}.weight_shape"] = torch.tensor([out, k])
+            if not sym:  # stored signed: zero - 2^(bits-1)
+                quantized[f"{prefix}.weight_zero_point"] = (zero - 2 ** (bits - 1)).to(torch.int8)
+        elif method == "gptq":
+            quantized[f"{prefix}.qweight"] = pack_int32(q.t(), bits, dim=0)
+            quantized[f"{prefix}.qzeros"] = pack_int32((zero - 1).t(), bits, dim=1)
+            quantized[f"{prefix}.scales"] = scale.t().half().contiguous()
+            quantized[f"{prefix}.g_idx"] = g_idx.to(torch.int32)
+        elif method == "awq":
+            order = list(AWQ_ORDER)
+
+            def awq_pack(cols: torch.Tensor) -> torch.Tensor:  # nibble i of a word holds column 8 * word + order[i]
+                rows = cols.shape[0]
+                return pack_int32(cols.reshape(rows, -1, 8)[..., order].reshape(rows, -1), 4, dim=1)
+
+            quantized[f"{prefix}.qweight"] = awq_pack(q.t().contiguous())
+            quantized[f"{prefix}.qzeros"] = awq_pack(zero.t().contiguous())
+            quantized[f"{prefix}.scales"] = scale.t().half().contiguous()
+    spec = _quant_config(method, bits, group, sym, desc_act)
+    _copy_model_files(src, qdir, {"quantization_config": spec})
+    save_file({k: v.contiguous() for k, v in quantized.items()}, str(qdir / "model.safetensors"))
+    _copy_model_files(src, fdir, None)
+    save_file({k: v.float().contiguous() for k, v in dequantized.items()}, str(fdir / "model.safetensors"))
+    return qdir, fdir
+
+
+def _quant_config(method: str, bits: int, group: int | None, sym: bool, desc_act: bool) -> dict:
+    if method == "compressed-tensors":
+        weights = {"num_bits": bits, "type": "int", "symmetric": sym, "strategy": "group" if group else "channel",
+                   "group_size": group, "dynamic": False, "actorder": None}  # fmt: skip
+        return {
+            "quant_method": "compressed-tensors",
+            "format": "pack-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+            "ignore": ["lm_head"],
+        }
+    if method == "gptq":
+        return {"quant_method": "gptq", "bits": bits, "group_size": group or -1, "sym": sym, "desc_act": desc_act,
+                "checkpoint_format": "gptq"}  # fmt: skip
+    if method == "awq":
+        return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": not sym, "version": "gemm"}
+    return {"quant_method": "bitsandbytes", "load_in_8bit": True}
+
+
+def _llama_cpp_rows(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row order (transformers' loader undoes it)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(src: Path, path: Path, kind: str) -> Path:
+    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1 or Q8_0; the rest F32)."""
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+    config = json.loads((src / "config.json").read_text())
+    weights = {k: v.float().numpy() for k, v in load_file(str(src / "model.safetensors")).items()}
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config.get("rope_theta", 10000.0))
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    qtype = GGMLQuantizationType[kind]
+    names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
+    for key, w in weights.items():
+        if key == "model.embed_tokens.weight":
+            writer.add_tensor("token_embd.weight", w)
+        elif key == "model.norm.weight":
+            writer.add_tensor("output_norm.weight", w)
+        elif key == "lm_head.weight":
+            writer.add_tensor("output.weight", w)
+        else:
+            layer, module = key.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
+            name = f"blk.{layer}.{names[module]}.weight"
+            if module in ("self_attn.q_proj", "self_attn.k_proj"):
+                heads = config["num_attention_heads"] if module.endswith("q_proj") else config["num_key_value_heads"]
+                w = _llama_cpp_rows(w, heads)
+            if w.ndim == 2:
+                writer.add_tensor(name, quants.quantize(w, qtype), raw_dtype=qtype)
+            else:
+                writer.add_tensor(name, w)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
