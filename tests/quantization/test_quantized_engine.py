@@ -129,3 +129,47 @@ def test_quantization_argument_checks_the_checkpoint(checkpoints, tiny_llama):
         base_model.read_quantization(tiny_llama.model_dir, "awq")
     with pytest.raises(QuantizationError, match="CPU only"):
         base_model.check_device(base_model.read_quantization(gptq), torch.device("cuda"))
+
+
+def test_the_record_names_the_quantization_and_verify_covers_it(checkpoints, tiny_llama, tmp_path, capsys):
+    import json
+
+    from sqlalchemy import text
+
+    from loraledger.audit import AuditLog
+    from loraledger.audit.report import write_report
+    from loraledger.cli import main
+    from loraledger.gpu.weights import model_fingerprint
+
+    model = checkpoints["Q4_1"][0]
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    with LLM(model=str(model), tokenizer=str(tiny_llama.model_dir), device="cpu", audit_url=url) as llm:
+        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=3))
+    request_id = out[0].audit_id
+    with AuditLog(url) as log, log.snapshot() as conn:
+        row = conn.execute(text("SELECT quantization, quant_method, quant_bits, quant_group_size FROM instances")).one()
+        fingerprint = conn.execute(text("SELECT base_model_fingerprint FROM requests")).scalar_one()
+    assert tuple(row) == ("gguf 4-bit g32 asym Q4_1", "gguf", 4, 32)
+    # the fingerprint covers the GGUF file and the quantization as loaded: not the float model's, not the Q4_0 file's
+    assert fingerprint == base_model.fingerprint(model, None)
+    assert fingerprint not in (
+        base_model.fingerprint(checkpoints["Q4_0"][0], None),
+        model_fingerprint(tiny_llama.model_dir),
+    )
+    capsys.readouterr()
+    assert main(["audit", "show", request_id, "--url", url]) == 0
+    assert "quantization  gguf 4-bit g32 asym Q4_1" in capsys.readouterr().out
+    assert main(["audit", "instances", "--url", url, "--format", "jsonl"]) == 0
+    (instance,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert (instance["quant_method"], instance["quant_bits"]) == ("gguf", 4)
+    with AuditLog(url) as log:
+        manifest = write_report(log, tmp_path / "bundle", since="2000-01-01", until="2100-01-01", fmt="jsonl",
+                                unsigned=True, progress=False)  # fmt: skip
+        assert [m["quantization"] for m in manifest["sources"]["instances"]] == ["gguf 4-bit g32 asym Q4_1"]
+        assert log.verify().ok
+    # an instance row whose quantization is rewritten no longer matches its instance_registered event
+    from tests.audit.tampering import tamper
+
+    tamper(url, "UPDATE instances SET quantization = 'compressed-tensors 8-bit per-channel sym'")
+    with AuditLog(url) as log:
+        assert not log.verify().ok
