@@ -118,12 +118,10 @@ class ModelRunner:
         self.ops = ops
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        weights = base_model.load_base(
-            model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization
-        )
         self.kv_cache = KVCache(self.config, num_kv_blocks, block_size, dtype, self.device)
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
-        self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
+        load = functools.partial(base_model.load_base, dtype=dtype, device=self.device, quantization=quantization)
+        self.model = Model(self.config, load(model_dir, self.config), ops, lora_slots=self.lora_slots)
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.grammar_mask = GrammarMask(self.config.vocab_size)
         self.graphs: DecodeGraphs | None = None
