@@ -103,8 +103,8 @@ class AdapterLoader:
 
     async def _handle(self, msg) -> None:
         match msg:
-            case ResolveAdapter(lora_request=lora, reply=reply, resumed=resumed):
-                self._resolve(self._registry.for_resume(lora) if resumed else lora, reply)
+            case ResolveAdapter(lora_request=lora, reply=reply, resumed=resumed, at_commit=at_commit):
+                self._resolve(self._resumed_as(lora, at_commit) if resumed else lora, reply)
             case AddLora(lora_request=lora, reply=reply):
                 self._resolve(lora, reply)
             case RemoveLora(lora_int_id=int_id, reply=reply):
@@ -124,6 +124,21 @@ class AdapterLoader:
             await answer(reply, AdapterResolved(lora_request=lora, error=error))
         else:
             await answer(reply, error)
+
+    def _resumed_as(self, lora: LoRARequest, at_commit: str | None) -> LoRARequest:
+        """A resumed request's adapter as registered here. With the Hub commit its binding names: a registration read
+        at that commit (the one of the same name and path, when it was; else one of its own, read at that commit),
+        so a branch that moved since does not change what the request resumes on."""
+        resumed = self._registry.for_resume(lora)
+        if at_commit is None:
+            return resumed
+        for int_id in self._registry.ids_of(lora.lora_name, lora.lora_path):
+            if self._commits.get((int_id, lora.lora_path)) == at_commit:
+                return LoRARequest(lora.lora_name, int_id, lora.lora_path)
+        if resumed.lora_int_id in self._registry:  # registered here, read at another commit (or being read)
+            resumed = LoRARequest(lora.lora_name, self._registry.free_resumed_id(), lora.lora_path)
+        self._commits[(resumed.lora_int_id, lora.lora_path)] = at_commit  # its reads are at the bound commit
+        return resumed
 
     # --- resolving: the cached checkpoint, or one load shared by everyone who asks meanwhile --------
 

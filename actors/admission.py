@@ -34,14 +34,14 @@ from loraledger.actors.messages import (
 from loraledger.digests import binding_digest, prompt_digest
 from loraledger.errors import (
     AdapterChangedError,
-    AdapterUnsupportedError,
     DuplicateRequestError,
     EngineDeadError,
+    LoraLedgerError,
     NoTokenizerError,
 )
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
-from loraledger.sources.engine_sources import adapter_fields, ships_own_tokenizer, tokenizer_lora
+from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
 from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
 from loraledger.version import __version__
 
@@ -169,18 +169,17 @@ class Admission:
         try:
             ckpt = None
             if lora is not None:
-                resolved, ckpt = await self._resolve(lora, resumed=msg.resume)
+                try:
+                    resolved, ckpt = await self._resolve(lora, resumed=msg.resume, at_commit=msg.bound_commit)
+                except LoraLedgerError as exc:
+                    if msg.resume:  # its adapter cannot be had (its bound commit is gone from the Hub and the cache)
+                        await self._refuse_resume(
+                            msg, bound_commit=msg.bound_commit, error=f"{type(exc).__name__}: {exc}"
+                        )
+                    raise
                 if msg.resume:
                     lora = resolved  # under this engine's id for it (its binding's id was another engine's handle)
             # after the adapter: a Hub adapter's tokenizer files are in the snapshot its load fetched
-            if msg.chat_template_sha256 is not None and ships_own_tokenizer(ckpt):
-                raise AdapterUnsupportedError(
-                    "chat with a Hub adapter that ships its own tokenizer or chat template is not supported yet (the "
-                    "conversation was rendered with the model's template); download it (`hf download`) and give its "
-                    "folder as lora_path, or send the rendered prompt to generate",
-                    lora_name=lora.lora_name,
-                    lora_path=lora.lora_path,
-                )
             tokenizer = await self._tokenizer_for(tokenizer_lora(lora, ckpt))
             inputs = await self._model_inputs(msg, tokenizer)
             prompt_ids, constraint = inputs.prompt_token_ids, inputs.constraint
@@ -302,10 +301,10 @@ class Admission:
             return await anyio.to_thread.run_sync(check)
         return check()
 
-    async def _resolve(self, lora, *, resumed: bool = False):
-        """The adapter as the loader registered it, and its checkpoint."""
+    async def _resolve(self, lora, *, resumed: bool = False, at_commit: str | None = None):
+        """The adapter as the loader registered it, and its checkpoint (a resumed request's: at its bound commit)."""
         send, receive = anyio.create_memory_object_stream[AdapterResolved](1)
-        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send, resumed=resumed))
+        await self._loader.send(ResolveAdapter(lora_request=lora, reply=send, resumed=resumed, at_commit=at_commit))
         async with receive:
             answer = await receive.receive()
         if answer.error is not None:
@@ -316,19 +315,7 @@ class Admission:
         """A resumed request runs under its original binding, or not at all."""
         rid = msg.request_id
         if fingerprint != msg.bound_fingerprint:
-            await self._append_and_wait(
-                AuditAppend(
-                    events=[
-                        EventRecord(
-                            kind=EventKind.RESUME_REFUSED,
-                            at=time.time(),
-                            request_id=rid,
-                            payload={"bound_fingerprint": msg.bound_fingerprint, "fingerprint_on_disk": fingerprint},
-                            dedup_key=f"resume-refused:{rid}",
-                        )
-                    ]
-                )
-            )
+            await self._refuse_resume(msg, fingerprint_on_disk=fingerprint)
             lora = msg.lora_request
             raise AdapterChangedError(
                 f"request {rid!r} was bound to adapter fingerprint {msg.bound_fingerprint}, but the adapter on disk now has "
@@ -349,6 +336,20 @@ class Admission:
                 ]
             )
         )
+
+    async def _refuse_resume(self, msg: Submit, **why) -> None:
+        """The resume_refused event of a resumed request that does not run: why, beside the fingerprint it was bound to."""
+        if self._audit is None:
+            return
+        rid = msg.request_id
+        event = EventRecord(
+            kind=EventKind.RESUME_REFUSED,
+            at=time.time(),
+            request_id=rid,
+            payload={"bound_fingerprint": msg.bound_fingerprint, **why},
+            dedup_key=f"resume-refused:{rid}",
+        )
+        await self._append_and_wait(AuditAppend(events=[event]))
 
     async def _append_and_wait(self, msg: AuditAppend) -> None:
         send, receive = anyio.create_memory_object_stream[object](1)

@@ -64,6 +64,7 @@ class Submit(Msg):
     # request_admitted event's payload ("caller")
     caller_request_id: str | None = None
     user: str | None = None
+    bound_commit: str | None = None  # with resume: the Hub commit the binding's adapter was read at (read it again)
 
 
 class Abort(Msg):
@@ -90,6 +91,7 @@ class ResolveAdapter(Msg):
     # a resumed request's: its lora_int_id was given by the engine that admitted it, and may name another adapter here
     # (AdapterResolved.lora_request is the adapter as this engine registers it)
     resumed: bool = False
+    at_commit: str | None = None  # a resumed request's: the Hub commit its binding names (the adapter is read at it)
 
 
 class AdapterResolved(Msg):

@@ -22,6 +22,7 @@ from loraledger.actors.messages import (
     ListLoras,
     PinLora,
     RemoveLora,
+    ResolveAdapter,
 )
 from loraledger.audit_ids import new_audit_id
 from loraledger.engine_args import EngineArgs
@@ -45,6 +46,7 @@ from loraledger.lora.request import LoRARequest
 from loraledger.outputs import RequestOutput
 from loraledger.recovery import Recovery
 from loraledger.sampling_params import SamplingParams
+from loraledger.sources.engine_sources import tokenizer_lora
 
 
 class AsyncEngine:
@@ -176,6 +178,25 @@ class AsyncEngine:
             lora_request = self._check_lora(lora_request)
         return core.setup.tokenizers.get(lora_request if self.args.enable_lora else None)
 
+    async def get_lora_tokenizer(self, lora_request: LoRARequest | None = None):
+        """get_tokenizer for any adapter, a Hub one too: the adapter is resolved first (fetched, or the commit it was
+        loaded at), so the tokenizer files or chat template it ships are read from the folder its weights come from.
+        Reads run off the event loop; a load that fails raises the adapter's typed error."""
+        core = self._live()
+        if lora_request is not None:
+            lora_request = self._check_lora(lora_request)
+        if lora_request is None or not self.args.enable_lora or core.setup.tokenizers.base is None:
+            return core.setup.tokenizers.get(None)  # no adapter, or no tokenizer at all (skip_tokenizer_init)
+        answer: AdapterResolved = await self._ask(
+            "loader", lambda reply: ResolveAdapter(lora_request=lora_request, reply=reply)
+        )
+        if answer.error is not None:
+            raise answer.error
+        lora = tokenizer_lora(lora_request, answer.checkpoint)
+        if core.setup.tokenizers.cached(lora):
+            return core.setup.tokenizers.get(lora)
+        return await anyio.to_thread.run_sync(core.setup.tokenizers.get, lora)
+
     def get_default_sampling_params(self) -> SamplingParams:
         """A new SamplingParams of the model's generation_config.json defaults (generation_config="auto"; vLLM's
         LLM.get_default_sampling_params); plain SamplingParams() when the file sets none or is ignored."""
@@ -243,6 +264,7 @@ class AsyncEngine:
         key_id: str | None = None,
         user: str | None = None,
         audit_id: str | None = None,
+        bound_commit: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -256,7 +278,8 @@ class AsyncEngine:
         value the caller changes afterwards changes nothing; what only the model can tell (token ids in its
         vocabulary, the prompt's length in tokens, the adapter) is its check_model_inputs' at admission.
         chat_template_sha256: set by LLM.chat and the chat route, the digest of the template that rendered the prompt
-        (the binding's chat_template_sha256).
+        (the binding's chat_template_sha256). bound_commit: with resume, the Hub commit the binding's adapter was read
+        at; the adapter is read at that commit again, wherever its branch is now.
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
         """
@@ -280,7 +303,7 @@ class AsyncEngine:
             user=user,
         )
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
-        msg = msgspec.structs.replace(submit, channel=send)
+        msg = msgspec.structs.replace(submit, channel=send, bound_commit=bound_commit if resume else None)
         try:
             await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:

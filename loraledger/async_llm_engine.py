@@ -146,7 +146,7 @@ class AsyncLLMEngine:
         return await self._call(self.engine.get_stats)
 
     async def get_tokenizer(self, lora_request: LoRARequest | None = None):
-        return await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora_request)
+        return await self.engine.get_lora_tokenizer(lora_request)
 
     async def get_model_config(self):
         return self.engine.model_config

@@ -74,11 +74,10 @@ class LLM:
         convs = conversations(messages)
         n = len(convs)
         loras = _per_prompt(lora_request, n, "lora_request", LoRARequest, LoRARequestError)
-        engine = self.llm_engine.engine
         prompts, shas = [], []
         for conv, lora in zip(convs, loras):
             rendered = render_chat(
-                engine.get_tokenizer(lora),
+                self.llm_engine.get_tokenizer(lora),
                 conv,
                 chat_template=chat_template,
                 chat_template_content_format=chat_template_content_format,

@@ -187,7 +187,9 @@ class LLMEngine:
 
     def get_tokenizer(self, lora_request: LoRARequest | None = None):
         """The tokenizer requests on `lora_request` use (an adapter's own, if it ships one); None with skip_tokenizer_init."""
-        return self.engine.get_tokenizer(lora_request)
+        if lora_request is None:
+            return self.engine.get_tokenizer(None)
+        return self._portal.call(self.engine.get_lora_tokenizer, lora_request)  # a Hub adapter is fetched first
 
     def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.get_default_sampling_params()

@@ -133,6 +133,7 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
             resume=True,
             bound_fingerprint=record.adapter_fingerprint,
             audit_id=rid,  # it runs under the binding on record, keyed as it was
+            bound_commit=record.adapter_commit_sha,  # a Hub adapter: the commit it ran on, though its branch moved
         )
         async with channel:
             async for delivery in channel:

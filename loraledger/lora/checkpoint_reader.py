@@ -57,7 +57,7 @@ def load_lora_checkpoint(
     config = parse_config(read_config(config_path, err), err)
     check_supported(config, err)
     rank, alpha, use_rslora = rank_and_alpha(config, err)
-    per_module = patterns(config, err)
+    per_module = patterns(config, err, fused=model_config.fused_projections)
     if rank > max_lora_rank and not per_module.ranks:
         raise rank_error(err, f"adapter rank r={rank}", rank, max_lora_rank)
     declared = declared_targets(config, model_config, err)

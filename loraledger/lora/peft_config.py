@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from loraledger.errors import AdapterFormatError, AdapterRankError, AdapterUnsupportedError
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import CONFIG_FILE
-from loraledger.lora.peft_names import module_name
+from loraledger.lora.peft_names import FUSED_OF, module_name
 
 
 def parse_config(data: bytes, err: AdapterErrors) -> dict:
@@ -90,32 +90,40 @@ def rank_error(err: AdapterErrors, what: str, rank: int, max_lora_rank: int) -> 
 @dataclass(frozen=True)
 class Patterns:
     """PEFT's rank_pattern and alpha_pattern: per-module r and lora_alpha, matched by peft's rule (the first key,
-    in the config's order, that matches the end of the module's name after a dot, as a regex)."""
+    in the config's order, that matches the end of the module's name after a dot, as a regex).
+
+    fused: the base model fuses q/k/v and gate/up (Phi-3), so its modules, the names PEFT matched, are the fused
+    ones (qkv_proj, gate_up_proj); the engine holds their parts, and each part takes its fused module's entry."""
 
     ranks: dict
     alphas: dict
+    fused: bool = False
 
     @staticmethod
     def _key(pattern: dict, name: str) -> str | None:
         return next((k for k in pattern if re.match(rf"(.*\.)?({k})$", name)), None)
 
+    def _name(self, key: tuple[int, str]) -> str:
+        layer, module = key
+        return module_name((layer, FUSED_OF.get(module, module) if self.fused else module))
+
     def rank_of(self, default: int):
         def rank(key: tuple[int, str]) -> int:
-            found = self._key(self.ranks, module_name(key))
+            found = self._key(self.ranks, self._name(key))
             return default if found is None else self.ranks[found]
 
         return rank
 
     def alpha_of(self, default: float):
         def alpha(key: tuple[int, str]) -> float:
-            found = self._key(self.alphas, module_name(key))
+            found = self._key(self.alphas, self._name(key))
             return default if found is None else float(self.alphas[found])
 
         return alpha
 
 
-def patterns(config: dict, err: AdapterErrors) -> Patterns:
-    """The config's rank_pattern and alpha_pattern, checked (values and regex keys)."""
+def patterns(config: dict, err: AdapterErrors, *, fused: bool = False) -> Patterns:
+    """The config's rank_pattern and alpha_pattern, checked (values and regex keys); fused: see Patterns."""
     ranks, alphas = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
     if not isinstance(ranks, dict) or not all(
         isinstance(k, str) and type(v) is int and v >= 1 for k, v in ranks.items()
@@ -138,4 +146,4 @@ def patterns(config: dict, err: AdapterErrors) -> Patterns:
             raise err(
                 AdapterFormatError, f"{CONFIG_FILE} rank_pattern/alpha_pattern key {k!r} is not a valid regex: {exc}"
             ) from exc
-    return Patterns(ranks, alphas)
+    return Patterns(ranks, alphas, fused)

@@ -66,10 +66,18 @@ class AdapterRegistry:
         same = self._ids_by_name.get(lora.lora_name)
         if same is not None and self._by_id[same].lora_path == lora.lora_path:
             return LoRARequest(lora.lora_name, same, lora.lora_path)
+        return LoRARequest(lora.lora_name, self.free_resumed_id(), lora.lora_path)
+
+    def free_resumed_id(self) -> int:
+        """The highest id free here below RESUMED_IDS_BELOW (a resumed request's adapter registered on its own)."""
         free = RESUMED_IDS_BELOW - 1
         while free in self._by_id:
             free -= 1
-        return LoRARequest(lora.lora_name, free, lora.lora_path)
+        return free
+
+    def ids_of(self, name: str, path: str) -> list[int]:
+        """Every id registered for this name and path (a resumed request's adapter at another commit has its own)."""
+        return [i for i, lora in self._by_id.items() if lora.lora_name == name and lora.lora_path == path]
 
     def remove(self, int_id: int) -> LoRARequest | None:
         """Forget the adapter registered under `int_id`; the LoRARequest it was, or None if there was none."""

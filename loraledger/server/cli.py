@@ -30,7 +30,21 @@ def register(sub) -> None:
     p.add_argument(
         "--enable-lora",
         action="store_true",
-        help="serve adapters (default: on when --lora-modules is given; adapters loaded later need it)",
+        help="serve adapters (default: on when --lora-modules or --lora-resolver is given; adapters loaded later need it)",
+    )
+    p.add_argument(
+        "--lora-resolver",
+        action="append",
+        default=[],
+        metavar="DIR|hf://ORG",
+        help="load an adapter a request names on first use, from DIR/NAME or the Hub repo ORG/NAME[@rev] (only for keys "
+        "allowed that name); repeatable, tried in order (default: none)",
+    )
+    p.add_argument(
+        "--lora-resolver-max-loras",
+        type=int,
+        default=None,
+        help="adapters each --lora-resolver may load at most (default: 64)",
     )
     p.add_argument("--max-loras", type=int, default=1, help="adapters on the device at once")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest adapter rank accepted")
@@ -257,13 +271,15 @@ def config_from_args(args: argparse.Namespace):
     from loraledger.engine_args import EngineArgs
     from loraledger.server.config import DEFAULT_MAX_BODY_BYTES, LoRAModule, ServerConfig
     from loraledger.server.limits import ServerLimits
+    from loraledger.server.lora_resolvers import DEFAULT_MAX_LORAS, LoRAResolverSpec
 
     modules = tuple(LoRAModule.parse(text) for text in args.lora_modules)
+    resolvers = tuple(LoRAResolverSpec.parse(text) for text in args.lora_resolver)
     engine_args = EngineArgs(
         model=args.model, tokenizer=args.tokenizer, dtype=args.dtype, device=args.device, seed=args.seed,
         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size, kv_cache_bytes=args.kv_cache_bytes, enable_prefix_caching=args.enable_prefix_caching,
-        enable_lora=bool(args.enable_lora or modules), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+        enable_lora=bool(args.enable_lora or modules or resolvers), max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, audit_url=args.audit_url or default_url(), audit_prompts=args.audit_prompts,
         audit_timeout=args.audit_timeout, audit_lease_seconds=args.audit_lease_seconds, num_threads=args.num_threads, enforce_eager=args.enforce_eager,
         log_key_file=args.log_key,
@@ -276,6 +292,10 @@ def config_from_args(args: argparse.Namespace):
         engine_args=engine_args,
         served_model_name=tuple(args.served_model_name or ()),
         lora_modules=modules,
+        lora_resolvers=resolvers,
+        lora_resolver_max_loras=(
+            DEFAULT_MAX_LORAS if args.lora_resolver_max_loras is None else args.lora_resolver_max_loras
+        ),
         api_keys_file=args.api_keys,
         insecure_no_auth=args.insecure_no_auth,
         host=args.host if args.uds is None else "127.0.0.1",

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import ConfigError
 from loraledger.server.limits import ServerLimits
+from loraledger.server.lora_resolvers import DEFAULT_MAX_LORAS, LoRAResolverSpec
 from loraledger.server.tools.parsers import PARSERS
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # a request body above this is refused (413) before it is read whole
@@ -46,6 +47,9 @@ class ServerConfig:
         str, ...
     ] = ()  # the base model's names in requests (the first in responses); default: the model path
     lora_modules: tuple[LoRAModule, ...] = ()
+    # where an adapter a request names, not loaded yet, is loaded from on first use (loraledger.server.lora_resolvers)
+    lora_resolvers: tuple[LoRAResolverSpec, ...] = ()
+    lora_resolver_max_loras: int = DEFAULT_MAX_LORAS  # adapters each resolver may load at most
     api_keys_file: str | None = None  # TOML (loraledger.server.auth); None: no keys, loopback only
     insecure_no_auth: bool = False  # serve without keys on an address other than loopback
     host: str = "127.0.0.1"
@@ -82,6 +86,12 @@ class ServerConfig:
             )
         if self.lora_modules and not self.engine_args.enable_lora:
             raise ConfigError("--lora-modules needs an engine with enable_lora=True (--enable-lora)")
+        if self.lora_resolvers and not self.engine_args.enable_lora:
+            raise ConfigError("--lora-resolver needs an engine with enable_lora=True (--enable-lora)")
+        if not isinstance(self.lora_resolver_max_loras, int) or self.lora_resolver_max_loras < 1:
+            raise ConfigError(
+                f"--lora-resolver-max-loras must be an integer >= 1, got {self.lora_resolver_max_loras!r}"
+            )
         if not isinstance(self.max_body_bytes, int) or self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be an integer >= 1024, got {self.max_body_bytes!r}")
         if not self.shutdown_grace_seconds >= 0:

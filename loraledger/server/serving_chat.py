@@ -50,7 +50,7 @@ class OpenAIServingChat(OpenAIServing):
         check_unicode(req.messages, "messages")
         check_unicode(req.tools, "tools")
         check_unicode(req.chat_template_kwargs, "chat_template_kwargs")
-        tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+        tokenizer = await self.engine.get_lora_tokenizer(lora)
         options = dict(
             chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message, tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,

@@ -71,7 +71,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finals = await self._finals(gens, firsts)
         tokenizer = None
         if req.echo and req.logprobs is not None:
-            tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+            tokenizer = await self.engine.get_lora_tokenizer(lora)
         body = self._response(
             req, base if len(finals) > 1 else response_id(finals[0]), created, finals, echo, tracker, tokenizer
         )
@@ -102,7 +102,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if ids is not None:
             return [{"prompt_token_ids": x} for x in ids]
         if req.add_special_tokens is False:
-            tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+            tokenizer = await self.engine.get_lora_tokenizer(lora)
             if tokenizer is None:
                 raise APIError(
                     400, "add_special_tokens=false needs a tokenizer; send token ids", param="add_special_tokens"
@@ -120,7 +120,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 out.append(p["prompt"])
             else:
                 if tokenizer is None:
-                    tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+                    tokenizer = await self.engine.get_lora_tokenizer(lora)
                 if tokenizer is None:
                     raise APIError(400, "echo of token ids needs a tokenizer", param="echo")
                 ids = p["prompt_token_ids"]

@@ -1,5 +1,6 @@
 """The models a server serves: the base model under its served names and every adapter by name; who may use which
-(403 and an access_denied event otherwise), /v1/models, and vLLM's load / unload routes (admin keys only)."""
+(403 and an access_denied event otherwise), /v1/models, vLLM's load / unload routes (admin keys only), and the
+adapters loaded on first use from the LoRA resolvers (loraledger.server.lora_resolvers)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from loraledger.errors import LoRARequestError
 from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError
+from loraledger.server.lora_resolvers import LoRAResolvers
+from loraledger.sources import HubNotFoundError
 
 OWNED_BY = "loraledger"
 FORGET_SECONDS = 5.0  # undoing a failed load's registration (the loader's own bookkeeping: no store involved)
@@ -27,7 +30,11 @@ class OpenAIServingModels:
         self.adapters: dict[str, LoRARequest] = {}
         self._created: dict[str, int] = {}
         self._next_id = 1
-        self._lock = anyio.Lock()  # loads and unloads one at a time: names and ids stay consistent
+        self._lock = anyio.Lock()  # guards names and ids; an adapter's load itself runs outside it
+        self._loading: dict[str, anyio.Event] = {}  # names whose first load is under way, set when it has ended
+        self._resolving: dict[str, _Pending] = {}  # names a resolver is looking for: one search per name at a time
+        config = state.config
+        self.resolvers = LoRAResolvers(config.lora_resolvers, config.lora_resolver_max_loras)
         self._log = structlog.get_logger().bind(actor="server")
 
     @property
@@ -43,9 +50,62 @@ class OpenAIServingModels:
         if model in self.base_names:
             return None
         lora = self.adapters.get(model)
+        if lora is None and self.resolvers.specs:
+            lora = await self._on_demand(model)
         if lora is None:
-            raise APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+            raise _not_found(model)
         return lora
+
+    async def _on_demand(self, model: str) -> LoRARequest | None:
+        """The adapter `model` names, loaded from the first resolver that has it (None: none has it). Requests that
+        ask for one name meanwhile wait for the same search and load: it happens once."""
+        while True:
+            pending = self._resolving.get(model)
+            if pending is None:
+                break
+            await pending.done.wait()
+            if pending.error is not None:
+                raise pending.error
+            if pending.searched:
+                return pending.lora
+            # the search was cancelled (its asker went away): this asker searches
+        known = self.adapters.get(model)
+        if known is not None:
+            return known
+        pending = self._resolving[model] = _Pending()
+        try:
+            pending.lora = await self._search(model)
+            pending.searched = True
+        except Exception as exc:
+            pending.error = exc
+            raise
+        finally:
+            del self._resolving[model]
+            pending.done.set()
+        return pending.lora
+
+    async def _search(self, model: str) -> LoRARequest | None:
+        # a folder resolver reads the disk: off the event loop
+        for index, path in await anyio.to_thread.run_sync(self.resolvers.candidates, model):
+            if self.resolvers.full(index):
+                raise APIError(
+                    503, f"the LoRA resolver {self.resolvers.specs[index]} has loaded its limit of "
+                    f"{self.resolvers.max_loras} adapters; unload one (POST /v1/unload_lora_adapter) or start the "
+                    "server with a higher --lora-resolver-max-loras", type="service_unavailable", code="resolver_full",
+                    param="model",
+                )  # fmt: skip
+            self.resolvers.took(model, index)  # before the load: loads of other names meanwhile count it
+            try:
+                lora = await self.load(model, path)
+            except BaseException as exc:
+                self.resolvers.forget(model)
+                if isinstance(exc, HubNotFoundError):
+                    continue  # not in this organisation: the next resolver may have it
+                raise
+            where = str(self.resolvers.specs[index])
+            self._log.info("adapter loaded on first use", adapter=model, path=path, resolver=where)
+            return lora
+        return None
 
     def label(self, model: str) -> str:
         """A model name as a metrics label: a served name, or "unknown" (a caller's made-up names never become series)."""
@@ -94,46 +154,63 @@ class OpenAIServingModels:
         for card in self.cards(caller):
             if card["id"] == name:
                 return card
-        raise APIError(404, f"The model `{name}` does not exist.", code="model_not_found", param="model")
+        raise _not_found(name)
 
     async def load(self, name: str, path: str, load_inplace: bool = False) -> LoRARequest:
         """Register, load and fingerprint an adapter; it is on record (the `adapters` table) before any request can
         name it, since it joins the served names only after the engine's add_lora has returned. load_inplace (vLLM's):
         an adapter of that name already loaded is read again, from `path`, under its id; requests admitted from then
         on run on the new content."""
-        async with self._lock:
-            known = self.adapters.get(name)
-            if known is not None and load_inplace:
+        while True:
+            under_way = self._loading.get(name)
+            if under_way is not None:
+                await under_way.wait()  # a load of this name is under way: this one is answered as if it came after
+                continue
+            async with self._lock:
+                if name in self._loading:
+                    continue  # another load of it began while this one waited for the lock
+                known = self.adapters.get(name)
+                if known is not None and load_inplace:
+                    try:
+                        reload = LoRARequest(name, known.lora_int_id, path, load_inplace=True)
+                    except LoRARequestError as exc:
+                        raise APIError(400, str(exc), param="lora_path") from None
+                    await self._state.engine.add_lora(reload)  # typed errors: the handlers map them
+                    # kept without the flag: a request naming it uses what was loaded, it does not read the folder again
+                    self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
+                    self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
+                    return self.adapters[name]
+                if name in self.base_names or name in self.adapters:
+                    raise APIError(
+                        400,
+                        f"The lora adapter '{name}' has already been loaded.",
+                        code="adapter_exists",
+                        param="lora_name",
+                    )
                 try:
-                    reload = LoRARequest(name, known.lora_int_id, path, load_inplace=True)
+                    lora = LoRARequest(name, self._next_id, path)
                 except LoRARequestError as exc:
-                    raise APIError(400, str(exc), param="lora_path") from None
-                await self._state.engine.add_lora(reload)  # typed errors: the handlers map them
-                # kept without the flag: a request naming it uses what was loaded, it does not read the folder again
-                self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
-                self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
-                return self.adapters[name]
-            if name in self.base_names or name in self.adapters:
-                raise APIError(
-                    400, f"The lora adapter '{name}' has already been loaded.", code="adapter_exists", param="lora_name"
-                )
-            try:
-                lora = LoRARequest(name, self._next_id, path)
-            except LoRARequestError as exc:
-                raise APIError(400, str(exc), param="lora_name") from None
-            self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
-            try:
-                await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
-            except BaseException:
-                # a load that failed half-way (its record timed out, say) must not leave its id or name registered
-                with anyio.move_on_after(FORGET_SECONDS, shield=True):
-                    with contextlib.suppress(Exception):
-                        await self._state.engine.remove_lora(lora.lora_int_id)
-                raise
+                    raise APIError(400, str(exc), param="lora_name") from None
+                self._next_id += 1  # never handed out twice, whatever add_lora leaves behind
+                self._loading[name] = done = anyio.Event()
+            break
+        # the load (a Hub download, maybe) runs without the lock: other loads and unloads go on meanwhile
+        try:
+            await self._state.engine.add_lora(lora)  # typed errors: the handlers map them
+        except BaseException:
+            # a load that failed half-way (its record timed out, say) must not leave its id or name registered
+            with anyio.move_on_after(FORGET_SECONDS, shield=True):
+                with contextlib.suppress(Exception):
+                    await self._state.engine.remove_lora(lora.lora_int_id)
+            raise
+        else:
             self.adapters[name] = lora
             self._created[name] = int(time.time())
-            self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)
-            return lora
+        finally:
+            del self._loading[name]
+            done.set()
+        self._log.info("adapter loaded", adapter=name, path=path, lora_int_id=lora.lora_int_id)
+        return lora
 
     async def unload(self, name: str, lora_int_id: int | None = None) -> None:
         async with self._lock:
@@ -144,8 +221,23 @@ class OpenAIServingModels:
                 )
             del self.adapters[name]  # no new request can name it; requests already admitted finish on it
             self._created.pop(name, None)
+            self.resolvers.forget(name)  # its resolver may load another
             await self._state.engine.remove_lora(lora.lora_int_id)
             self._log.info("adapter unloaded", adapter=name)
+
+
+class _Pending:
+    """One resolver search for a name, that the requests asking for it meanwhile wait for."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.searched = False  # the search ran to its end (lora: what it found, None for nothing)
+        self.lora: LoRARequest | None = None
+        self.error: Exception | None = None
+
+
+def _not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
 
 
 def _card(name: str, created: int, root: str, parent: str | None, max_model_len: int) -> dict:

@@ -14,7 +14,7 @@ from loraledger.server.serving_engine import check_unicode
 class OpenAIServingTokenization(OpenAIServingChat):
     async def _tokenizer(self, model: str, caller: Caller, route: str):
         lora = await self.models.resolve(model, caller, route)
-        tokenizer = await anyio.to_thread.run_sync(self.engine.get_tokenizer, lora)
+        tokenizer = await self.engine.get_lora_tokenizer(lora)
         if tokenizer is None:
             raise APIError(400, "this server has no tokenizer (skip_tokenizer_init)", param="model")
         return lora, tokenizer

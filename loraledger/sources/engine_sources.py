@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from loraledger.sources.fileset import MODEL, TOKENIZER
@@ -76,16 +75,3 @@ def tokenizer_lora(lora, ckpt):
     from loraledger.lora.request import LoRARequest
 
     return LoRARequest(lora.lora_name, lora.lora_int_id, source.folder)
-
-
-def ships_own_tokenizer(ckpt) -> bool:
-    """Whether an adapter read from a Hub snapshot carries tokenizer files or a chat template of its own. A chat
-    conversation is rendered before its adapter is fetched, with the model's template: such an adapter cannot be
-    chatted with yet (its plain prompts are tokenized with its own tokenizer, after the fetch)."""
-    from loraledger.tokenizer_group import CHAT_TEMPLATE_FILES, TOKENIZER_FILES
-
-    source = getattr(ckpt, "source", None)
-    if source is None or source.repo_id is None or source.folder == ckpt.path:
-        return False
-    folder = Path(source.folder)
-    return any((folder / name).is_file() for name in (*TOKENIZER_FILES, *CHAT_TEMPLATE_FILES))

@@ -3,6 +3,7 @@ equal the same run from folders, and the commits read are on record, under the c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -203,22 +204,40 @@ def test_a_tokenizer_from_its_own_repo_and_download_dir(hub, tiny_llama, tmp_pat
     assert (cache / "models--org--tiny" / "refs" / "main").read_text() == hub.model_sha
 
 
-def test_a_hub_adapters_own_tokenizer_tokenizes_its_prompts_and_chat_with_it_is_refused(hub, tiny_llama, tmp_path):
+def test_a_hub_adapters_own_tokenizer_and_chat_template_serve_its_requests(hub, tiny_llama, tmp_path):
     from transformers import AutoTokenizer
 
-    from loraledger.errors import AdapterUnsupportedError
-    from tests.api.test_chat import _swapped_tokenizer
+    from tests.api.test_chat import ADAPTER_TEMPLATE, _swapped_tokenizer
 
-    folder = tmp_path / "own"
-    shutil.copytree(tiny_llama.adapters["all_r8"], folder)
-    _swapped_tokenizer(tiny_llama.model_dir, folder)
+    folder, template_only = tmp_path / "own", tmp_path / "template-only"
+    for dest in (folder, template_only):
+        shutil.copytree(tiny_llama.adapters["all_r8"], dest)
+    _swapped_tokenizer(tiny_llama.model_dir, folder)  # its own tokenizer and chat_template.jinja
+    (template_only / "tokenizer_config.json").write_text(json.dumps({"chat_template": ADAPTER_TEMPLATE}))
     hub.push("org/own", folder)
+    hub.push("org/tpl", {p.name: p.read_bytes() for p in template_only.iterdir() if p.name != "tokenizer_config.json"}
+             | {"chat_template.jinja": ADAPTER_TEMPLATE.encode()})  # fmt: skip
     text = "The cat and the dog sleep in the warm sun"
-    own_ids = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
-    lora = LoRARequest("own", 1, "org/own")
-    with LLM(model="org/tiny", enable_lora=True, max_lora_rank=16, block_size=4, audit_url=None) as llm:
+    own = AutoTokenizer.from_pretrained(folder)
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    chat = [{"role": "user", "content": text}]
+    with LLM(model="org/tiny", enable_lora=True, max_lora_rank=16, block_size=4, audit_url=url) as llm:
+        lora = LoRARequest("own", 1, "org/own")
         (out,) = llm.generate(text, GREEDY, lora_request=lora, use_tqdm=False)
-        assert out.prompt_token_ids == own_ids
-        with pytest.raises(AdapterUnsupportedError, match="chat with a Hub adapter"):
-            chat = [{"role": "user", "content": "hi"}]
-            llm.chat(chat, GREEDY, lora_request=lora, chat_template="{{ messages[0]['content'] }}", use_tqdm=False)
+        assert out.prompt_token_ids == own(text)["input_ids"]
+        # chat: rendered with the adapter's template and tokenized with its tokenizer, read from the commit loaded
+        (said,) = llm.chat(chat, GREEDY, lora_request=lora, use_tqdm=False)
+        expected = own.apply_chat_template(
+            chat, chat_template=ADAPTER_TEMPLATE, add_generation_prompt=True, tokenize=False
+        )
+        assert said.prompt == expected
+        assert said.prompt_token_ids == own(expected, add_special_tokens=False)["input_ids"]
+        # an adapter with only a chat template: the model's tokenizer with the adapter's template
+        (tpl,) = llm.chat(chat, GREEDY, lora_request=LoRARequest("tpl", 2, "org/tpl"), use_tqdm=False)
+        assert tpl.prompt.endswith("[ANSWER]") and tpl.prompt.count("[USER]") == 1
+        assert llm.get_tokenizer(LoRARequest("tpl", 2, "org/tpl")).chat_template == ADAPTER_TEMPLATE
+    sha = hashlib.sha256(ADAPTER_TEMPLATE.encode()).hexdigest()
+    assert {r.lora_name: r.chat_template_sha256 for r in rows(url)["requests"] if r.chat_template_sha256} == {
+        "own": sha,
+        "tpl": sha,
+    }
