@@ -141,8 +141,31 @@ def _llama_cpp_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def encode_q4_k(w: np.ndarray) -> np.ndarray:
+    """Q4_K super-blocks [rows, cols / 256 * 144] of a float weight, in llama.cpp's layout (the gguf package reads
+    Q4_K but cannot write it): per 32-element sub-block j, w ~ d * sc_j * q - dmin * m_j with 6-bit sc_j, m_j."""
+    rows, cols = w.shape
+    sub = w.reshape(rows, cols // 256, 8, 32).astype(np.float32)
+    lo = np.minimum(sub.min(-1), 0.0)
+    scale, mins = (sub.max(-1) - lo) / 15.0, -lo
+    d = (scale.max(-1) / 63.0).astype(np.float16).astype(np.float32)
+    dmin = (mins.max(-1) / 63.0).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.round(scale / np.maximum(d[..., None], 1e-12)), 1, 63).astype(np.int32)
+    m = np.clip(np.round(mins / np.maximum(dmin[..., None], 1e-12)), 0, 63).astype(np.int32)
+    step = d[..., None] * sc
+    q = np.clip(np.round((sub + (dmin[..., None] * m)[..., None]) / step[..., None]), 0, 15).astype(np.uint8)
+    scales = np.empty(sc.shape[:-1] + (12,), np.uint8)
+    scales[..., 0:4] = (sc[..., :4] & 63) | ((sc[..., 4:] >> 4) << 6)
+    scales[..., 4:8] = (m[..., :4] & 63) | ((m[..., 4:] >> 4) << 6)
+    scales[..., 8:12] = (sc[..., 4:] & 0xF) | ((m[..., 4:] & 0xF) << 4)
+    qs = (q[..., 0::2, :] | (q[..., 1::2, :] << 4)).reshape(rows, cols // 256, 128)  # chunk c: sub-blocks 2c, 2c+1
+    head = np.concatenate([d[..., None].astype(np.float16).view(np.uint8).reshape(rows, -1, 2),
+                           dmin[..., None].astype(np.float16).view(np.uint8).reshape(rows, -1, 2)], axis=-1)  # fmt: skip
+    return np.concatenate([head, scales, qs], axis=-1).reshape(rows, -1)
+
+
 def write_gguf(src: Path, path: Path, kind: str) -> Path:
-    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1 or Q8_0; the rest F32)."""
+    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1, Q8_0 or Q4_K; the rest F32)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quants
 
     config = json.loads((src / "config.json").read_text())
@@ -178,7 +201,9 @@ def write_gguf(src: Path, path: Path, kind: str) -> Path:
             if module in ("self_attn.q_proj", "self_attn.k_proj"):
                 heads = config["num_attention_heads"] if module.endswith("q_proj") else config["num_key_value_heads"]
                 w = _llama_cpp_rows(w, heads)
-            if w.ndim == 2:
+            if w.ndim == 2 and kind == "Q4_K":
+                writer.add_tensor(name, encode_q4_k(w), raw_dtype=qtype)
+            elif w.ndim == 2:
                 writer.add_tensor(name, quants.quantize(w, qtype), raw_dtype=qtype)
             else:
                 writer.add_tensor(name, w)
@@ -187,3 +212,35 @@ def write_gguf(src: Path, path: Path, kind: str) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def build_wide_llama(root: Path) -> tuple[Path, dict[str, Path]]:
+    """A tiny Llama whose rows are a whole number of Q4_K super-blocks (hidden 256, intermediate 512), with two
+    PEFT adapters (rank 8 on all seven projections; rank 4 on q and v)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from loraledger.assets import build_tokenizer
+
+    model_dir = root / "wide-llama"
+    vocab = build_tokenizer(model_dir, vocab_size=512)
+    torch.manual_seed(4)
+    model = LlamaForCausalLM(
+        LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256, bos_token_id=1,
+                    eos_token_id=2, pad_token_id=3, initializer_range=0.06, tie_word_embeddings=False)
+    )  # fmt: skip
+    model.save_pretrained(model_dir, safe_serialization=True)
+    adapters = {}
+    for n, (name, rank, targets) in enumerate(
+        [("all_r8", 8, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+         ("qv_r4", 4, ["q_proj", "v_proj"])]
+    ):  # fmt: skip
+        torch.manual_seed(40 + n)
+        lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False,
+                          lora_dropout=0.0, task_type="CAUSAL_LM")  # fmt: skip
+        adapters[name] = root / f"wide-llama-{name}"
+        get_peft_model(copy.deepcopy(model), lora).save_pretrained(adapters[name])
+    return model_dir, adapters

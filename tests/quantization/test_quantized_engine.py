@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraledger import LLM, SamplingParams
+from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger.errors import QuantizationError
 from loraledger.gpu import base_model
 from loraledger.quantization.projection import QuantizedProjection
 from tests.api.conftest import loras_for, random_prompts
 from tests.model_fixtures import hf_reference_generate
-from tests.quantization.quantized_checkpoints import write_gguf, write_quantized
+from tests.quantization.quantized_checkpoints import build_wide_llama, write_gguf, write_quantized
 
 MAX_NEW = 10
 # bf16 activations and weights scales: the fp32 reference's margin between its greedy token and the engine's where the
@@ -74,6 +74,22 @@ def _engine(model, tokenizer, dtype, tiny_llama, prompts, names, loras, **kw):
             lora_request=[loras[n] if n else None for n in names],
         )
     return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_q4_k_gguf_equals_transformers_peft(tiny_llama, tmp_path):
+    """Q4_K (Q4_K_M's projections): super-blocks of 256, so a model whose rows are a whole number of them."""
+    from tests.api.conftest import random_prompts
+
+    model_dir, adapters = build_wide_llama(tmp_path)
+    path = write_gguf(model_dir, tmp_path / "wide.Q4_K.gguf", "Q4_K")
+    reference = transformers_gguf_copy(path, model_dir, tmp_path / "wide-Q4_K-transformers")
+    assert base_model.read_quantization(path).weight_type == "Q4_K"
+    loras = {name: LoRARequest(name, i + 1, str(p)) for i, (name, p) in enumerate(sorted(adapters.items()))}
+    names = [None, "all_r8", "qv_r4"] * 2
+    prompts = random_prompts(len(names), seed=8)
+    ref = hf_reference_generate(reference, adapters, prompts, names, MAX_NEW)
+    assert _engine(path, model_dir, "float32", None, prompts, names, loras) == ref.token_ids
+    _check_near_ties(_engine(path, model_dir, "bfloat16", None, prompts, names, loras), ref)
 
 
 def _check_near_ties(ours, ref):
