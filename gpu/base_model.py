@@ -48,11 +48,6 @@ def read_quantization(model: str | Path, requested: str | None = None) -> QuantS
             "quantization='bitsandbytes' on a float checkpoint (quantizing at load) is not implemented yet; serve a "
             "pre-quantized checkpoint or leave quantization unset"
         )
-    if scheme is not None and scheme.method == "bitsandbytes" and scheme.bits == 4:
-        raise QuantizationError(
-            "bitsandbytes nf4 checkpoints are not read yet (bitsandbytes int8, compressed-tensors, GPTQ, AWQ and "
-            "GGUF are); serve a GPTQ/AWQ/compressed-tensors 4-bit checkpoint instead"
-        )
     return scheme
 
 

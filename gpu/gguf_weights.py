@@ -105,7 +105,7 @@ def load_gguf_weights(
         t = tensor(name)
         values = np.asarray(t.data) if t.tensor_type.name in _FLOAT_TYPES else dequantize(t.data, t.tensor_type)
         rows = int(np.prod(t.shape[1:])) if len(t.shape) > 1 else 1
-        out = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(rows, int(t.shape[0]))
+        out = torch.from_numpy(np.array(values, dtype=np.float32)).reshape(rows, int(t.shape[0]))  # a writable copy
         return (out if len(t.shape) > 1 else out.reshape(-1)).to(dtype).to(device)
 
     def part(name: str, heads: int | None = None) -> AffineWeight | torch.Tensor:

@@ -49,6 +49,42 @@ def rtn(w: torch.Tensor, bits: int, group: int | None, symmetric: bool, g_idx: t
     return q, scale, zero, g_idx
 
 
+# the 16 NF4 levels (QLoRA's normal-float code, as bitsandbytes defines them)
+NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+                    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+                    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                    0.7229568362236023, 1.0])  # fmt: skip
+
+
+def nf4(w: torch.Tensor, *, nested: bool, blocksize: int = 64) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(bitsandbytes' serialized nf4 tensors of w, the fp32 weight they dequantize to); `nested`: double
+    quantization of the absmax (8-bit codes into a 256-entry map, per 256 blocks, plus an offset)."""
+    import json
+
+    out, k = w.shape
+    flat = w.reshape(-1, blocksize)
+    absmax = flat.abs().amax(1)
+    tensors = {"weight.quant_map": NF4.clone()}
+    state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float32", "shape": [out, k]}
+    if nested:
+        offset = float(absmax.mean())
+        groups = (absmax - offset).reshape(-1, 256) if absmax.numel() % 256 == 0 else (absmax - offset).reshape(1, -1)
+        per = groups.shape[1]
+        nested_absmax = groups.abs().amax(1).clamp(min=1e-8)
+        nested_map = torch.linspace(-1, 1, 256)
+        codes8 = torch.argmin((groups / nested_absmax[:, None])[..., None].sub(nested_map).abs(), dim=-1).reshape(-1)
+        absmax = nested_map[codes8] * nested_absmax[torch.arange(codes8.numel()) // per] + offset
+        tensors.update({"weight.absmax": codes8.to(torch.uint8), "weight.nested_absmax": nested_absmax,
+                        "weight.nested_quant_map": nested_map})  # fmt: skip
+        state.update(nested_blocksize=per, nested_dtype="float32", nested_offset=offset)
+    else:
+        tensors["weight.absmax"] = absmax
+    codes = torch.argmin((flat / absmax[:, None])[..., None].sub(NF4).abs(), dim=-1).reshape(-1)
+    tensors["weight"] = ((codes[0::2] << 4) | codes[1::2]).to(torch.uint8).reshape(-1, 1)
+    tensors["weight.quant_state.bitsandbytes__nf4"] = torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
+    return tensors, (NF4[codes].reshape(-1, blocksize) * absmax[:, None]).reshape(out, k)
+
+
 def _dequant(q, scale, zero, g_idx) -> torch.Tensor:
     return (q - zero[:, g_idx]).float() * scale[:, g_idx]
 
@@ -65,7 +101,7 @@ def _copy_model_files(src: Path, dest: Path, config_extra: dict | None) -> dict:
 def write_quantized(src: Path, root: Path, method: str, *, bits: int = 4, group: int | None = 32, sym: bool = False,
                     desc_act: bool = False) -> tuple[Path, Path]:  # fmt: skip
     """(quantized checkpoint folder, float folder of its dequantized weights) for method "compressed-tensors",
-    "gptq", "awq" or "bitsandbytes" (int8, per row)."""
+    "gptq", "awq" or "bitsandbytes" (bits=8: int8 per row; bits=4: nf4, double-quantized when desc_act)."""
     name = f"{method}-{bits}b-g{group}-{'sym' if sym else 'asym'}{'-act' if desc_act else ''}"
     qdir, fdir = root / name, root / f"{name}-float"
     weights = load_file(str(src / "model.safetensors"))
@@ -81,6 +117,10 @@ def write_quantized(src: Path, root: Path, method: str, *, bits: int = 4, group:
         g_idx = None
         if desc_act:  # activation order: each group's columns scattered over the row
             g_idx = (torch.arange(k) // group)[torch.randperm(k, generator=gen)]
+        if method == "bitsandbytes" and bits == 4:
+            tensors, dequantized[key] = nf4(w, nested=desc_act)
+            quantized.update({f"{prefix}.{name}": t for name, t in tensors.items()})
+            continue
         if method == "bitsandbytes":
             scb = (w.abs().amax(1) / 127).half().float() * 127  # SCB / 127 an fp16 value: the fp32 copy is exact
             q8 = torch.round(w * 127 / scb[:, None]).clamp(-127, 127).to(torch.int8)
@@ -133,6 +173,9 @@ def _quant_config(method: str, bits: int, group: int | None, sym: bool, desc_act
                 "checkpoint_format": "gptq"}  # fmt: skip
     if method == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": not sym, "version": "gemm"}
+    if bits == 4:
+        return {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                "bnb_4bit_use_double_quant": desc_act, "bnb_4bit_compute_dtype": "float32"}  # fmt: skip
     return {"quant_method": "bitsandbytes", "load_in_8bit": True}
 
 

@@ -30,6 +30,8 @@ FORMATS = {
     "gptq-8bit-sym": ("gptq", dict(bits=8, group=64, sym=True)),
     "awq": ("awq", dict(bits=4, group=64, sym=False)),
     "bitsandbytes-int8": ("bitsandbytes", dict(bits=8, group=None, sym=True)),
+    "bitsandbytes-nf4": ("bitsandbytes", dict(bits=4, group=64, sym=True)),
+    "bitsandbytes-nf4-double-quant": ("bitsandbytes", dict(bits=4, group=64, sym=True, desc_act=True)),
 }
 
 
