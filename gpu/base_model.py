@@ -13,7 +13,7 @@ from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu import gguf_weights
 from loraledger.gpu.config import ModelConfig
-from loraledger.gpu.weights import ModelWeights, load_weights, model_fingerprint
+from loraledger.gpu.weights import ModelWeights, load_weights, model_fingerprint, weight_files
 from loraledger.quantization.detection import detect_quantization
 from loraledger.quantization.scheme import QuantScheme
 
@@ -42,13 +42,7 @@ def read_quantization(model: str | Path, requested: str | None = None) -> QuantS
         raise QuantizationError(
             f"quantization='gguf' was asked for but {model} is a checkpoint folder; name a .gguf file"
         )
-    scheme = detect_quantization(raw, requested)
-    if scheme is not None and scheme.quantized_at_load:
-        raise QuantizationError(
-            "quantization='bitsandbytes' on a float checkpoint (quantizing at load) is not implemented yet; serve a "
-            "pre-quantized checkpoint or leave quantization unset"
-        )
-    return scheme
+    return detect_quantization(raw, requested)
 
 
 def check_device(scheme: QuantScheme | None, device: torch.device) -> None:
@@ -76,10 +70,25 @@ def load_base(
 def fingerprint(model: str | Path, scheme: QuantScheme | None) -> str:
     """The base-model fingerprint (DIGESTS.md): a folder's config.json and weight files (a quantized checkpoint's
     config carries its quantization_config and its files the quantized tensors); a GGUF file's bytes with the
-    config read from its metadata and the quantization as loaded."""
+    config read from its metadata and the quantization as loaded; a float folder quantized at load, its config with
+    the quantization applied beside it."""
     if gguf_weights.is_gguf(model):
         path = Path(model)
         config = gguf_weights.gguf_config_dict(path)
         scheme = scheme or gguf_weights.gguf_quantization(path)
         return base_model_fingerprint(gguf_weights.gguf_fingerprint_config(config, scheme), [path])
+    if scheme is not None and scheme.quantized_at_load:
+        root = Path(model)
+        config = json.loads((root / "config.json").read_text())
+        return base_model_fingerprint({**config, AT_LOAD_KEY: scheme.describe()}, weight_files(root))
+    return model_fingerprint(str(model))
+
+
+AT_LOAD_KEY = "loraledger_quantized_at_load"  # the config member a fingerprint of a quantized-at-load model adds
+
+
+def source_fingerprint(model: str | Path, scheme: QuantScheme | None) -> str | None:
+    """The float checkpoint's own fingerprint where the engine quantized it at load (None otherwise)."""
+    if scheme is None or not scheme.quantized_at_load:
+        return None
     return model_fingerprint(str(model))

@@ -14,6 +14,7 @@ from loraledger import paths
 from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError
 from loraledger.gpu.config import ModelConfig
+from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.checkpoint import is_quantized, read_module
 from loraledger.quantization.scheme import QuantScheme
@@ -121,6 +122,8 @@ def load_weights(
             return reader.get(name).to(device)
 
         def quantized(modules: list[str]) -> list[AffineWeight] | None:
+            if quantization is not None and quantization.quantized_at_load:  # bitsandbytes nf4 of a float checkpoint
+                return [AffineWeight.exact(nf4.round_trip(reader.raw(f"{m}.weight"))) for m in modules]
             if quantization is None or not any(is_quantized(quantization, m, reader.has) for m in modules):
                 return None
             return [

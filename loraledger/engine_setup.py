@@ -98,7 +98,8 @@ def prepare(args: EngineArgs) -> EngineSetup:
         raise ConfigError(f"the KV cache holds only {num_blocks} block(s); raise num_kv_blocks or kv_cache_bytes")
     max_model_len = fit_max_model_len(args, max_model_len, num_blocks, config)
     fingerprint = base_model.fingerprint(model_dir, quantization)
-    store = open_store(args, {**instance_fields(model_source, tokenizer_source), **quantization_fields(quantization)})
+    quant = quantization_fields(quantization, base_model.source_fingerprint(model_dir, quantization))
+    store = open_store(args, {**instance_fields(model_source, tokenizer_source), **quant})
     make_runner = functools.partial(
         ModelRunner,
         str(model_dir),

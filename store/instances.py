@@ -50,6 +50,7 @@ SOURCE_FIELDS = (
     "quant_method",
     "quant_bits",
     "quant_group_size",
+    "quant_source_fingerprint",
 )  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
@@ -77,6 +78,7 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     quant_method: str | None = None
     quant_bits: int | None = None
     quant_group_size: int | None = None
+    quant_source_fingerprint: str | None = None  # quantized at load: the float checkpoint's base-model fingerprint
 
 
 class LeaseState(msgspec.Struct, frozen=True, kw_only=True):

@@ -268,8 +268,9 @@ class Instance(Base):
     and the commit sha read (`model_repo_id`, `model_revision`, `model_commit_sha`, and the same for the tokenizer;
     NULL for a local folder, and for engines that had no tokenizer or started before 0009); revision 0012: how the
     base model's weights are quantized as served (`quantization`: a readable description such as "gptq 4-bit g128
-    asym"; `quant_method`, `quant_bits`, `quant_group_size`, NULL for a per-channel scale), all NULL for float weights
-    and engines that started before 0012.
+    asym"; `quant_method`, `quant_bits`, `quant_group_size`, NULL for a per-channel scale; `quant_source_fingerprint`,
+    for a float checkpoint the engine quantized at load, that checkpoint's own fingerprint), all NULL for float
+    weights and engines that started before 0012.
     """
 
     __tablename__ = "instances"
@@ -292,6 +293,7 @@ class Instance(Base):
     quant_method: Mapped[str | None]
     quant_bits: Mapped[int | None]
     quant_group_size: Mapped[int | None]
+    quant_source_fingerprint: Mapped[str | None] = mapped_column(Sha256)
 
 
 class InstanceLease(Base):

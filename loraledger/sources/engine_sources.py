@@ -47,9 +47,11 @@ def instance_fields(model: Source, tokenizer: Source | None) -> dict[str, Any]:
     return out
 
 
-def quantization_fields(scheme) -> dict[str, Any]:
-    """The `instances` columns that say how the served base model's weights are quantized (all None: float)."""
+def quantization_fields(scheme, source_fingerprint: str | None = None) -> dict[str, Any]:
+    """The `instances` columns that say how the served base model's weights are quantized (all None: float);
+    source_fingerprint: the float checkpoint's fingerprint when the engine quantized it at load."""
     return {
+        "quant_source_fingerprint": source_fingerprint,
         "quantization": None if scheme is None else scheme.describe(),
         "quant_method": None if scheme is None else scheme.method,
         "quant_bits": None if scheme is None else scheme.bits,

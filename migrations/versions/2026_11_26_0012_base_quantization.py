@@ -6,7 +6,9 @@ Create Date: 2026-11-26
 
 An engine may serve a quantized base model (a GPTQ, AWQ, compressed-tensors or bitsandbytes checkpoint, or a GGUF
 file). `instances` gains `quantization` (a readable description, "gptq 4-bit g128 asym"), `quant_method`,
-`quant_bits` and `quant_group_size` (NULL: one scale per output channel), all NULL for float weights and for rows
+`quant_bits` and `quant_group_size` (NULL: one scale per output channel), and `quant_source_fingerprint` (a float
+checkpoint quantized at load: its own base-model fingerprint, beside the requests' fingerprint of what was served),
+all NULL for float weights and for rows
 already on record, which verify as before (a key absent from an old instance_registered event reads as NULL). New
 rows carry them in their events, under the chain. Every request names its instance, so the request's record names
 the quantization that answered it; the base-model fingerprint covers the quantized tensors and config as loaded.
@@ -33,6 +35,7 @@ def upgrade() -> None:
     op.add_column("instances", sa.Column("quant_method", sa.Text(), nullable=True))
     op.add_column("instances", sa.Column("quant_bits", sa.Integer(), nullable=True))
     op.add_column("instances", sa.Column("quant_group_size", sa.Integer(), nullable=True))
+    op.add_column("instances", sa.Column("quant_source_fingerprint", sa.String(64), nullable=True))
 
 
 def downgrade() -> None:

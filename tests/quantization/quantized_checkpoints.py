@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from loraledger.quantization.nf4 import LEVELS
 from loraledger.quantization.packing import AWQ_ORDER, pack_int32
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
@@ -49,11 +50,7 @@ def rtn(w: torch.Tensor, bits: int, group: int | None, symmetric: bool, g_idx: t
     return q, scale, zero, g_idx
 
 
-# the 16 NF4 levels (QLoRA's normal-float code, as bitsandbytes defines them)
-NF4 = torch.tensor([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
-                    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
-                    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
-                    0.7229568362236023, 1.0])  # fmt: skip
+NF4 = LEVELS  # the 16 levels are a definition (bitsandbytes'); the rounding below is this module's own
 
 
 def nf4(w: torch.Tensor, *, nested: bool, blocksize: int = 64) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -191,3 +191,42 @@ def test_the_record_names_the_quantization_and_verify_covers_it(checkpoints, tin
     tamper(url, "UPDATE instances SET quantization = 'compressed-tensors 8-bit per-channel sym'")
     with AuditLog(url) as log:
         assert not log.verify().ok
+
+
+def test_bitsandbytes_on_a_float_checkpoint_quantizes_it_at_load_on_record(tiny_llama, tmp_path):
+    """quantization="bitsandbytes" on a float checkpoint: nf4 at load, as bitsandbytes quantizes (blocks of 64,
+    nearest of the 16 levels); the same greedy ids as transformers + PEFT on those nf4 weights; the record names it
+    and the float checkpoint it came from."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from sqlalchemy import text
+
+    from loraledger.audit import AuditLog
+    from loraledger.gpu.weights import model_fingerprint
+    from tests.quantization.quantized_checkpoints import PROJECTIONS, nf4
+
+    reference = tmp_path / "nf4-float"
+    shutil.copytree(tiny_llama.model_dir, reference)
+    weights = load_file(str(tiny_llama.model_dir / "model.safetensors"))
+    for key, w in weights.items():
+        if key.removesuffix(".weight").endswith(PROJECTIONS):
+            weights[key] = nf4(w.float(), nested=False)[1]
+    save_file(weights, str(reference / "model.safetensors"))
+    loras, names, prompts = _batch(tiny_llama)
+    ref = hf_reference_generate(reference, tiny_llama.adapters, prompts, names, MAX_NEW)
+    ours = _engine(tiny_llama.model_dir, tiny_llama.model_dir, "float32", tiny_llama, prompts, names, loras,
+                   quantization="bitsandbytes")  # fmt: skip
+    assert ours == ref.token_ids
+    assert json.loads((tiny_llama.model_dir / "config.json").read_text()).get("quantization_config") is None
+
+    url = f"sqlite:///{tmp_path / 'audit.sqlite3'}"
+    with LLM(model=str(tiny_llama.model_dir), device="cpu", quantization="bitsandbytes", audit_url=url) as llm:
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=2))
+    with AuditLog(url) as log, log.snapshot() as conn:
+        row = conn.execute(text("SELECT quantization, quant_source_fingerprint FROM instances")).one()
+        served = conn.execute(text("SELECT base_model_fingerprint FROM requests")).scalar_one()
+        assert log.verify().ok
+    assert row.quantization == "bitsandbytes 4-bit g64 sym nf4 quantized at load"
+    assert row.quant_source_fingerprint == model_fingerprint(tiny_llama.model_dir) != served

@@ -39,7 +39,7 @@ ADDED_COLUMNS = [
     ),
     *(
         ("0012_base_quantization", "instances", c)
-        for c in ("quantization", "quant_method", "quant_bits", "quant_group_size")
+        for c in ("quantization", "quant_method", "quant_bits", "quant_group_size", "quant_source_fingerprint")
     ),
 ]
 ADDED_TABLES = [
