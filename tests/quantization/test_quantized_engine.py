@@ -230,3 +230,20 @@ def test_bitsandbytes_on_a_float_checkpoint_quantizes_it_at_load_on_record(tiny_
         assert log.verify().ok
     assert row.quantization == "bitsandbytes 4-bit g64 sym nf4 quantized at load"
     assert row.quant_source_fingerprint == model_fingerprint(tiny_llama.model_dir) != served
+
+
+def test_serve_takes_a_gguf_file_its_tokenizer_and_quantization(checkpoints, tiny_llama, tmp_path):
+    from loraledger.cli import build_parser
+    from loraledger.errors import ConfigError
+    from loraledger.server.cli import config_from_args
+
+    gguf = checkpoints["Q4_0"][0]
+    argv = ["serve", str(gguf), "--tokenizer", str(tiny_llama.model_dir), "--quantization", "gguf",
+            "--insecure-no-auth", "--audit-url", f"sqlite:///{tmp_path / 'a.db'}"]  # fmt: skip
+    args = config_from_args(build_parser().parse_args(argv)).engine_args
+    assert (args.model, args.tokenizer, args.quantization) == (str(gguf), str(tiny_llama.model_dir), "gguf")
+    with pytest.raises(QuantizationError, match="supported"):
+        config_from_args(build_parser().parse_args([*argv[:4], "--quantization", "fp8", *argv[6:]]))
+    # a GGUF model names its tokenizer: the file holds none the engine reads
+    with pytest.raises(ConfigError, match="tokenizer="):
+        LLM(model=str(gguf), device="cpu", audit_url=None)
