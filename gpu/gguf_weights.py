@@ -19,7 +19,7 @@ import torch
 
 from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu.config import ModelConfig
-from loraledger.gpu.weights import LayerWeights, ModelWeights, Projection, check_shapes, keeps_packed
+from loraledger.gpu.weights import LayerWeights, ModelWeights, Projection, check_shapes, fuse_parts, keeps_packed
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.gguf_blocks import BLOCKS, decode
 from loraledger.quantization.scheme import QuantScheme
@@ -93,7 +93,7 @@ def load_gguf_weights(
     from gguf import dequantize
 
     tensors = {t.name: t for t in _reader(path).tensors}
-    packed = keeps_packed(QuantScheme(method="gguf", bits=4, group_size=32, symmetric=False), dtype, device)
+    packed = keeps_packed(dtype, device)
 
     def tensor(name: str):
         found = tensors.get(name)
@@ -123,10 +123,7 @@ def load_gguf_weights(
         return w
 
     def fused(names: list[tuple[str, int | None]]) -> Projection:
-        parts = [part(n, h) for n, h in names]
-        if all(isinstance(p, torch.Tensor) for p in parts):
-            return torch.cat(parts, dim=0)  # type: ignore[arg-type]
-        return [p if isinstance(p, AffineWeight) else AffineWeight.exact(p) for p in parts]
+        return fuse_parts([part(n, h) for n, h in names], packed, dtype, device)
 
     layers = []
     for i in range(config.num_hidden_layers):

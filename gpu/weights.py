@@ -96,10 +96,19 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def keeps_packed(quantization: QuantScheme | None, dtype: torch.dtype, device: torch.device | str) -> bool:
+def keeps_packed(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether quantized projections stay packed (torch's CPU int4/int8 kernels, which take bf16 activations); in
     any other dtype they are dequantized once, at load, to `dtype` (float32: the exact reference mode)."""
-    return quantization is not None and dtype == torch.bfloat16 and torch.device(device).type == "cpu"
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu"
+
+
+def fuse_parts(parts: list[AffineWeight | torch.Tensor], packed: bool, dtype: torch.dtype, device) -> Projection:
+    """One fused projection from its parts: packed parts where `packed` and some part is packable (a float part
+    beside them becomes an exact AffineWeight), else one dense tensor in `dtype` (the Dense path)."""
+    if packed and any(isinstance(p, AffineWeight) for p in parts):
+        return [p if isinstance(p, AffineWeight) else AffineWeight.exact(p) for p in parts]
+    dense = [p.dense() if isinstance(p, AffineWeight) else p.to(torch.float32) for p in parts]
+    return torch.cat(dense, dim=0).to(dtype).to(device)
 
 
 def load_weights(
@@ -115,21 +124,21 @@ def load_weights(
     A quantized checkpoint's projections are read exactly (loraledger.quantization.checkpoint) and kept as their
     quantized parts where keeps_packed(), else dequantized once to `dtype`."""
     reader = _TensorReader(weight_files(model_dir), dtype)
-    packed = keeps_packed(quantization, dtype, device)
+    packed = keeps_packed(dtype, device)
     try:
 
         def get(name: str) -> torch.Tensor:
             return reader.get(name).to(device)
 
-        def quantized(modules: list[str]) -> list[AffineWeight] | None:
+        def quantized(modules: list[str]) -> list[AffineWeight | torch.Tensor] | None:
             if quantization is not None and quantization.quantized_at_load:  # bitsandbytes nf4 of a float checkpoint
-                return [AffineWeight.exact(nf4.round_trip(reader.raw(f"{m}.weight"))) for m in modules]
+                return [nf4.round_trip(reader.raw(f"{m}.weight")) for m in modules]
             if quantization is None or not any(is_quantized(quantization, m, reader.has) for m in modules):
                 return None
             return [
                 read_module(quantization, m, reader.raw, reader.has)
                 if is_quantized(quantization, m, reader.has)
-                else AffineWeight.exact(reader.raw(f"{m}.weight"))
+                else reader.raw(f"{m}.weight")
                 for m in modules
             ]
 
@@ -137,9 +146,7 @@ def load_weights(
             parts = quantized([n.removesuffix(".weight") for n in names])
             if parts is None:
                 return torch.cat([reader.get(n) for n in names], dim=0).to(device)
-            if packed:
-                return parts
-            return torch.cat([p.dense() for p in parts], dim=0).to(dtype).to(device)
+            return fuse_parts(parts, packed, dtype, device)
 
         def norm(name: str) -> torch.Tensor:
             """An RMSNorm weight as the forward multiplies by it: Gemma stores w for (1 + w)."""

@@ -29,8 +29,9 @@ def is_quantized(scheme: QuantScheme, prefix: str, has: Has) -> bool:
     return marker is not None and has(f"{prefix}.{marker}")
 
 
-def read_module(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> AffineWeight:
-    """The quantized module at `prefix` as an AffineWeight (exact: no value is rounded on the way)."""
+def read_module(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> AffineWeight | torch.Tensor:
+    """The quantized module at `prefix` as an AffineWeight (exact: no value is rounded on the way), or as its fp32
+    weight where no integer kernel takes the format (nf4)."""
     method = scheme.method
     try:
         if method == "compressed-tensors":
@@ -52,7 +53,7 @@ def read_module(scheme: QuantScheme, prefix: str, get: Getter, has: Has) -> Affi
             )
             return AffineWeight.from_zero(q, scale, zero, 4)
         if method == "bitsandbytes" and scheme.bits == 4:
-            return AffineWeight.exact(bnb_nf4_dense(prefix, get, has))
+            return bnb_nf4_dense(prefix, get, has)
         if method == "bitsandbytes" and scheme.bits == 8:
             w = get(f"{prefix}.weight")
             scale = (get(f"{prefix}.SCB").to(torch.float32) / 127.0).reshape(-1, 1)
