@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from loraledger import paths
 from loraledger.digests import base_model_fingerprint
-from loraledger.errors import ModelLoadError
+from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu.config import ModelConfig
 from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
@@ -125,6 +125,7 @@ def load_weights(
     quantized parts where keeps_packed(), else dequantized once to `dtype`."""
     reader = _TensorReader(weight_files(model_dir), dtype)
     packed = keeps_packed(dtype, device)
+    found: list[str] = []  # projections stored quantized
     try:
 
         def get(name: str) -> torch.Tensor:
@@ -135,6 +136,7 @@ def load_weights(
                 return [nf4.round_trip(reader.raw(f"{m}.weight")) for m in modules]
             if quantization is None or not any(is_quantized(quantization, m, reader.has) for m in modules):
                 return None
+            found.append(modules[0])
             return [
                 read_module(quantization, m, reader.raw, reader.has)
                 if is_quantized(quantization, m, reader.has)
@@ -183,6 +185,11 @@ def load_weights(
         weights = ModelWeights(embed=embed, layers=layers, norm=norm("model.norm.weight"), lm_head=lm_head)
     finally:
         reader.close()
+    if quantization is not None and not quantization.quantized_at_load and not found:
+        raise QuantizationError(
+            f"{model_dir}: config.json says the weights are {quantization.describe()}, but no projection is stored "
+            "quantized (plain `weight` tensors only); fix or remove its quantization_config"
+        )
     check_shapes(weights, config, model_dir)
     return weights
 
