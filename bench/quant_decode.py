@@ -15,6 +15,7 @@ slows all alike: read the ratios. Resident memory: the base weights as the forwa
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import shutil
@@ -148,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for e in engines.values():
             e.close()
-    memory = {name: resident_bytes(path, getattr(torch, dtype)) for name, (path, dtype) in models.items()}
-    report = {"args": vars(args), "tokens_per_s": {f"{e}@{b}": v for (e, b), v in tps.items()}, "memory": memory}
+    report = {"args": vars(args), "tokens_per_s": {f"{e}@{b}": v for (e, b), v in tps.items()}}
     print("| batch | W4A16 bf16 tok/s | bf16 tok/s | fp32 tok/s | W4A16 / bf16 | W4A16 / fp32 |")
     print("|---:|---:|---:|---:|---:|---:|")
     for b in BATCHES:
@@ -157,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         rw = [x / y for x, y in zip(w, h)]
         rf = [x / y for x, y in zip(w, f)]
         print(f"| {b} | {median(w):,.0f} | {median(h):,.0f} | {median(f):,.0f} | {median(rw):.2f}x "
-              f"({min(rw):.2f}-{max(rw):.2f}) | {median(rf):.2f}x ({min(rf):.2f}-{max(rf):.2f}) |")  # fmt: skip
+              f"({min(rw):.2f}-{max(rw):.2f}) | {median(rf):.2f}x ({min(rf):.2f}-{max(rf):.2f}) |", flush=True)  # fmt: skip
+    memory = {}
+    for name, (path, dtype) in models.items():  # one model in memory at a time
+        memory[name] = resident_bytes(path, getattr(torch, dtype))
+        gc.collect()
+    report["memory"] = memory
     bf16 = memory["bf16"]
     print("| weights | resident MiB (all) | vs bf16 | projections MiB | vs bf16 |")
     print("|---|---:|---:|---:|---:|")
