@@ -233,6 +233,7 @@ class Admission:
                     bad_words_token_ids=inputs.bad_words_token_ids,
                     caller_request_id=msg.caller_request_id,
                     grammar=grammar,
+                    cache_salt=msg.cache_salt,
                 )
             )
         except Exception as exc:

@@ -65,6 +65,9 @@ class Submit(Msg):
     caller_request_id: str | None = None
     user: str | None = None
     bound_commit: str | None = None  # with resume: the Hub commit the binding's adapter was read at (read it again)
+    cache_salt: str | None = (
+        None  # the prompt's cache_salt (vLLM's): prefix-cache blocks shared only under the same salt
+    )
 
 
 class Abort(Msg):
@@ -136,6 +139,7 @@ class NewRequest(Msg):
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
     caller_request_id: str | None = None  # named in the errors the Scheduler fails the request with
     grammar: object = None  # gpu.grammar_compiler.CompiledConstraint of SamplingParams.structured_outputs
+    cache_salt: str | None = None  # Submit.cache_salt
 
 
 class TrackRequest(Msg):

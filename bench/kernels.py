@@ -1,12 +1,13 @@
-"""Kernel benchmark: CudaOps' LoRA and paged-attention kernels, as a share of the GPU's own copy bandwidth.
+"""Kernel benchmark: CudaOps' LoRA, paged-attention and W4A16 kernels, as a share of the GPU's own copy bandwidth.
 
-Run by hand on a GPU:  python bench/kernels.py [--sweep] [--json out.json]
+Run by hand on a GPU:  python bench/kernels.py [--sweep] [--cases lora attention w4a16] [--json out.json]
 
 Every case is memory-bound, so each is scored by the bytes it must move (every weight, cache and
 activation byte read or written once) over its median time, as a percentage of what a large
 device-to-device copy achieves on the same GPU. Targets (H100): LoRA shrink+expand at
 decode >= 70 %, prefill SGMV with mixed ranks >= 60 %, paged attention decode >= 70 % at
-32 x 2,048 and >= 60 % at 128 x 512 and 8 x 8,192.
+32 x 2,048 and >= 60 % at 128 x 512 and 8 x 8,192; the W4A16 decode GEMV >= 70 % on its packed bytes
+(the `w4a16` cases, bench/kernels_quant.py).
 
 Timing: the GPU time of a call is taken from CUDA-graph replays (CALLS_PER_GRAPH calls captured in
 one graph, CUDA events around each replay, median over the replays, divided by the calls), as the
@@ -31,6 +32,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from bench.kernels_quant import bench_quant
 from loraledger.gpu.backend import cuda_problem
 
 CALLS_PER_GRAPH = 20
@@ -326,6 +328,13 @@ def no_gpu(prog: str) -> bool:
     return problem is not None
 
 
+CASE_GROUPS: dict[str, Callable[[float, int, int], list[Result]]] = {
+    "lora": bench_lora,
+    "attention": bench_attention,
+    "w4a16": lambda copy_gbps, warmup, iters: bench_quant(copy_gbps, warmup, iters, _result),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results to this JSON file")
@@ -338,18 +347,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sweep-split", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="shortest splits to sweep"
     )
+    parser.add_argument(
+        "--cases", nargs="+", choices=CASE_GROUPS, default=list(CASE_GROUPS), help="which groups of cases to run"
+    )
     args = parser.parse_args(argv)
     if no_gpu("bench/kernels.py"):
         return 2
     copy = bench_copy(args.warmup, args.iters)
-    results = [
-        copy,
-        *bench_lora(copy.gbps, args.warmup, args.iters),
-        *bench_attention(copy.gbps, args.warmup, args.iters),
-    ]
+    results = [copy]
+    for group in args.cases:
+        results += CASE_GROUPS[group](copy.gbps, args.warmup, args.iters)
     device = torch.cuda.get_device_name()
     print(f"device: {device}\n{_table(results)}")
-    sweep = sweep_attention(copy.gbps, 5, 60, tuple(args.sweep_u), tuple(args.sweep_split)) if args.sweep else []
+    sweep = []
+    if args.sweep and "attention" in args.cases:
+        sweep = sweep_attention(copy.gbps, 5, 60, tuple(args.sweep_u), tuple(args.sweep_split))
     for case in ATTENTION_CASES:
         mine = [r for r in sweep if r["case"] == case.name]
         if mine:

@@ -138,7 +138,7 @@ CATALOGUE = (
     ),
     Benchmark(
         "kernels",
-        "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention vs copy bandwidth",
+        "GPU: LoRA shrink/expand (fused and two-kernel), SGMV, paged attention, W4A16/W8A16 GEMV vs copy bandwidth",
         "<= 4 min (H100)",
         "bench.kernels",
         "--sweep",

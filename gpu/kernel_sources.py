@@ -32,6 +32,14 @@ LORA_EXPAND_THREADS = 256
 LORA_FUSED_THREADS = 128
 LORA_FUSED_CLUSTER = 8  # blocks per token in the fused decode kernel (the portable cluster maximum)
 ATTENTION_THREADS = 128
+QUANT_GEMV_THREADS = 128
+QUANT_GEMV_ROWS = 2  # output rows per warp
+DEQUANT_THREADS = 256
+
+# Weight-only quantized projections: weight bits, scale element types, tokens per GEMV pass.
+QUANT_BITS = (4, 8)
+QUANT_SCALE_TYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+QUANT_GEMV_TOKENS = (1, 2, 4, 8)
 
 # LoRA tiling: BGMV = one token per block; SGMV = tiles of up to SGMV_TILE tokens of one slot.
 BGMV_SHRINK_ROWS = 4
@@ -129,6 +137,11 @@ WRITE_KV = KernelTemplate("write_kv_kernel", "kv_cache.cu", _grid(_ELEMS, _INDEX
 RMS_NORM = KernelTemplate("rms_norm_kernel", "rms_norm.cu", _grid(_ELEMS))
 ROTARY_EMBEDDING = KernelTemplate("rotary_embedding_kernel", "rotary.cu", _grid(_ELEMS, _INDEXES))
 SILU_AND_MUL = KernelTemplate("silu_and_mul_kernel", "activation.cu", _grid(_ELEMS))
+_QUANT_SCALES = tuple(QUANT_SCALE_TYPES.values())
+QUANT_GEMV = KernelTemplate(
+    "quant_gemv_kernel", "quant_gemv.cu", _grid(_ELEMS, _QUANT_SCALES, QUANT_BITS, QUANT_GEMV_TOKENS)
+)
+QUANT_DEQUANTIZE = KernelTemplate("quant_dequantize_kernel", "quant_gemv.cu", _grid(_QUANT_SCALES, QUANT_BITS, _ELEMS))
 
 KERNELS: tuple[KernelTemplate, ...] = (
     LORA_SHRINK,
@@ -140,6 +153,8 @@ KERNELS: tuple[KernelTemplate, ...] = (
     RMS_NORM,
     ROTARY_EMBEDDING,
     SILU_AND_MUL,
+    QUANT_GEMV,
+    QUANT_DEQUANTIZE,
 )
 SOURCES: tuple[str, ...] = tuple(dict.fromkeys(k.source for k in KERNELS))
 

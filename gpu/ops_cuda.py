@@ -24,6 +24,7 @@ from loraledger.gpu import kernel_sources as ks
 from loraledger.gpu.backend import require_cuda
 from loraledger.gpu.kernel_launcher import CupyLauncher, KernelLauncher
 from loraledger.gpu.ops import LoraMeta, Ops, StepMemo, slot_runs
+from loraledger.gpu.ops_quant import QuantLinearOps
 from loraledger.gpu.transfer import to_device
 
 _LOG2E = 1.4426950408889634
@@ -138,7 +139,7 @@ def sdpa_prefill_attention(
     return out.transpose(1, 2)[seq_of, col].to(q.dtype)
 
 
-class CudaOps(Ops):
+class CudaOps(QuantLinearOps, Ops):
     name = "cuda"
 
     def __init__(

@@ -77,11 +77,14 @@ def render_chat(
     continue_final_message: bool = False,
     tools: list | None = None,
     chat_template_kwargs: Mapping | None = None,
+    documents: list | None = None,
 ) -> RenderedChat:
     """Render one conversation and tokenize it as vLLM does. Raises ChatTemplateError (a PromptError).
 
     chat_template_kwargs go to the template as extra variables and, as in vLLM, may also set
-    chat_template, add_generation_prompt, continue_final_message and tools."""
+    chat_template, add_generation_prompt, continue_final_message, tools and documents. `documents` (a list of
+    dicts, e.g. {"title", "text"}) go to the template as transformers' apply_chat_template(documents=...) gives them
+    to retrieval-augmented templates."""
     if chat_template_content_format not in CONTENT_FORMATS:
         raise ChatTemplateError(
             f"chat_template_content_format must be one of {', '.join(CONTENT_FORMATS)}, got {chat_template_content_format!r}"
@@ -100,6 +103,12 @@ def render_chat(
     add_generation_prompt = extra.pop("add_generation_prompt", add_generation_prompt)
     continue_final_message = extra.pop("continue_final_message", continue_final_message)
     tools = extra.pop("tools", tools)
+    documents = extra.pop("documents", documents)
+    if documents is not None and not (
+        isinstance(documents, Sequence) and not isinstance(documents, (str, bytes))
+        and all(isinstance(d, Mapping) for d in documents)
+    ):  # fmt: skip
+        raise ChatTemplateError("documents must be a list of dicts (for example {'title': ..., 'text': ...})")
     if not isinstance(add_generation_prompt, bool) or not isinstance(continue_final_message, bool):
         raise ChatTemplateError("add_generation_prompt and continue_final_message must be True or False")
     if add_generation_prompt and continue_final_message:
@@ -116,6 +125,7 @@ def render_chat(
             conversation,
             chat_template=template_text,
             tools=tools,
+            documents=None if documents is None else [dict(d) for d in documents],
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,

@@ -97,7 +97,14 @@ class NoTokenizerError(PromptError):
 
 
 class SamplingParamsError(LoraLedgerError, ValueError):
-    """A sampling value is out of range."""
+    """A sampling value is out of range. `parameter` names the SamplingParams field when one is to blame (vLLM's
+    VLLMValidationError.parameter; the HTTP server's error `param`)."""
+
+    parameter: str | None = None
+
+    def naming(self, parameter: str) -> SamplingParamsError:
+        self.parameter = parameter
+        return self
 
 
 class StructuredOutputError(SamplingParamsError):

@@ -1,4 +1,5 @@
-"""Prompt inputs as vLLM takes them: a str, {"prompt": str}, or {"prompt_token_ids": [...]} (optionally with "prompt")."""
+"""Prompt inputs as vLLM takes them: a str, {"prompt": str}, or {"prompt_token_ids": [...]} (optionally with "prompt");
+a dict may carry vLLM's "cache_salt"."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class TextPrompt(TypedDict):
     """vLLM's text prompt: tokenized by the engine with the request's tokenizer."""
 
     prompt: str
+    cache_salt: NotRequired[str]  # prefix-cache blocks are shared only between requests with the same salt
 
 
 class TokensPrompt(TypedDict):
@@ -24,6 +26,7 @@ class TokensPrompt(TypedDict):
 
     prompt_token_ids: list[int]
     prompt: NotRequired[str]
+    cache_salt: NotRequired[str]
 
 
 PromptType = str | TextPrompt | TokensPrompt

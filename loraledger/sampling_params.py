@@ -97,7 +97,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamsError(
                 f"SamplingParams.n={values['n']} is above this engine's max_n={max_n}; ask for at most {max_n} "
                 "completions per request (or build the engine with a larger EngineArgs.max_n)"
-            )
+            ).naming("n")
         if max_logprobs is not None:
             # vLLM's rule: -1 asks for the vocabulary, max_logprobs=-1 allows it
             limit = vocab_size if max_logprobs == -1 and vocab_size is not None else max_logprobs
@@ -110,7 +110,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                         f"SamplingParams.{name}={values[name]} asks for {asked} logprobs, above this engine's max_logprobs="
                         f"{max_logprobs}; ask for at most {limit} (or build the engine with a larger EngineArgs.max_logprobs; "
                         "-1 allows the whole vocabulary)"
-                    )
+                    ).naming(name)
         if vocab_size is not None:
             _check_vocab(values, vocab_size)
         truncate = values["truncate_prompt_tokens"]
@@ -118,7 +118,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise SamplingParamsError(
                 f"SamplingParams.truncate_prompt_tokens={truncate} is greater than max_model_len ({max_model_len}); "
                 "select a smaller truncation size"
-            )
+            ).naming("truncate_prompt_tokens")
         return _FrozenSamplingParams(**values)
 
     @classmethod
@@ -180,7 +180,7 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
         return out if out else []  # empty: the field's default, so the recorded parameters omit it
 
     def bad(name: str, rule: str) -> SamplingParamsError:
-        return SamplingParamsError(f"SamplingParams.{name} {rule}, got {_shown(values[name])}")
+        return SamplingParamsError(f"SamplingParams.{name} {rule}, got {_shown(values[name])}").naming(name)
 
     def integer(name: str, rule: str, low: int, high: int = _INT64 - 1, *, optional: bool = False) -> None:
         value = values[name]
@@ -292,7 +292,7 @@ def _checked(params: SamplingParams, seq_type: type) -> dict[str, object]:
         if values["n"] > 1:
             raise SamplingParamsError(
                 f"SamplingParams.n must be 1 when using greedy sampling (temperature=0), got {values['n']}"
-            )
+            ).naming("n")
         values["top_p"], values["top_k"], values["min_p"] = 1.0, 0, 0.0
     return values
 
@@ -365,13 +365,13 @@ def _check_vocab(values: dict[str, object], vocab_size: int) -> None:
         if outside:
             raise SamplingParamsError(
                 f"SamplingParams.{name} holds token ids outside the vocabulary [0, {vocab_size}): {outside[:5]}"
-            )
+            ).naming(name)
     bias = values["logit_bias"] or {}
     outside = [t for t in bias if t >= vocab_size]
     if outside:
         raise SamplingParamsError(
             f"SamplingParams.logit_bias: token_id(s) {outside[:5]} are out of the vocabulary; vocabulary size: {vocab_size}"
-        )
+        ).naming("logit_bias")
 
 
 def _shown(value: object) -> str:

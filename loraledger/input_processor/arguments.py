@@ -16,7 +16,7 @@ from loraledger.errors import (
     SamplingParamsError,
     TenantError,
 )
-from loraledger.input_processor.prompt import parse_prompt
+from loraledger.input_processor.prompt import parse_prompt, prompt_cache_salt
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.text import storable_text
@@ -100,6 +100,7 @@ def check_arguments(
         else storable_text(chat_template_sha256, "the chat template's sha256", ConfigError, max_chars=64),
         key_id=_caller_field(key_id, "key_id"),
         user=_caller_field(user, "user"),
+        cache_salt=prompt_cache_salt(prompt),
     )
 
 

@@ -10,6 +10,7 @@ from loraledger.text import storable_text
 # a text prompt longer than this many characters per token of max_model_len cannot fit (tokens of
 # real text average 3-5 characters); refusing it at once keeps a huge string off the tokenizer
 MAX_CHARS_PER_TOKEN = 32
+MAX_SALT_CHARS = 1024
 
 
 def parse_prompt(
@@ -30,10 +31,11 @@ def parse_prompt(
             items = dict(prompt)
         except Exception as exc:  # a caller's Mapping whose iteration fails
             raise PromptError(f"the prompt dict cannot be read: {type(exc).__name__}: {exc}") from exc
-        unknown = set(items) - {"prompt", "prompt_token_ids"}
+        unknown = set(items) - {"prompt", "prompt_token_ids", "cache_salt"}
         if unknown:
             raise PromptError(
-                f"unknown prompt keys {sorted(map(repr, unknown))}; use 'prompt_token_ids' (and optionally 'prompt')"
+                f"unknown prompt keys {sorted(map(repr, unknown))}; use 'prompt_token_ids' (and optionally 'prompt' "
+                "and 'cache_salt')"
             )
         text = items.get("prompt")
         if "prompt_token_ids" in items:
@@ -44,6 +46,17 @@ def parse_prompt(
             raise PromptError("a dict prompt needs 'prompt_token_ids' (or a str 'prompt')")
         return _text(text, "the prompt", max_model_len), None
     raise PromptError(f"a prompt must be a str or a dict with 'prompt_token_ids', got {type(prompt).__name__}")
+
+
+def prompt_cache_salt(prompt: object) -> str | None:
+    """A prompt dict's `cache_salt` (vLLM's): KV blocks of the prefix cache are shared only between requests with the
+    same salt (and the same adapter), so a tenant's prompts cannot be probed through cache timing. None when absent."""
+    if not isinstance(prompt, Mapping) or prompt.get("cache_salt") is None:
+        return None
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise PromptError(f"the prompt's 'cache_salt' must be a non-empty str, got {type(salt).__name__}")
+    return storable_text(salt, "the prompt's 'cache_salt'", PromptError, max_chars=MAX_SALT_CHARS, allow_nul=False)
 
 
 def _text(value: object, what: str, max_model_len: int | None) -> str:

@@ -6,9 +6,9 @@ sequence with the same prefix can adopt it). Only FULL blocks whose KV has been 
 are hashed; a partially filled block is never shared.
 
 A block's hash chains (parent block's hash, cache salt, the block's token ids) through
-BLAKE2b-256. The salt is the adapter's fingerprint ("" for the base model) and enters every
-block's hash, so KV computed under one adapter is never reused under another or by the base
-model. Collisions of a 256-bit digest are not a practical correctness risk, unlike Python's hash().
+BLAKE2b-256. The salt is the adapter's fingerprint ("" for the base model), with the request's
+cache_salt when it has one (SchedRequest.prefix_salt), and enters every block's hash, so KV
+computed under one adapter (or salt) is never reused under another or by the base model. Collisions of a 256-bit digest are not a practical correctness risk, unlike Python's hash().
 
 The Scheduler asks before it mutates: ``lookup_prefix`` -> ``can_allocate`` -> ``allocate``,
 with no other allocation in between (an allocation may evict the blocks a lookup returned).

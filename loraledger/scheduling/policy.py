@@ -236,7 +236,9 @@ class SchedulingPolicy:
                 if draining is not None and fp == draining:
                     continue
                 use_cache = seq.spec.prompt_logprobs < 0 or req.prompt_logprobs_done
-                prefix_blocks, cached = self.blocks.lookup_prefix(seq.token_ids, fp) if use_cache else ([], 0)
+                prefix_blocks, cached = (
+                    self.blocks.lookup_prefix(seq.token_ids, req.prefix_salt) if use_cache else ([], 0)
+                )
                 num_new = min(len(seq.token_ids) - cached, budget)
                 if not self.config.chunked_prefill and num_new < len(seq.token_ids) - cached:
                     stop = True  # enable_chunked_prefill=False: the prompt waits for a step with room for all of it

@@ -44,6 +44,7 @@ class RequestIntake:
             eos_ids=eos,
             grammar=msg.grammar,
             caller_request_id=msg.caller_request_id,
+            cache_salt=msg.cache_salt,
         )
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(62)
         bias = params.logit_bias or {}

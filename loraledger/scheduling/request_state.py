@@ -37,6 +37,15 @@ class SchedRequest:
     prompt_logprobs_done: bool = False
     timing_sent: bool = False  # the OutputAssembler has had first_scheduled_time / num_cached_tokens
     blocked_steps: int = 0  # steps spent waiting for an adapter slot while at the head of the queue
+    cache_salt: str | None = None  # the caller's (vLLM's prompt cache_salt): KV blocks shared only under the same one
+
+    @property
+    def prefix_salt(self) -> str:
+        """The prefix cache's salt: the adapter fingerprint, and the caller's cache_salt after a separator neither
+        can hold (a fingerprint is hex), so no pair of (fingerprint, salt) can stand for another."""
+        if self.cache_salt is None:
+            return self.adapter_fingerprint
+        return f"{self.adapter_fingerprint}\x00{self.cache_salt}"
 
     @property
     def shown_id(self) -> str:

@@ -53,7 +53,7 @@ def apply_output(
         if work.sample:
             seq.pending -= 1
         seq.num_computed = work.start_pos + len(work.token_ids)
-        blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, req.adapter_fingerprint)
+        blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed, req.prefix_salt)
         lp = prompt_lps.get(seq.seq_id)
         if not req.timing_sent or lp is not None:
             req.timing_sent = True

@@ -7,8 +7,9 @@ import structlog
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import PlainTextResponse, Response
 
+from loraledger.errors import AdapterError, AdapterNotFoundError
 from loraledger.server.auth import Caller, authenticate, require_admin
-from loraledger.server.errors import error_response
+from loraledger.server.errors import error_response, from_engine_error
 from loraledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -18,6 +19,7 @@ from loraledger.server.protocol import (
     TokenizeCompletionRequest,
     UnloadLoRAAdapterRequest,
 )
+from loraledger.server.request_extras import WARNING_HEADER, caller_id, ignored_warning
 from loraledger.server.serving_engine import RequestContext
 from loraledger.server.streaming import until_disconnect
 from loraledger.version import __version__
@@ -29,37 +31,43 @@ def _state(request: Request):
     return request.app.state.server
 
 
-def _context(request: Request) -> RequestContext:
+def _context(request: Request, body=None) -> RequestContext:
     trace = {name: request.headers[name][:512] for name in ("traceparent", "tracestate") if name in request.headers}
-    return RequestContext(
-        route=request.url.path,
-        caller_request_id=structlog.contextvars.get_contextvars().get("caller_request_id"),
-        trace_headers=trace or None,
-    )
+    rid = caller_id(structlog.contextvars.get_contextvars().get("caller_request_id"), body)
+    structlog.contextvars.bind_contextvars(caller_request_id=rid)
+    return RequestContext(route=request.url.path, caller_request_id=rid, trace_headers=trace or None)
 
 
 def _json(body: object, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
 
-async def _generate(request: Request, work) -> Response:
-    """A generation route's response; a client gone before it is ready aborts its requests (on record as aborted)."""
+async def _generate(request: Request, work, body=None) -> Response:
+    """A generation route's response; a client gone before it is ready aborts its requests (on record as aborted).
+    The body's ignored fields are named in its Warning header."""
     finished, response = await until_disconnect(request.receive, work)
-    return response if finished else Response(status_code=499)
+    if not finished:
+        return Response(status_code=499)
+    warning = ignored_warning(body)
+    if warning is not None:
+        response.headers[WARNING_HEADER] = warning
+    return response
 
 
 @router.post("/v1/completions")
 async def create_completion(
     body: CompletionRequest, request: Request, caller: Caller = Depends(authenticate)
 ) -> Response:
-    return await _generate(request, lambda: _state(request).completion.create(body, caller, _context(request)))
+    ctx = _context(request, body)
+    return await _generate(request, lambda: _state(request).completion.create(body, caller, ctx), body)
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(
     body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticate)
 ) -> Response:
-    return await _generate(request, lambda: _state(request).chat.create(body, caller, _context(request)))
+    ctx = _context(request, body)
+    return await _generate(request, lambda: _state(request).chat.create(body, caller, ctx), body)
 
 
 @router.get("/v1/models")
@@ -77,7 +85,14 @@ async def retrieve_model(model_id: str, request: Request, caller: Caller = Depen
 async def load_lora_adapter(
     body: LoadLoRAAdapterRequest, request: Request, caller: Caller = Depends(require_admin)
 ) -> Response:
-    await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
+    try:
+        await _state(request).models.load(body.lora_name, body.lora_path, body.load_inplace)
+    except AdapterError as exc:  # about the body's lora_path; a folder that is not there is a 404, as in vLLM
+        error = from_engine_error(exc)
+        error.param = "lora_path"
+        if isinstance(exc, AdapterNotFoundError):
+            error.status = 404
+        raise error from None
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 

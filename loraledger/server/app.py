@@ -19,6 +19,7 @@ from loraledger.server.auth import KeyRing, RateLimiter, presented_key
 from loraledger.server.config import ServerConfig
 from loraledger.server.errors import APIError, install_handlers, unavailable
 from loraledger.server.metrics import ServerMetrics
+from loraledger.server.request_extras import MAX_CALLER_ID_CHARS
 from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -27,7 +28,6 @@ AUTHENTICATED_ROUTES = GENERATION_ROUTES | {
 }  # fmt: skip
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers counts in the slow clients' budget
-MAX_CALLER_ID_CHARS = 256
 KEYS_RELOAD_SECONDS = 10.0
 READY_CHECK_SECONDS = 2.0
 

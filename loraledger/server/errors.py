@@ -74,13 +74,30 @@ _STATUSES: tuple[tuple[type[Exception], int, str, str | None], ...] = (
 )
 
 
+# a SamplingParams field -> the body field that sets it, where the two names differ
+_BODY_FIELDS = {"extra_args": "vllm_xargs"}
+
+
+def _param(exc: e.LoraLedgerError) -> str | None:
+    """The body field an engine error is about, where one is to blame (vLLM's `param`)."""
+    if isinstance(exc, e.SamplingParamsError) and exc.parameter is not None:
+        return _BODY_FIELDS.get(exc.parameter, exc.parameter)
+    if isinstance(exc, (e.AdapterError, e.TooManyLoRAsError, e.LoRARequestConflictError)):
+        return "model"  # the adapter a body names by `model`
+    if isinstance(exc, e.ChatTemplateError):
+        return "messages"
+    if isinstance(exc, e.PromptError):
+        return "prompt"
+    return None
+
+
 def from_engine_error(exc: e.LoraLedgerError) -> APIError:
     """The OpenAI error for one of the engine's typed errors; its message is kept whole."""
     for kind, status, type_, code in _STATUSES:
         if isinstance(exc, kind):
             message = exc.args[0] if len(exc.args) == 1 and isinstance(exc.args[0], str) else str(exc)
             headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-            return APIError(status, message, type=type_, code=code, headers=headers)
+            return APIError(status, message, type=type_, code=code, headers=headers, param=_param(exc))
     raise AssertionError("LoraLedgerError is the last entry")  # pragma: no cover
 
 

@@ -1,30 +1,50 @@
 """Request bodies in OpenAI's and vLLM's shapes (pydantic), checked for types here and for values by SamplingParams.
 
 Fields OpenAI's API has and this server does not act on are refused with a 400 naming them (an audited request
-does what its record says), except the few listed in IGNORED, which change nothing about the output. vLLM's
-extra sampling fields (top_k, min_p, repetition_penalty, ...) are accepted in the body, where the openai client's
-`extra_body` puts them. Responses are built as plain dicts (serving_*.py) and encoded with msgspec.
+does what its record says), except those listed in IGNORED, which change nothing about the output: they are dropped
+and the response names them in a `Warning` header. vLLM's extra sampling fields (top_k, min_p, repetition_penalty,
+...) are accepted in the body, where the openai client's `extra_body` puts them. OpenAI's legacy `functions` /
+`function_call` are taken as the `tools` / `tool_choice` they stand for (legacy_functions.py). Responses are built as
+plain dicts (serving_*.py) and encoded with msgspec.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-# OpenAI fields accepted and without effect here (billing, storage and routing hints of OpenAI's own service)
-IGNORED = ("store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier")
+from loraledger.server.legacy_functions import as_tool_messages, as_tools
+
+# fields OpenAI or vLLM accept that change nothing about the output here: dropped, and named in the response's
+# Warning header. Billing, storage and routing hints of OpenAI's own service; `verbosity` (a hint to OpenAI's own
+# reasoning models), `prediction` (predicted output: a latency hint, the answer is the model's either way);
+# vLLM's `kv_transfer_params` (disaggregated prefill: the KV is computed here, the response's is null)
+IGNORED = (
+    "store", "metadata", "service_tier", "parallel_tool_calls", "prompt_cache_key", "safety_identifier",
+    "verbosity", "prediction", "kv_transfer_params",
+)  # fmt: skip
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    _ignored: tuple[str, ...] = PrivateAttr(default=())
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _drop_ignored(cls, data: Any) -> Any:
+    def _drop_ignored(cls, data: Any, handler) -> Any:
+        dropped: tuple[str, ...] = ()
         if isinstance(data, dict) and any(k in data for k in IGNORED):
+            dropped = tuple(k for k in IGNORED if k in data)
             data = {k: v for k, v in data.items() if k not in IGNORED}
-        return data
+        body = handler(data)
+        body._ignored = dropped
+        return body
+
+    @property
+    def ignored_fields(self) -> tuple[str, ...]:
+        """The IGNORED fields this body held (dropped before validation): the response's Warning header names them."""
+        return self._ignored
 
 
 class StreamOptions(_Body):
@@ -63,6 +83,10 @@ class _Sampling(_Body):
     prompt_logprobs: int | None = None
     use_beam_search: bool | None = False
     priority: int | None = 0
+    request_id: str | None = Field(
+        default=None, min_length=1, max_length=1024
+    )  # vLLM's: the caller's id, if no X-Request-Id
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=1024)  # vLLM's: prefix-cache isolation
     vllm_xargs: dict[str, Any] | None = None  # vLLM: SamplingParams.extra_args (kept on record)
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs (StructuredOutputsParams' fields), or
     # vLLM's legacy guided_* fields; one of them per request
@@ -97,12 +121,34 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # OpenAI's legacy form of tools: served as tools
+    function_call: str | dict[str, Any] | None = None  # ... and of tool_choice
+    documents: list[dict[str, Any]] | None = None  # for RAG templates, as transformers' apply_chat_template(documents=)
+    reasoning_effort: str | None = Field(default=None, max_length=64)  # to the chat template, as vLLM passes it
+    modalities: list[str] | None = None  # output modalities: ["text"] only
     echo: bool | None = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(m != "text" for m in value):
+            raise ValueError(f'this server answers in text only; modalities {value} asks for more (send ["text"])')
+        return value
+
+    @model_validator(mode="after")
+    def _legacy_functions(self) -> ChatCompletionRequest:
+        """`functions` / `function_call` become the `tools` / `tool_choice` they stand for (`functions` stays set:
+        the answer then also carries the legacy `message.function_call`)."""
+        if self.functions is not None or self.function_call is not None:
+            self.tools, self.tool_choice = as_tools(self.functions, self.function_call, self.tools, self.tool_choice)
+        if any(isinstance(m, dict) and (m.get("role") == "function" or "function_call" in m) for m in self.messages):
+            self.messages = as_tool_messages(self.messages)
+        return self
 
 
 class LoadLoRAAdapterRequest(_Body):

@@ -14,8 +14,11 @@ from loraledger.chat import render_chat
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.legacy_functions import legacy_answer
 from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
+from loraledger.server.request_extras import prompt_with_salt, template_kwargs
+from loraledger.server.response_nulls import chat_nulls
 from loraledger.server.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -50,10 +53,12 @@ class OpenAIServingChat(OpenAIServing):
         check_unicode(req.messages, "messages")
         check_unicode(req.tools, "tools")
         check_unicode(req.chat_template_kwargs, "chat_template_kwargs")
+        check_unicode(getattr(req, "documents", None), "documents")
         tokenizer = await self.engine.get_lora_tokenizer(lora)
         options = dict(
             chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message, tools=req.tools, chat_template_kwargs=req.chat_template_kwargs,
+            continue_final_message=req.continue_final_message, tools=req.tools,
+            chat_template_kwargs=template_kwargs(req), documents=getattr(req, "documents", None),
         )  # fmt: skip
         limits = self.state.limits
         if own_template:
@@ -102,6 +107,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt, template_sha = await self.render(req, lora)
         rid = caller_request_id("chatcmpl", ctx)
         structlog.contextvars.bind_contextvars(request_id=rid, adapter=req.model)
+        prompt = prompt_with_salt(prompt, req.cache_salt)
         gen = self.outputs(rid, prompt, params, lora, caller, ctx, user=req.user, chat_template_sha256=template_sha)
         try:
             first = await anext(gen)  # a refusal at admission is a proper HTTP error
@@ -140,6 +146,9 @@ class OpenAIServingChat(OpenAIServing):
                 "finish_reason": ("stop" if forced is not None and forced.name else "tool_calls") if calls else c.finish_reason,
                 "stop_reason": c.stop_reason,
             })  # fmt: skip
+        if req.functions is not None:  # asked in the legacy form: answered in it too
+            for choice in choices:
+                legacy_answer(choice)
         tracker.tokens(generated)
         body = {
             "id": response_id(final),
@@ -153,7 +162,7 @@ class OpenAIServingChat(OpenAIServing):
             "receipts": [final.receipt] if final.receipt is not None else [],  # the log's signed receipt (EVIDENCE.md)
         }
         tracker.finish("ok")
-        return Response(msgspec.json.encode(body), media_type="application/json")
+        return Response(msgspec.json.encode(chat_nulls(body)), media_type="application/json")
 
     async def _stream(self, req, created: int, gen, first, tracker, emit) -> None:
         rid = response_id(first)
@@ -223,7 +232,16 @@ class OpenAIServingChat(OpenAIServing):
                 error = from_engine_error(exc)
                 outcome = "rejected" if error.status < 500 else "failed"
                 await emit(
-                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                    sse(
+                        {
+                            "error": {
+                                "message": error.message,
+                                "type": error.type,
+                                "param": error.param,
+                                "code": error.code,
+                            }
+                        }
+                    )
                 )
         finally:
             with anyio.CancelScope(shield=True):

@@ -21,6 +21,8 @@ from loraledger.server.prompt_logprobs import (
     prompt_logprobs_wanted,
 )
 from loraledger.server.protocol import CompletionRequest
+from loraledger.server.request_extras import prompt_with_salt
+from loraledger.server.response_nulls import completion_nulls
 from loraledger.server.serving_engine import (
     SSE_DONE,
     OpenAIServing,
@@ -48,7 +50,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(req, max_tokens=max_tokens, logprobs=req.logprobs, stream=stream)
         if prompt_logprobs_wanted(req) is not None:
             params = msgspec.structs.replace(params, prompt_logprobs=prompt_logprobs_wanted(req))
-        prompts = await self._prompts(req, lora)
+        prompts = [prompt_with_salt(p, req.cache_salt) for p in await self._prompts(req, lora)]
         base = caller_request_id("cmpl", ctx)
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         structlog.contextvars.bind_contextvars(request_id=base, adapter=req.model)
@@ -76,7 +78,7 @@ class OpenAIServingCompletion(OpenAIServing):
             req, base if len(finals) > 1 else response_id(finals[0]), created, finals, echo, tracker, tokenizer
         )
         tracker.finish("ok")
-        return Response(msgspec.json.encode(body), media_type="application/json")
+        return Response(msgspec.json.encode(completion_nulls(body)), media_type="application/json")
 
     async def _prompts(self, req: CompletionRequest, lora) -> list[object]:
         """The engine prompts of a body's `prompt`: a str, a list of str, a list of token ids, or a list of those."""
@@ -286,7 +288,16 @@ class OpenAIServingCompletion(OpenAIServing):
                 error = from_engine_error(errors[0])
                 outcome = "rejected" if error.status < 500 else "failed"
                 await emit(
-                    sse({"error": {"message": error.message, "type": error.type, "param": None, "code": error.code}})
+                    sse(
+                        {
+                            "error": {
+                                "message": error.message,
+                                "type": error.type,
+                                "param": error.param,
+                                "code": error.code,
+                            }
+                        }
+                    )
                 )
             else:
                 if include_usage:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import anyio
 import structlog
@@ -241,6 +242,8 @@ def _not_found(model: str) -> APIError:
 
 
 def _card(name: str, created: int, root: str, parent: str | None, max_model_len: int) -> dict:
+    """vLLM's model card. Adapters carry the base model's max_model_len (vLLM leaves it null on theirs): an adapter
+    runs within the base model's context, and a client sizing prompts by it reads the same number."""
     return {
         "id": name,
         "object": "model",
@@ -249,5 +252,25 @@ def _card(name: str, created: int, root: str, parent: str | None, max_model_len:
         "root": root,
         "parent": parent,
         "max_model_len": max_model_len,
-        "permission": [],
+        "permission": [_permission(name, created)],
+    }
+
+
+def _permission(name: str, created: int) -> dict:
+    """vLLM's ModelPermission object, the same for every card (who may use a model is the API key's business here:
+    a card is only listed to a key that may use it). Its id is derived from the name, so a card reads the same in the
+    list and in models.retrieve."""
+    return {
+        "id": f"modelperm-{uuid.uuid5(uuid.NAMESPACE_URL, name).hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
     }

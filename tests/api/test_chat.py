@@ -223,3 +223,23 @@ def test_render_chat_reports_the_template_it_used(base_tokenizer):
     assert rendered.token_ids == base_tokenizer.encode(rendered.text, add_special_tokens=False)
     given = render_chat(base_tokenizer, OTHER, chat_template=ADAPTER_TEMPLATE)
     assert given.template_sha256 == hashlib.sha256(ADAPTER_TEMPLATE.encode()).hexdigest()
+
+
+def test_documents_reach_the_template_as_transformers_gives_them(base_tokenizer):
+    """`documents` (a list of dicts) go to apply_chat_template(documents=...), also through chat_template_kwargs, as
+    LLM.chat's callers and the server's `documents` field send them; anything else is a ChatTemplateError."""
+    template = "{% for d in documents or [] %}[{{ d['title'] }}] {% endfor %}" + CHAT_TEMPLATE
+    docs = [{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]
+    given = render_chat(base_tokenizer, OTHER, chat_template=template, documents=docs)
+    assert given.text == base_tokenizer.apply_chat_template(
+        OTHER, chat_template=template, documents=docs, tokenize=False, add_generation_prompt=True
+    )
+    assert given.text.startswith("[a] [b] ")
+    through_kwargs = render_chat(
+        base_tokenizer, OTHER, chat_template=template, chat_template_kwargs={"documents": docs}
+    )
+    assert through_kwargs == given
+    assert not render_chat(base_tokenizer, OTHER, chat_template=template).text.startswith("[")
+    for bad in ("text", [1, 2], {"title": "a"}):
+        with pytest.raises(E.ChatTemplateError, match="documents"):
+            render_chat(base_tokenizer, OTHER, chat_template=template, documents=bad)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from loraledger import LLM, SamplingParams
+from loraledger.errors import PromptError
 from tests.api.conftest import loras_for, random_prompts
 from tests.model_fixtures import hf_reference_generate
 
@@ -110,3 +113,29 @@ def test_a_request_waiting_for_a_slot_is_not_starved_by_a_busy_adapter(tiny_llam
             engine.step()
     finally:
         engine.close()
+
+
+def test_prefix_cache_shared_only_under_the_same_cache_salt(tiny_llama):
+    """vLLM's prompt `cache_salt`: requests with different salts (or one with a salt and one without) never share a
+    cached block, requests with the same salt do; greedy output is the same whatever was cached."""
+    ids = random_prompts(1, seed=23, lo=17, hi=17)[0]
+    loras = loras_for(tiny_llama)
+    with LLM(
+        model=str(tiny_llama.model_dir), enable_lora=True, max_loras=2, max_lora_rank=16, block_size=4, audit_url=None
+    ) as llm:
+        salted = llm.generate({"prompt_token_ids": ids, "cache_salt": "tenant-a"}, _greedy(3))[0]
+        same = llm.generate({"prompt_token_ids": ids, "cache_salt": "tenant-a"}, _greedy(3))[0]
+        other = llm.generate({"prompt_token_ids": ids, "cache_salt": "tenant-b"}, _greedy(3))[0]
+        unsalted = llm.generate({"prompt_token_ids": ids}, _greedy(3))[0]
+        adapter = llm.generate(
+            {"prompt_token_ids": ids, "cache_salt": "tenant-a"}, _greedy(3), lora_request=loras["qv_r4"]
+        )[0]
+        with pytest.raises(PromptError, match="cache_salt"):
+            llm.generate({"prompt_token_ids": ids, "cache_salt": 7}, _greedy(3))
+    assert salted.num_cached_tokens == 0
+    assert same.num_cached_tokens == 16
+    assert other.num_cached_tokens == 0, "KV cached under one salt must never serve another"
+    assert unsalted.num_cached_tokens == 0, "nor a request without a salt"
+    assert adapter.num_cached_tokens == 0, "nor another adapter under the same salt"
+    assert salted.outputs[0].token_ids == same.outputs[0].token_ids == other.outputs[0].token_ids
+    assert unsalted.outputs[0].token_ids == salted.outputs[0].token_ids

@@ -23,6 +23,7 @@ SUPPORT = {
     "serving",
     "churn",
     "affinity_sim",
+    "kernels_quant",
 }
 
 
