@@ -1,8 +1,10 @@
-"""The schema objects an auditor relies on besides the rows: the SQL views people query the log through.
-check_schema_objects reports each view whose definition is not the one the migrations created (a `CREATE OR
-REPLACE VIEW` with a filter hides rows from everyone who queries it). The append-only guard triggers are checked
-by `loraledger db check` (store.guards.guards_present): verify recomputes the chain precisely so that it holds
-without them, and finds every row a missing guard let through.
+"""The schema objects an auditor relies on besides the rows: the SQL views people query the log through, and the
+append-only guard triggers (with their functions on PostgreSQL). check_schema_objects reports each view whose
+definition is not the one the migrations created (a `CREATE OR REPLACE VIEW` with a filter hides rows from everyone
+who queries it), each guard missing, disabled or altered (the comparison `loraledger db check` makes:
+store.guards.guards_present), and each trigger on an audit table that no revision created. Verify recomputes the
+chain so that it holds without the guards, and finds every row a missing guard let through; a report that verify
+passed also says the database still refuses the next tampering.
 
 Each view's expected definition is the constant of the newest revision that (re)creates it (VIEWS below); a revision
 that changes a view adds itself there.
@@ -85,7 +87,8 @@ def _pg_view_problems(conn: Connection, report: Callable[[str, str], None]) -> N
 
 
 def check_schema_objects(conn: Connection, add: Callable[..., None]) -> None:
-    """Report (through `add(sequence, message, table=...)`, verify's problem list) every missing or altered view."""
+    """Report (through `add(sequence, message, table=...)`, verify's problem list) every missing or altered view and
+    guard, and every trigger on an audit table no migration made."""
 
     def report(view: str, what: str) -> None:
         add(
@@ -96,10 +99,27 @@ def check_schema_objects(conn: Connection, add: Callable[..., None]) -> None:
             key={"view": view},
         )
 
+    from loraledger.store.guards import foreign_triggers, guards_present
     from loraledger.store.migrate import current_revision, head_revision
 
     if current_revision(conn) != head_revision():
         return  # VIEWS describes the newest schema; an older one is reported as needing `loraledger db upgrade`
+    for guard in guards_present(conn):
+        add(
+            None,
+            f"append-only guard {guard} is not as the migrations created it: the table it guards may be changed "
+            "(reinstall the guards with `loraledger db upgrade`, and find out who changed them)",
+            table="triggers",
+            key={"trigger": guard},
+        )
+    for trigger in foreign_triggers(conn):
+        add(
+            None,
+            f"trigger {trigger} was not created by any migration: it may rewrite or drop audit rows as they are "
+            "written (drop it, and find out who made it)",
+            table="triggers",
+            key={"trigger": trigger},
+        )
     dialect = conn.dialect.name
     if dialect == "sqlite":
         found = _sqlite_views(conn)

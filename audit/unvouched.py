@@ -73,6 +73,18 @@ def check_unclaimed_recoveries(conn: Connection, claims: set[tuple[str, str]], f
                       "but no engine_recovered event of it claims that instance", table="instance_leases", key={"instance_id": iid})  # fmt: skip
 
 
+def check_stop_markers(conn: Connection, found: Problems) -> None:
+    """Clean-stop lease markers against the instance_stopped events that vouch for them (store/instances.py)."""
+    for iid, problem in stream(conn, instances.unvouched_stops(E).limit(VerifyResult.MAX_PROBLEMS)):
+        if problem == "forged":
+            what = (f"the lease of instance {iid} in `instance_leases` says it stopped cleanly, but no instance_stopped "
+                    "event vouches for that: its unfinished requests may be hidden from recovery")  # fmt: skip
+        else:
+            what = (f"instance {iid} stopped cleanly (its instance_stopped event is on the chain), but its lease in "
+                    "`instance_leases` no longer says so: the stop marker was erased or altered")  # fmt: skip
+        found.add(None, what, table="instance_leases", key={"instance_id": iid})
+
+
 def check_unvouched_completions(conn: Connection, found: Problems) -> None:
     """Completions of requests with no request_finished or request_aborted event: nothing vouches for them."""
     ended = select(E.c.seq).where(E.c.request_id == C.c.request_id, E.c.kind.in_(ENDING_KINDS)).exists()

@@ -67,6 +67,7 @@ def verify_log(
     unvouched.check_unregistered(conn, found)
     unvouched.check_unregistered_instances(conn, found)
     unvouched.check_unclaimed_recoveries(conn, rows.claims, found)
+    unvouched.check_stop_markers(conn, found)
     unvouched.check_unvouched_completions(conn, found)
     unvouched.check_completion_adapters(conn, found)
     tree_verify.check_all(conn, found.add)  # the Merkle tree, signed checkpoints and receipts (loraledger/evidence/)

@@ -458,8 +458,8 @@ class AuditStore:
         if self.instance is None:
             return
         with self._operation(self.timeout), write_transaction(self.engine) as conn:
-            left = _unfinished(conn, REQUESTS.c.instance_id == self.instance.instance_id)
-            instances.release(conn, self.instance.instance_id, unfinished=bool(left))
+            left = _unfinished(conn, REQUESTS.c.instance_id == self.instance_id)
+            append_events(conn, instances.release(conn, self.instance_id, unfinished=bool(left)), self.instance_id)
 
     def recover_expired(self, *, resume: bool = False, at_start: bool = True) -> Recovery:
         """Claim the instances whose lease expired and put their unfinished requests on record as interrupted

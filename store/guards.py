@@ -206,3 +206,19 @@ def guards_present(conn: Connection) -> list[str]:
         elif state[3] != guard.function or state[4] != PG_FUNCTIONS[guard.function]:
             missing.append(f"{guard.name} (its function {state[3]}() was altered)")
     return missing
+
+
+def foreign_triggers(conn: Connection) -> list[str]:
+    """Triggers on the audit tables that no revision created (one could rewrite or drop rows as they are written)."""
+    ours = {g.name for g in guards_for(conn.dialect.name)}
+    tables = sorted(AUDIT_TABLES)
+    if conn.dialect.name == "sqlite":
+        rows = conn.execute(text("SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger'"))
+    else:
+        rows = conn.execute(
+            text(
+                "SELECT t.tgname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "WHERE NOT t.tgisinternal AND pg_table_is_visible(c.oid)"
+            )
+        )
+    return sorted(f"{name} on {table}" for name, table in rows if table in tables and name not in ours)

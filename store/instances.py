@@ -10,8 +10,11 @@ expired instance may write nothing more (`ensure_writable`), so a stalled engine
 cannot put outputs on record for requests already recorded as interrupted. An instance whose process
 is certainly gone (store/process_identity.py: same machine, no such process any more) may be claimed
 before its lease expires, so an engine restarted on the machine where it crashed recovers at once.
-A clean stop ends the lease as "stopped" (nothing to recover); one that left requests unfinished
-(its store did not answer at stop) ends it as expired, for the next instance to recover.
+A clean stop ends the lease as "stopped" (nothing to recover), and puts an instance_stopped event on the chain in
+the same transaction: the lease row is mutable, the chain is not, so verify finds a stop marker erased (the instance
+would look crashed and be "recovered") or forged (a crashed instance's unfinished requests hidden from recovery).
+One that left requests unfinished (its store did not answer at stop) ends it as expired, for the next instance to
+recover.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from loraledger.store.registration import registered_form
 INSTANCES: Table = Instance.__table__  # type: ignore[assignment]
 LEASES: Table = InstanceLease.__table__  # type: ignore[assignment]
 KEY_PREFIX = "instance:"  # dedup_key of the instance_registered event: KEY_PREFIX + instance id
+STOP_KEY_PREFIX = "stopped:"  # dedup_key of the instance_stopped event: STOP_KEY_PREFIX + instance id
 TOOL_CLAIMER = "(a tool)"
 SOURCE_FIELDS = (
     "model",
@@ -201,15 +205,31 @@ def renew(conn: Connection, instance_id: str, lease_seconds: float) -> float:
     return expires
 
 
-def release(conn: Connection, instance_id: str, unfinished: bool) -> None:
+def release(conn: Connection, instance_id: str, unfinished: bool) -> list[EventRecord]:
     """End the lease now, at a stop: "stopped" when the instance left nothing unfinished, else expired, so that
-    a peer recovers what is left at once instead of waiting for the lease to run out."""
-    now = utc_from_unix(db_now(conn))
+    a peer recovers what is left at once instead of waiting for the lease to run out. Returns the events to append
+    in the same transaction: the instance_stopped event of a clean stop (none otherwise, or when a peer had
+    recovered the instance already)."""
+    clock = db_now(conn)
+    now = utc_from_unix(clock)
     values: dict[str, Any] = {"expires_at": now}
     if not unfinished:
         values.update(recovered_by=instance_id, recovered_at=now)
-    conn.execute(
+    done = conn.execute(
         update(LEASES).where(LEASES.c.instance_id == instance_id, LEASES.c.recovered_by.is_(None)).values(values)
+    ).rowcount
+    if unfinished or done != 1:
+        return []
+    return [stop_event(instance_id, clock)]
+
+
+def stop_event(instance_id: str, at: float) -> EventRecord:
+    """The instance_stopped event that vouches for a clean stop's lease marker."""
+    return EventRecord(
+        kind=EventKind.INSTANCE_STOPPED,
+        at=at,
+        payload={"instance_id": instance_id},
+        dedup_key=STOP_KEY_PREFIX + instance_id,
     )
 
 
@@ -296,6 +316,25 @@ def is_registered(instances: Table | Any, events: Table | Any) -> Any:
     return (
         select(events.c.seq).where(events.c.dedup_key == key, events.c.kind == EventKind.INSTANCE_REGISTERED).exists()
     )
+
+
+def unvouched_stops(events: Table) -> Select[Any]:
+    """(instance_id, problem) of every clean-stop lease marker the chain does not vouch for, and of every
+    instance_stopped event whose lease no longer carries the marker (erased, altered, or the lease row deleted)."""
+    stop_key = literal(STOP_KEY_PREFIX, Text) + LEASES.c.instance_id
+    vouched = select(events.c.seq).where(events.c.dedup_key == stop_key, events.c.kind == EventKind.INSTANCE_STOPPED)
+    forged = select(LEASES.c.instance_id, literal("forged", Text).label("problem")).where(
+        LEASES.c.recovered_by == LEASES.c.instance_id, ~vouched.exists()
+    )
+    marked = (
+        select(LEASES.c.instance_id)
+        .where(LEASES.c.instance_id == events.c.instance_id, LEASES.c.recovered_by == LEASES.c.instance_id)
+        .exists()
+    )
+    erased = select(events.c.instance_id, literal("erased", Text).label("problem")).where(
+        events.c.kind == EventKind.INSTANCE_STOPPED, ~marked
+    )
+    return forged.union_all(erased)
 
 
 def unregistered(instances: Table, events: Table) -> Select[Any]:

@@ -40,6 +40,9 @@ class EventKind:
     ACCESS_DENIED = "access_denied"
     # an engine instance joined the database: payload the `instances` row, written with it (store/instances.py)
     INSTANCE_REGISTERED = "instance_registered"
+    # an engine instance stopped cleanly (nothing left unfinished); written with its lease's stop marker, which verify
+    # compares with it (store/instances.py); payload: instance_id
+    INSTANCE_STOPPED = "instance_stopped"
 
     TERMINAL = frozenset({REQUEST_FINISHED, REQUEST_ABORTED, REQUEST_FAILED, REQUEST_INTERRUPTED})
 

@@ -3,6 +3,7 @@ engine and drains it, so SIGTERM under uvicorn and a test's shutdown run the sam
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -30,6 +31,7 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 SLOW_BODY_SECONDS = 0.5  # a body not all there this long after its headers counts in the slow clients' budget
 KEYS_RELOAD_SECONDS = 10.0
 READY_CHECK_SECONDS = 2.0
+CUT_ANSWER_SECONDS = 1.0  # sending the error object of a request cut at shutdown (a client not reading: dropped)
 
 
 class ServerState:
@@ -166,6 +168,32 @@ class ServerState:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+class ClientNotReading(Exception):
+    """A write of the answer did not go out within the send deadline: the client stopped reading."""
+
+
+def _bounded(send: Send, seconds: float) -> Send:
+    """send, each message within `seconds` (a client that stops reading would otherwise hold its request, and its
+    place in the server's capacity, for good); ClientNotReading past it. A message not sent is not half-sent:
+    uvicorn waits for room before it writes."""
+
+    async def bounded(message) -> None:
+        with anyio.move_on_after(seconds) as scope:
+            await send(message)
+        if scope.cancelled_caught:
+            raise ClientNotReading(f"the client read nothing of its answer for {seconds:g} s")
+
+    return bounded
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> bool:
+    """exc is a `kind`, or a group of nothing else (a stream's task groups wrap what its writes raised)."""
+    inner = getattr(exc, "exceptions", None)  # a BaseExceptionGroup (Python 3.11+, or anyio's backport)
+    if isinstance(inner, tuple) and inner:
+        return all(_only(e, kind) for e in inner)
+    return isinstance(exc, kind)
+
+
 class ServerMiddleware:
     """Per request, before any route: the caller's X-Request-Id (checked, echoed, logged), the log context, the key
     (a route that needs one answers 401 before reading the body), then the body, read whole under the size limit and
@@ -181,6 +209,7 @@ class ServerMiddleware:
             await self.app(scope, receive, send)
             return
         state = self.state
+        bounded_send = _bounded(send, state.limits.send_seconds)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         caller_id = headers.get("x-request-id")
         path = scope.get("path")
@@ -223,7 +252,7 @@ class ServerMiddleware:
             response = exc.response()
             if caller_id is not None and exc.param != "X-Request-Id":
                 response.headers["x-request-id"] = caller_id
-            await response(scope, receive, send)
+            await response(scope, receive, bounded_send)
             return
 
         async def replay_receive():
@@ -233,19 +262,55 @@ class ServerMiddleware:
                 return message
             return await receive()  # after the body: a disconnect, when the client goes
 
+        started = False
+
         async def echoing_send(message) -> None:
-            if message["type"] == "http.response.start" and caller_id is not None:
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
-                }
-            await send(message)
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if caller_id is not None:
+                    message = {
+                        **message,
+                        "headers": [*message.get("headers", ()), (b"x-request-id", caller_id.encode("latin-1"))],
+                    }
+            await bounded_send(message)
 
         try:
             await self.app(scope, replay_receive, echoing_send)
+        except anyio.get_cancelled_exc_class():
+            # uvicorn cancels what is still running when the grace period ends; its own answer would be a plain-text
+            # 500. A request that has not answered yet gets an OpenAI error object instead (the cancellation is not
+            # passed on: the task ends here, its answer sent)
+            if started or not state.draining:
+                raise
+            await self._cut_at_shutdown(scope, receive, echoing_send)
+        except Exception as exc:
+            if not _only(exc, ClientNotReading):
+                raise
+            # the connection is closed (its answer incomplete); a stream's requests were aborted on the way out
+            structlog.get_logger().bind(actor="server").warning(
+                "client cut off: it stopped reading its answer", send_seconds=state.limits.send_seconds
+            )
         finally:
             if entered:
                 state.leave()
+
+    async def _cut_at_shutdown(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):  # Python 3.11+: the cancellation is handled here
+            task.uncancel()
+        grace = self.state.config.shutdown_grace_seconds
+        structlog.get_logger().bind(actor="server").warning(
+            "request cut at shutdown: the grace period ended before it answered", grace_seconds=grace
+        )
+        exc = unavailable(
+            f"the server is shutting down and this request did not finish within the grace period ({grace:g} s): its "
+            "output is not on record and is not released (it is recorded as aborted, or as interrupted when the audit "
+            "store did not answer); retry on another replica",
+            "shutting_down",
+        )
+        with anyio.move_on_after(CUT_ANSWER_SECONDS, shield=True):
+            await exc.response()(scope, receive, send)
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         """The whole body, within the size limit and the body deadline. A body that is not all there at once (the

@@ -178,6 +178,11 @@ def register(sub) -> None:
         help="seconds a request's body may take to arrive after its headers; then 408 (default 30)",
     )  # fmt: skip
     limits.add_argument(
+        "--send-timeout", type=float, default=30.0,
+        help="seconds each write of an answer may wait for the client to read; then the connection is closed and a "
+        "stream aborted (default 30)",
+    )  # fmt: skip
+    limits.add_argument(
         "--max-body-readers", type=int, default=256,
         help="requests still sending their bodies at once; more get 503 (default 256)",
     )  # fmt: skip
@@ -314,6 +319,7 @@ def config_from_args(args: argparse.Namespace):
             max_rendered_chars=args.max_rendered_chars,
             chat_template_seconds=args.chat_template_timeout,
             body_seconds=args.body_timeout,
+            send_seconds=args.send_timeout,
             max_body_readers=args.max_body_readers,
             header_seconds=args.header_timeout,
             max_connections_per_client=args.max_connections_per_client,

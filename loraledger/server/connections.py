@@ -1,5 +1,12 @@
 """Connection guards under uvicorn's HTTP/1.1 protocol: a deadline for a request's headers (a connection that sends
-nothing, or its headers a byte at a time, is closed) and a cap on one client address's open connections.
+nothing, or its headers a byte at a time, is closed) and a cap on one client address's open connections; and a
+client that half-closes (shuts down its write side once its request is sent) still gets its answer.
+
+A half-close and a full close look the same when they arrive (an end of file); uvicorn takes both as a disconnect,
+so a half-closed client's finished output went to a closed socket and a streamed request was never admitted. After
+a whole request the connection stays open for writing, and is closed once the answer is sent; a client that had
+really gone is found at the first write (a stream is then aborted and on record as such, as for any client that
+leaves). An end of file before the request is whole is a disconnect, as before.
 
 Before its headers are complete a request is not yet the app's, so these live in the protocol (uvicorn takes its
 class as `http=`); the body's deadline and the slow clients' budget are the app's (ServerMiddleware).
@@ -9,6 +16,7 @@ from __future__ import annotations
 
 import collections
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 KEEP_ALIVE_SECONDS = 5  # an idle connection between two requests is closed after this (uvicorn's own timer)
@@ -57,6 +65,17 @@ def guarded_protocol(header_seconds: float, per_client: int) -> type[H11Protocol
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._arm()  # the next request's headers get the same deadline (keep-alive closes an idle one sooner)
+
+        def eof_received(self) -> bool | None:
+            cycle = self.cycle
+            if (
+                cycle is not None
+                and not cycle.response_complete
+                and self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
+            ):
+                cycle.keep_alive = False  # answer, then close
+                return True  # keep the transport open for writing
+            return None  # the transport closes: a disconnect
 
         def connection_lost(self, exc) -> None:
             self._disarm()

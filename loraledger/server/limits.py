@@ -25,6 +25,9 @@ class ServerLimits:
         5.0  # a request's own chat template (--trust-request-chat-template) must render in this
     )
     body_seconds: float = 30.0  # a request body must have arrived this long after its headers
+    send_seconds: float = (
+        30.0  # each write of an answer must go out within this (a client that stops reading is cut off)
+    )
     max_body_readers: int = 256  # requests whose body is still arriving, at once; more get 503 (slow clients' budget)
     header_seconds: float = (
         10.0  # a connection's request headers must be complete this long after it opens (or after its last response)

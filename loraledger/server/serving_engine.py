@@ -206,20 +206,25 @@ class OpenAIServing:
     ) -> AsyncIterator[RequestOutput]:
         """The request's outputs from the engine. Leaving early (the client went away; the server shutting down past
         its grace period) aborts the request, and returns once what it generated is on record as aborted."""
+        hold = self.models.hold(lora)  # until the engine admitted it: an unload waits for that
         gen = self.engine.generate(
             prompt, params, request_id, lora,
             tenant=caller.tenant, key_id=caller.key_id, user=user,
             chat_template_sha256=chat_template_sha256,
         )  # fmt: skip
         started = time.time_ns()
-        async with aclosing(gen) as stream:
-            async for out in stream:
-                if out.finished:  # one span per request, linked to the caller's trace (loraledger/evidence/otel.py)
-                    operation = "chat" if "chat" in ctx.route else "text_completion"
-                    model = lora.lora_name if lora is not None else self.state.config.model_name
-                    self.state.tracing.record(out, operation=operation, model=model, start_ns=started,
-                                              headers=ctx.trace_headers, caller=caller)  # fmt: skip
-                yield out
+        try:
+            async with aclosing(gen) as stream:
+                async for out in stream:
+                    hold.release()  # admitted: its binding to the adapter is on record
+                    if out.finished:  # one span per request, linked to the caller's trace (loraledger/evidence/otel.py)
+                        operation = "chat" if "chat" in ctx.route else "text_completion"
+                        model = lora.lora_name if lora is not None else self.state.config.model_name
+                        self.state.tracing.record(out, operation=operation, model=model, start_ns=started,
+                                                  headers=ctx.trace_headers, caller=caller)  # fmt: skip
+                    yield out
+        finally:
+            hold.release()
 
 
 # --- logprobs in OpenAI's two shapes ----------------------------------------------------------------

@@ -1,9 +1,17 @@
 """The models a server serves: the base model under its served names and every adapter by name; who may use which
 (403 and an access_denied event otherwise), /v1/models, vLLM's load / unload routes (admin keys only), and the
-adapters loaded on first use from the LoRA resolvers (loraledger.server.lora_resolvers)."""
+adapters loaded on first use from the LoRA resolvers (loraledger.server.lora_resolvers).
+
+An unload returns only once no request can be admitted on the adapter any more. A request checks that its adapter
+is still served just before it goes to the engine, and holds it (AdapterHold) until the engine has admitted it (its
+first output) or refused it; an unload first stops serving the name, then waits for the holds, then removes the
+adapter from the engine. Without the wait, a request that had resolved the name just before the unload reached the
+engine just after and was admitted there, the engine reading the adapter again from its path.
+"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 import uuid
@@ -14,13 +22,27 @@ import structlog
 from loraledger.errors import LoRARequestError
 from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError
+from loraledger.server.errors import APIError, unavailable
 from loraledger.server.lora_resolvers import LoRAResolvers
 from loraledger.sources import HubNotFoundError
 
 OWNED_BY = "loraledger"
 FORGET_SECONDS = 5.0  # undoing a failed load's registration (the loader's own bookkeeping: no store involved)
 UNKNOWN_LABEL = "unknown"  # the metrics label of every model name this server does not serve
+UNLOAD_WAIT_SECONDS = 30.0  # an unload waits this long for the requests already on their way to the engine
+
+
+class AdapterHold:
+    """A request's claim on its adapter from its last check that the adapter is served until the engine admitted or
+    refused it: the adapter is not removed meanwhile. release() is idempotent."""
+
+    def __init__(self, models: OpenAIServingModels | None, int_id: int) -> None:
+        self._models, self._int_id = models, int_id
+
+    def release(self) -> None:
+        if self._models is not None:
+            models, self._models = self._models, None
+            models.end_hold(self._int_id)
 
 
 class OpenAIServingModels:
@@ -34,6 +56,9 @@ class OpenAIServingModels:
         self._lock = anyio.Lock()  # guards names and ids; an adapter's load itself runs outside it
         self._loading: dict[str, anyio.Event] = {}  # names whose first load is under way, set when it has ended
         self._resolving: dict[str, _Pending] = {}  # names a resolver is looking for: one search per name at a time
+        self._holds: collections.Counter[int] = collections.Counter()  # lora_int_id -> requests on their way in
+        self._hold_ended = anyio.Event()  # set when a hold ends (and replaced by whoever waits)
+        self._unloading: dict[str, LoRARequest] = {}  # no longer served, still waiting for its holds to end
         config = state.config
         self.resolvers = LoRAResolvers(config.lora_resolvers, config.lora_resolver_max_loras)
         self._log = structlog.get_logger().bind(actor="server")
@@ -56,6 +81,31 @@ class OpenAIServingModels:
         if lora is None:
             raise _not_found(model)
         return lora
+
+    def hold(self, lora: LoRARequest | None) -> AdapterHold:
+        """Check that `lora` is still served (404 when it was unloaded since the request resolved it) and hold it until
+        release(): call with no await between this and handing the request to the engine."""
+        if lora is None:
+            return AdapterHold(None, 0)
+        served = self.adapters.get(lora.lora_name)
+        if served is None or served.lora_int_id != lora.lora_int_id:  # (an in-place reload keeps the id)
+            raise APIError(404, f"The model `{lora.lora_name}` was unloaded.", code="model_not_found", param="model")
+        self._holds[lora.lora_int_id] += 1
+        return AdapterHold(self, lora.lora_int_id)
+
+    def end_hold(self, int_id: int) -> None:
+        self._holds[int_id] -= 1
+        if self._holds[int_id] <= 0:
+            del self._holds[int_id]
+        self._hold_ended.set()
+
+    async def _wait_holds(self, int_id: int) -> bool:
+        """Wait (at most UNLOAD_WAIT_SECONDS) until no request holds adapter int_id; False if some still do."""
+        with anyio.move_on_after(UNLOAD_WAIT_SECONDS):
+            while self._holds[int_id]:
+                self._hold_ended = anyio.Event()
+                await self._hold_ended.wait()
+        return not self._holds[int_id]
 
     async def _on_demand(self, model: str) -> LoRARequest | None:
         """The adapter `model` names, loaded from the first resolver that has it (None: none has it). Requests that
@@ -181,6 +231,9 @@ class OpenAIServingModels:
                     self.adapters[name] = LoRARequest(name, known.lora_int_id, path)
                     self._log.info("adapter reloaded in place", adapter=name, path=path, lora_int_id=known.lora_int_id)
                     return self.adapters[name]
+                if name in self._unloading:
+                    raise unavailable(f"The lora adapter '{name}' is being unloaded; retry the load shortly",
+                                      "adapter_unloading")  # fmt: skip
                 if name in self.base_names or name in self.adapters:
                     raise APIError(
                         400,
@@ -215,15 +268,24 @@ class OpenAIServingModels:
 
     async def unload(self, name: str, lora_int_id: int | None = None) -> None:
         async with self._lock:
-            lora = self.adapters.get(name)
+            lora = self.adapters.get(name) or self._unloading.get(name)
             if lora is None or (lora_int_id is not None and lora.lora_int_id != lora_int_id):
                 raise APIError(
                     404, f"The lora adapter '{name}' cannot be found.", code="adapter_not_found", param="lora_name"
                 )
-            del self.adapters[name]  # no new request can name it; requests already admitted finish on it
+            # no new request can name it; requests already on their way to the engine are admitted first
+            self.adapters.pop(name, None)
             self._created.pop(name, None)
+            self._unloading[name] = lora
+            if not await self._wait_holds(lora.lora_int_id):
+                raise unavailable(
+                    f"The lora adapter '{name}' is no longer served, but {self._holds[lora.lora_int_id]} request(s) "
+                    f"naming it were still being admitted after {UNLOAD_WAIT_SECONDS:g} s; retry the unload",
+                    "adapter_unloading",
+                )
             self.resolvers.forget(name)  # its resolver may load another
             await self._state.engine.remove_lora(lora.lora_int_id)
+            del self._unloading[name]
             self._log.info("adapter unloaded", adapter=name)
 
 

@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import Connection, inspect, text
 
 from loraledger.store.db import make_engine
-from loraledger.store.guards import guards_for
+from loraledger.store.guards import guards_for, install
+
+
+def drop_guards(conn: Connection) -> None:
+    """Drop every append-only guard (the caller puts them back, with reinstall_guards, as a careful intruder would)."""
+    for guard in guards_for(conn.dialect.name):
+        on = f" ON {guard.table}" if conn.dialect.name == "postgresql" else ""
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}{on}")
+
+
+def reinstall_guards(conn: Connection) -> None:
+    install(conn.exec_driver_sql, conn.dialect.name, tables=inspect(conn).get_table_names())
 
 
 def tamper(url: str, *statements: str, **params: object) -> None:
-    """Run statements on a raw connection after dropping every append-only guard, as an intruder would."""
+    """Run statements on a raw connection after dropping every append-only guard, then put the guards back, as a
+    careful intruder would (verify reports a guard missing or altered: tests/audit/test_schema_objects.py)."""
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            for guard in guards_for(conn.dialect.name):
-                on = f" ON {guard.table}" if conn.dialect.name == "postgresql" else ""
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}{on}")
+            drop_guards(conn)
             for statement in statements:
                 conn.execute(text(statement), params)
+            reinstall_guards(conn)
     finally:
         engine.dispose()
 
@@ -42,11 +53,10 @@ def rebuild_tree(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            for guard in guards_for(conn.dialect.name):
-                on = f" ON {guard.table}" if conn.dialect.name == "postgresql" else ""
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {guard.name}{on}")
+            drop_guards(conn)
             for table in ("merkle_nodes", "receipts", "checkpoints"):
                 conn.exec_driver_sql(f"DELETE FROM {table}")
             backfill(conn)
+            reinstall_guards(conn)
     finally:
         engine.dispose()

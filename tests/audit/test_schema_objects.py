@@ -62,3 +62,46 @@ def _count(url: str) -> int:
             return conn.execute(text("SELECT count(*) FROM request_lineage")).scalar_one()
     finally:
         engine.dispose()
+
+
+def _dialect(url: str) -> str:
+    return "postgresql" if url.startswith("postgresql") else "sqlite"
+
+
+def test_a_dropped_guard_fails_verify(migrated_db_url: str, synth: SynthLog):
+    on = " ON completions" if _dialect(migrated_db_url) == "postgresql" else ""
+    _run(migrated_db_url, f"DROP TRIGGER completions_no_update{on}")
+    messages = [p.message for p in _verify(migrated_db_url).problems]
+    assert any("append-only guard completions_no_update is not as the migrations created it" in m for m in messages)
+
+
+def test_an_altered_guard_fails_verify(migrated_db_url: str, synth: SynthLog):
+    if _dialect(migrated_db_url) == "postgresql":
+        # the guard function now lets every change through: the trigger is there, its function is not ours
+        statements = [
+            "CREATE OR REPLACE FUNCTION loraledger_refuse_change() RETURNS trigger LANGUAGE plpgsql "
+            "AS $$BEGIN RETURN NEW; END$$"
+        ]
+        name = "its function loraledger_refuse_change() was altered"
+    else:
+        statements = [
+            "DROP TRIGGER events_no_delete",
+            "CREATE TRIGGER events_no_delete BEFORE DELETE ON events WHEN 0 BEGIN SELECT RAISE(ABORT, 'no'); END",
+        ]
+        name = "events_no_delete"
+    _run(migrated_db_url, *statements)
+    messages = [p.message for p in _verify(migrated_db_url).problems]
+    assert any("append-only guard" in m and name in m for m in messages), messages
+
+
+def test_a_trigger_no_migration_made_fails_verify(migrated_db_url: str, synth: SynthLog):
+    if _dialect(migrated_db_url) == "postgresql":
+        statements = [
+            "CREATE FUNCTION drop_rows() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$",
+            "CREATE TRIGGER quiet BEFORE INSERT ON completions FOR EACH ROW EXECUTE FUNCTION drop_rows()",
+        ]
+    else:
+        statements = ["CREATE TRIGGER quiet BEFORE INSERT ON completions BEGIN SELECT RAISE(IGNORE); END"]
+    _run(migrated_db_url, *statements)
+    messages = [p.message for p in _verify(migrated_db_url).problems]
+    assert any("trigger quiet on completions was not created by any migration" in m for m in messages), messages

@@ -12,7 +12,7 @@ from loraledger.errors import ConfigError
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.db import make_engine
 from tests.audit.synth import SynthLog
-from tests.audit.tampering import event_seq, rebuild_tree, tamper
+from tests.audit.tampering import drop_guards, event_seq, rebuild_tree, tamper
 
 
 def test_a_clean_log_verifies_and_names_its_head(migrated_db_url: str, synth: SynthLog):
@@ -148,6 +148,7 @@ def _rehash(url: str, seqs: list[int]) -> None:
     try:
         with engine.begin() as conn:
             table = Event.__table__
+            drop_guards(conn)  # rebuild_tree puts them back
             prev = conn.execute(table.select().where(table.c.seq == seqs[0] - 1)).one().hash
             for seq in seqs:
                 row = conn.execute(table.select().where(table.c.seq == seq)).one()

@@ -240,6 +240,10 @@ def test_swapping_two_adapters_names_fails_verify(engine, log):
 
 
 def test_the_clean_log_verifies(engine, log):
-    with unguarded(engine) as conn:
+    with engine.connect() as conn:
         result = verify_log(conn)
     assert result.ok, result.problems
+    with unguarded(engine) as conn:
+        result = verify_log(conn)
+    # the cases below edit rows with the guards out of the way: verify says so, and finds nothing else
+    assert result.problems and {p.table for p in result.problems} == {"triggers"}, result.problems
