@@ -340,3 +340,22 @@ def unvouched_stops(events: Table) -> Select[Any]:
 def unregistered(instances: Table, events: Table) -> Select[Any]:
     """The `instances` rows no instance_registered event vouches for."""
     return select(instances.c.instance_id).where(~is_registered(instances, events)).order_by(instances.c.instance_id)
+
+
+def unvouched_stop_markers(conn: Connection, events: Table) -> list[str]:
+    """Instances whose lease carries a clean-stop marker no instance_stopped event vouches for (stops written
+    before clean stops went on the chain), oldest stop first."""
+    stop_key = literal(STOP_KEY_PREFIX, Text) + LEASES.c.instance_id
+    vouched = select(events.c.seq).where(events.c.dedup_key == stop_key, events.c.kind == EventKind.INSTANCE_STOPPED)
+    query = (
+        select(LEASES.c.instance_id)
+        .where(LEASES.c.recovered_by == LEASES.c.instance_id, ~vouched.exists())
+        .order_by(LEASES.c.recovered_at, LEASES.c.instance_id)
+    )
+    return list(conn.execute(query).scalars())
+
+
+def backfilled_stop_event(instance_id: str, at: float, revision: str) -> EventRecord:
+    """The instance_stopped event a revision appends for a clean stop that was on record before such events were."""
+    event = stop_event(instance_id, at)
+    return msgspec.structs.replace(event, payload={**event.payload, "backfilled_by": revision})

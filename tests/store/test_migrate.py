@@ -333,3 +333,43 @@ def test_a_new_database_migrates_under_a_deadline_shorter_than_the_migration_idl
             assert current_revision(conn) == head_revision()
             timeout = conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar_one()
     assert timeout == "200ms", "the pool's connections keep the engine's own deadline"
+
+
+def test_0012_brings_the_clean_stops_of_an_existing_log_into_the_chain(db_url):
+    """Clean stops written before they went on the chain: verify would call their markers forged; the revision
+    appends one instance_stopped event each (marked backfilled), leaving the chain as it was, and verify passes."""
+    from loraledger.audit.verify import verify_log
+    from loraledger.store import instances
+    from loraledger.store.instances import this_instance
+
+    assert upgrade(db_url, "0011_receipts_and_checkpoints") == "0011_receipts_and_checkpoints"
+    engine = make_engine(db_url)
+    stopped, running = this_instance("0.1.0", lease_seconds=30), this_instance("0.1.0", lease_seconds=30)
+    for record in (stopped, running):
+        with write_transaction(engine) as conn:
+            _, event = instances.register(conn, record)
+            audit_store.append_events(conn, [event], record.instance_id)
+    with write_transaction(engine) as conn:  # a clean stop as it was written before: the lease marker alone
+        conn.execute(
+            instances.LEASES.update()
+            .where(instances.LEASES.c.instance_id == stopped.instance_id)
+            .values(recovered_by=stopped.instance_id, recovered_at=func.now())
+        )
+    with engine.connect() as conn:
+        before = conn.execute(select(EVENTS.c.seq, EVENTS.c.hash).order_by(EVENTS.c.seq)).all()
+        stale = verify_log(conn)
+    assert not stale.ok and [p.key for p in stale.problems] == [{"instance_id": stopped.instance_id}]
+
+    assert upgrade(db_url) == head_revision()
+    with engine.connect() as conn:
+        after = conn.execute(select(EVENTS).order_by(EVENTS.c.seq)).all()
+    assert [(r.seq, r.hash) for r in after[: len(before)]] == before  # the chain as it was is untouched
+    added = after[len(before) :]
+    assert [(r.kind, r.instance_id) for r in added] == [(EventKind.INSTANCE_STOPPED, stopped.instance_id)]
+    assert added[0].payload == {"instance_id": stopped.instance_id, "backfilled_by": "0012_stop_markers_in_chain"}
+    with AuditLog(db_url) as log:
+        result = log.verify()
+    assert result.ok, result.problems
+    assert upgrade(db_url) == head_revision()  # again: nothing left to bring in
+    assert len(_kinds(engine)) == len(after)
+    engine.dispose()
