@@ -55,7 +55,11 @@ SOURCE_FIELDS = (
     "quant_bits",
     "quant_group_size",
     "quant_source_fingerprint",
-)  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
+)
+# revision 0013's columns: written only when set, so a float model's row (and its event) is what it was before 0013
+QUANT_FIELDS = SOURCE_FIELDS[
+    -5:
+]  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,7 +146,11 @@ def instance_row(record: InstanceRecord) -> dict[str, Any]:
         "engine_version": record.engine_version,
         "started_at": utc_from_unix(record.started_at),
         "lease_seconds": float(record.lease_seconds),
-        **{name: getattr(record, name) for name in SOURCE_FIELDS},
+        **{
+            name: getattr(record, name)
+            for name in SOURCE_FIELDS
+            if name not in QUANT_FIELDS or getattr(record, name) is not None
+        },
     }
 
 

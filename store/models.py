@@ -266,11 +266,11 @@ class Instance(Base):
     `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal); revision 0009:
     `model` / `tokenizer` (as given: a folder or a Hub repo id), and for each the Hub repo, the revision asked for
     and the commit sha read (`model_repo_id`, `model_revision`, `model_commit_sha`, and the same for the tokenizer;
-    NULL for a local folder, and for engines that had no tokenizer or started before 0009); revision 0012: how the
+    NULL for a local folder, and for engines that had no tokenizer or started before 0009); revision 0013: how the
     base model's weights are quantized as served (`quantization`: a readable description such as "gptq 4-bit g128
     asym"; `quant_method`, `quant_bits`, `quant_group_size`, NULL for a per-channel scale; `quant_source_fingerprint`,
     for a float checkpoint the engine quantized at load, that checkpoint's own fingerprint), all NULL for float
-    weights and engines that started before 0012.
+    weights and engines that started before 0013.
     """
 
     __tablename__ = "instances"

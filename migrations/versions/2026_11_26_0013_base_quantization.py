@@ -1,7 +1,7 @@
 """how the base model's weights are quantized as served: quantization columns on instances
 
-Revision ID: 0012_base_quantization
-Revises: 0011_receipts_and_checkpoints
+Revision ID: 0013_base_quantization
+Revises: 0012_stop_markers_in_chain
 Create Date: 2026-11-26
 
 An engine may serve a quantized base model (a GPTQ, AWQ, compressed-tensors or bitsandbytes checkpoint, or a GGUF
@@ -23,8 +23,8 @@ from alembic import op
 
 from loraledger.errors import AuditSchemaError
 
-revision: str = "0012_base_quantization"
-down_revision: str | Sequence[str] | None = "0011_receipts_and_checkpoints"
+revision: str = "0013_base_quantization"
+down_revision: str | Sequence[str] | None = "0012_stop_markers_in_chain"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
