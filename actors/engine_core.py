@@ -17,11 +17,11 @@ from loraledger.actors.lease_keeper import LeaseKeeper
 from loraledger.actors.messages import AuditAppend, Shutdown
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
-from loraledger.gpu.grammar_compiler import GrammarCompiler
 from loraledger.logging import get_logger
 from loraledger.scheduling.config import SchedulerConfig
 from loraledger.sources.engine_sources import adapter_settings
 from loraledger.store.records import EventKind, EventRecord
+from loraledger.structured_outputs.grammar_compiler import GrammarCompiler
 
 # inbox sizes: large enough that no actor cycle (scheduler <-> assembler, assembler <-> audit) can fill
 # both directions under normal load, small enough that a stalled consumer is felt upstream

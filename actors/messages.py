@@ -138,7 +138,7 @@ class NewRequest(Msg):
     queued_time: float
     bad_words_token_ids: list[list[int]] = []  # SamplingParams.bad_words tokenized with the request's tokenizer
     caller_request_id: str | None = None  # named in the errors the Scheduler fails the request with
-    grammar: object = None  # gpu.grammar_compiler.CompiledConstraint of SamplingParams.structured_outputs
+    grammar: object = None  # a grammar_compiler.CompiledConstraint of SamplingParams.structured_outputs
     cache_salt: str | None = None  # Submit.cache_salt
 
 

@@ -261,13 +261,14 @@ def sweep_attention(
     splits: tuple[int, ...] = (512, 1024, 2048, 4096),
 ) -> list[dict]:
     """Each attention case under other tokens-per-lane (U) and shortest splits, the kernel template widened to match."""
-    import loraledger.gpu.ops_cuda as ops_cuda
+    import loraledger.gpu.ops_cuda_attention as attention
     from loraledger.gpu import kernel_sources as ks
+    from loraledger.gpu.ops_cuda import CudaOps
 
     shipped_template, shipped_u, shipped_split = (
         ks.PAGED_ATTENTION_DECODE,
         ks.attention_tokens_per_lane,
-        ops_cuda.SPLIT_MIN,
+        attention.SPLIT_MIN,
     )
     gen = torch.Generator().manual_seed(23)
     rows = []
@@ -279,8 +280,8 @@ def sweep_attention(
             )
             ks.attention_tokens_per_lane = lambda ctype, hp, epl, u=u: u
             for split_min in splits:
-                ops_cuda.SPLIT_MIN = split_min
-                ops = ops_cuda.CudaOps("cuda")
+                attention.SPLIT_MIN = split_min
+                ops = CudaOps("cuda")
                 for case in ATTENTION_CASES:
                     args, nbytes = _attention_call(case, gen)
                     r = _result(
@@ -303,7 +304,7 @@ def sweep_attention(
                     )
                     del args
     finally:
-        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, ops_cuda.SPLIT_MIN = (
+        ks.PAGED_ATTENTION_DECODE, ks.attention_tokens_per_lane, attention.SPLIT_MIN = (
             shipped_template,
             shipped_u,
             shipped_split,

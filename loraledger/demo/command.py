@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
 def show(files, url: str, *, device: str, max_tokens: int, check: bool) -> int:
     """The batch, the table, and the proof; with check, 1 unless every adapter answer shows its training."""
     from loraledger.cli import main
-    from loraledger.demo.run import PROOF_SQL, pirate_like, print_rows, proof_rows, run_batch, sql_select
+    from loraledger.demo.mixed_batch import PROOF_SQL, pirate_like, print_rows, proof_rows, run_batch, sql_select
 
     rows = run_batch(files.model_dir, files.adapters, url, device=device, max_tokens=max_tokens)
     out = sys.stdout

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from loraledger.demo.run import MAX_TOKENS, QUESTIONS
+from loraledger.demo.mixed_batch import MAX_TOKENS, QUESTIONS
 
 SERVED_NAME = "smollm2"
 HOST = "127.0.0.1"

@@ -61,7 +61,7 @@ class NewSeq(msgspec.Struct, frozen=True, array_like=True):
     sampling: SamplingSpec
     prompt_token_ids: list[int]  # for repetition penalty and prompt logprobs
     output_token_ids: list[int] = []  # tokens generated before (after preemption of a forked sequence)
-    grammar: object = None  # gpu.grammar_compiler.CompiledConstraint: the sequence's output is constrained to it
+    grammar: object = None  # a grammar_compiler.CompiledConstraint: the sequence's output is constrained to it
 
 
 class SeqWork(msgspec.Struct, frozen=True, array_like=True):

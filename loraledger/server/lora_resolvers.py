@@ -1,11 +1,11 @@
 """LoRA resolvers (`serve --lora-resolver`): where an adapter a request names, not loaded yet, is looked for.
 
-As vLLM's LoRA resolver plugins (its filesystem and Hub resolvers): a folder whose subfolders are adapters (the
-name is the subfolder), or a Hub organisation (`hf://ORG`: the name `NAME` is the repo `ORG/NAME`, `NAME@rev` pins
-a revision). Resolvers are tried in the order given; the first that has the name serves it. Unlike vLLM, the
-adapter's `base_model_name_or_path` need not equal the served model's name (a Hub id and a local folder of the same
-model differ): the loader's shape checks refuse an adapter of another model. Each resolver loads at most
-`max_loras` adapters (an adapter unloaded gives its place back).
+As vLLM's LoRA resolver plugins (its filesystem and Hub resolvers): a folder whose subfolders are adapters (the name
+is the subfolder), or a Hub organisation (`hf://ORG`: the name `NAME` is the repo `ORG/NAME`, `NAME@rev` pins a
+revision: a branch, tag or commit sha without '/'). Resolvers are tried in the order given; the first that has the
+name serves it. Unlike vLLM, the adapter's `base_model_name_or_path` need not equal the served model's name (a Hub
+id and a local folder of the same model differ): the loader's shape checks refuse an adapter of another model. Each
+resolver loads at most `max_loras` adapters (an adapter unloaded gives its place back).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ HUB_SCHEME = "hf://"
 DEFAULT_MAX_LORAS = 64  # adapters one resolver may load into a server (--lora-resolver-max-loras)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # one path component; never "." or "..", never a slash
 _ORG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+# a revision a caller names (`NAME@rev`): a branch, tag or commit sha, one component; no path (refs/pr/N, which anyone
+# may push to on a public repo, or "../.." into the Hub cache)
+_REVISION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class LoRAResolverSpec:
         folder = Path(text).expanduser()
         if not text or not folder.is_dir():
             raise ConfigError(f"--lora-resolver {text!r}: no such folder; give a folder of adapters or hf://ORG")
-        return cls(str(folder))
+        return cls(str(folder.absolute()))  # a relative ORG/NAME path would read as a Hub repo id where it is absent
 
     def __str__(self) -> str:
         return f"{HUB_SCHEME}{self.location}" if self.hub else self.location
@@ -52,7 +55,7 @@ class LoRAResolverSpec:
         if not _NAME.fullmatch(base) or ".." in base:
             return None
         if self.hub:
-            if "--" in base:
+            if "--" in base or (at and (not _REVISION.fullmatch(revision) or ".." in revision)):
                 return None
             candidate = f"{self.location}/{name}"
             try:

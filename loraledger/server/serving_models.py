@@ -24,7 +24,7 @@ from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
 from loraledger.server.errors import APIError, unavailable
 from loraledger.server.lora_resolvers import LoRAResolvers
-from loraledger.sources import HubNotFoundError
+from loraledger.sources import HubNotFoundError, HubOfflineError
 
 OWNED_BY = "loraledger"
 FORGET_SECONDS = 5.0  # undoing a failed load's registration (the loader's own bookkeeping: no store involved)
@@ -150,8 +150,11 @@ class OpenAIServingModels:
                 lora = await self.load(model, path)
             except BaseException as exc:
                 self.resolvers.forget(model)
-                if isinstance(exc, HubNotFoundError):
-                    continue  # not in this organisation: the next resolver may have it
+                known = self.adapters.get(model)
+                if known is not None and isinstance(exc, APIError) and exc.code == "adapter_exists":
+                    return known  # an admin's load of this name ended first: the request runs on it
+                if isinstance(exc, (HubNotFoundError, HubOfflineError)):
+                    continue  # not in this organisation (or, offline, not in the cache): the next resolver may have it
                 raise
             where = str(self.resolvers.specs[index])
             self._log.info("adapter loaded on first use", adapter=model, path=path, resolver=where)

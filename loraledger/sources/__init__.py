@@ -1,6 +1,6 @@
 """Where models, tokenizers and adapters come from: a local folder, or a Hugging Face Hub repo at a resolved commit."""
 
-from loraledger.sources.errors import (
+from loraledger.sources.hub_errors import (
     HubAccessError,
     HubError,
     HubNotFoundError,

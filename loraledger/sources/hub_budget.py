@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from loraledger.sources.errors import HubError
+from loraledger.sources.hub_errors import HubError
 from loraledger.sources.hub_settings import HubSettings
 
 T = TypeVar("T")

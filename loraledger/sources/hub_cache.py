@@ -23,11 +23,22 @@ def snapshot(cache_dir: str, repo_id: str, commit: str) -> Path:
     return repo_folder(cache_dir, repo_id) / "snapshots" / commit
 
 
+def _ref(cache_dir: str, repo_id: str, revision: str) -> Path | None:
+    """refs/<revision>, or None when the revision is no ref name (git's rules: no empty, "." or ".." part), so that
+    no revision leads out of refs/."""
+    parts = revision.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return None
+    return repo_folder(cache_dir, repo_id) / "refs" / revision
+
+
 def cached_commit(cache_dir: str, repo_id: str, revision: str) -> str | None:
     """The commit `revision` (a branch, a tag, or a commit sha) names in the cache; None when it names none there."""
     if COMMIT.fullmatch(revision):
         return revision if snapshot(cache_dir, repo_id, revision).is_dir() else None
-    ref = repo_folder(cache_dir, repo_id) / "refs" / revision
+    ref = _ref(cache_dir, repo_id, revision)
+    if ref is None:
+        return None
     try:
         commit = ref.read_text(encoding="utf-8").strip()
     except (OSError, ValueError):
@@ -37,9 +48,9 @@ def cached_commit(cache_dir: str, repo_id: str, revision: str) -> str | None:
 
 def write_ref(cache_dir: str, repo_id: str, revision: str, commit: str) -> None:
     """refs/<revision> = commit, replaced atomically (a reader sees the old commit or the new one)."""
-    if COMMIT.fullmatch(revision):
-        return
-    ref = repo_folder(cache_dir, repo_id) / "refs" / revision
+    ref = None if COMMIT.fullmatch(revision) else _ref(cache_dir, repo_id, revision)
+    if ref is None:
+        return  # a commit needs no ref; a name that is no ref is never written (the next use fetches it again)
     ref.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=ref.parent, prefix=".ref-")
     try:

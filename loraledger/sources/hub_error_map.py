@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loraledger.sources.errors import (
+from loraledger.sources.hub_errors import (
     HubAccessError,
     HubError,
     HubNotFoundError,

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from loraledger.logging import get_logger
 from loraledger.sources import fileset, hub_cache
-from loraledger.sources.errors import (
+from loraledger.sources.hub_budget import Budget, Stop, run_within
+from loraledger.sources.hub_error_map import stopped, typed
+from loraledger.sources.hub_errors import (
     HubError,
     HubNotFoundError,
     HubOfflineError,
@@ -28,8 +30,6 @@ from loraledger.sources.errors import (
     HubTooLargeError,
     HubUnavailableError,
 )
-from loraledger.sources.hub_budget import Budget, Stop, run_within
-from loraledger.sources.hub_error_map import stopped, typed
 from loraledger.sources.hub_settings import HubSettings
 
 _METADATA_TIMEOUT = 10.0  # seconds one metadata request may wait for an answer (within the deadline)

@@ -61,7 +61,6 @@ def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_o
     db_url, tiny_llama, zygote, tmp_path
 ):
     upgrade(db_url)
-    started = time.monotonic()
     runs = {
         f"e{i}": _start(zygote, tiny_llama, db_url, tmp_path, f"e{i}", i, ["--in-flight", "4"]) for i in range(ENGINES)
     }
@@ -76,7 +75,6 @@ def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_o
     lines = {"e1": dead_lines, "e4": replacement.stop()}
     for name, run in runs.items():
         lines[name] = run.stop()
-    elapsed = time.monotonic() - started
 
     admitted: set[str] = set()
     released: dict[str, int] = {}
@@ -122,4 +120,4 @@ def test_four_engines_write_one_log_and_a_replacement_recovers_only_the_killed_o
     untouched = sorted(rid for rid, iid in owner.items() if iid != ids["e1"] and rid not in ended)
     assert untouched == [], (untouched, states)
     assert states == {iid: ("recovered" if name == "e1" else "stopped") for name, iid in ids.items()}
-    assert len(admitted) >= ENGINES * 24 + 24 and elapsed < 150, (len(admitted), f"{elapsed:.0f}s")
+    assert len(admitted) >= ENGINES * 24 + 24, len(admitted)  # each step above has its own deadline

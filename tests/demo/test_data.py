@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from loraledger.demo.data import COUNTRIES, HELD_OUT, pirate_examples, sql_database, sql_examples, write_jsonl
-from loraledger.demo.run import QUESTIONS, pirate_like, sql_select
+from loraledger.demo.mixed_batch import QUESTIONS, pirate_like, sql_select
 
 
 def test_examples_are_deterministic_and_leave_out_what_the_demo_asks():

@@ -17,7 +17,7 @@ from sqlalchemy import text
 from loraledger.audit import AuditLog
 from loraledger.cli import main
 from loraledger.demo.build import build_demo
-from loraledger.demo.run import QUESTIONS, pirate_like, sql_select
+from loraledger.demo.mixed_batch import QUESTIONS, pirate_like, sql_select
 from loraledger.errors import DemoFetchError
 from tests.model_fixtures import hf_reference_generate
 

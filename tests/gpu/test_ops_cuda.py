@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from loraledger.errors import KernelInputError
-from loraledger.gpu.ops_cuda import CudaOps, lora_segments, lora_tiles, sdpa_prefill_attention
+from loraledger.gpu.ops_cuda import CudaOps
+from loraledger.gpu.ops_cuda_attention import sdpa_prefill_attention
+from loraledger.gpu.ops_cuda_lora import lora_segments, lora_tiles
 from loraledger.gpu.ops_torch import TorchOps
 from tests.gpu.cuda_emulation import EmulatedLauncher, emulation_problem
 from tests.gpu.markers import requires_gpu
@@ -430,13 +432,13 @@ def test_sdpa_prefill_attention_matches_torchops(window):
 
 def test_prefill_attention_reads_the_sizes_back_once_per_step():
     """Each read-back drains the GPU's launch queue: the layers of one step share one."""
-    import loraledger.gpu.ops_cuda as ops_cuda
+    import loraledger.gpu.ops_cuda_attention as attention
 
     g = _gen("prefill-once")
     ops = CudaOps("cpu", launcher=_NoLaunch())
     k_cache, v_cache, table, _ = _paged_context(g, 2, 2, 16, 4, 9, F32, "cpu")
     q = torch.randn(7, 4, 16, generator=g)
-    with mock.patch.object(ops_cuda, "prefill_sizes", wraps=ops_cuda.prefill_sizes) as sizes:
+    with mock.patch.object(attention, "prefill_sizes", wraps=attention.prefill_sizes) as sizes:
         for step in range(2):  # each step builds its index tensors afresh, as build_forward_batch does
             starts = torch.tensor([0, 3, 7], dtype=torch.int32)
             lens = torch.tensor([9, 4], dtype=torch.int32)

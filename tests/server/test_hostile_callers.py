@@ -223,8 +223,12 @@ def test_several_prompts_in_one_body_run_together(live, keys):
         return time.perf_counter() - t
 
     timed(["warm"])
-    one = min(timed(["a"]), timed(["b"]))
-    four = timed(["a", "b", "c", "d"])
+    # the best of three, one and four interleaved: on a busy machine a single timing is mostly the machine's load
+    ones, fours = [], []
+    for _ in range(3):
+        ones.append(timed(["a"]))
+        fours.append(timed(["a", "b", "c", "d"]))
+    one, four = min(ones), min(fours)
     assert four < 2.5 * one, f"4 prompts took {four:.2f} s against {one:.2f} s for one: run one after another"
 
 

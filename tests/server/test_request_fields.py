@@ -137,7 +137,9 @@ def test_modalities_other_than_text_are_refused(rag):
     assert r.status_code == 400 and r.json()["error"]["param"] == "modalities", r.text
 
 
-def test_cache_salt_is_taken_on_both_routes(rag):
+def test_cache_salt_is_accepted_on_both_routes_and_an_empty_one_refused(rag):
+    # that a salt keeps requests off each other's cached blocks is checked on the engine, where the cache is
+    # visible: tests/api/test_scheduling.py
     assert _chat(rag, cache_salt="tenant-a").status_code == 200
     body = {"model": BASE, "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 2, "cache_salt": "tenant-a"}
     assert _post(rag, "/v1/completions", body).status_code == 200

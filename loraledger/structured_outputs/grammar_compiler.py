@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import xgrammar as xgr
 
 from loraledger.errors import StructuredOutputError
-from loraledger.structured_outputs import MAX_JSON_WHITESPACE, Constraint
+from loraledger.structured_outputs.constraints import MAX_JSON_WHITESPACE, Constraint
 
 
 @dataclass(frozen=True)
