@@ -265,6 +265,7 @@ def _instances(args: argparse.Namespace) -> int:
         ("instance_id", "instance", 33), ("host", "host", 16), ("pid", "pid", 7), ("engine_version", "version", 7),
         ("started_at", "started (UTC)", 20), ("state", "lease", 9), ("expires_at", "lease ends (UTC)", 20),
         ("recovered_by", "recovered by", 33), ("model", "model", 24), ("model_commit_sha", "model commit", 40),
+        ("quantization", "quantization", 24),
     )  # fmt: skip
     fields = (
         "instance_id",

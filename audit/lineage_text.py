@@ -24,7 +24,8 @@ def readable_sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_lines(source: dict[str, Any] | None) -> list[str]:
-    """Where the instance's base model and tokenizer were read from (nothing for a log from before it was kept)."""
+    """Where the instance's base model and tokenizer were read from, and how the model's weights are quantized
+    (nothing for a log from before it was kept)."""
     if not source or source.get("model") is None:
         return []
     lines = []
@@ -34,6 +35,8 @@ def _model_lines(source: dict[str, Any] | None) -> list[str]:
             continue
         origin = describe(source[f"{what}_repo_id"], source[f"{what}_revision"], source[f"{what}_commit_sha"])
         lines.append(f"  {what:<13} {origin or name + ' (local folder)'}")
+    if source.get("quantization"):
+        lines.append(f"  quantization  {source['quantization']}")
     return lines
 
 

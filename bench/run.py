@@ -171,6 +171,14 @@ CATALOGUE = (
         "bench.vs_vllm_cpu",
         "--rounds 3",
     ),
+    Benchmark(
+        "quant",
+        "CPU: decode tokens/s of a W4A16 base (bf16 activations) vs bf16 and fp32 dense, batch 1/8/32, 6 adapters; "
+        "resident weight memory of each",
+        "~3 min",
+        "bench.quant_decode",
+        "--rounds 3",
+    ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
 

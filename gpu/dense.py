@@ -70,6 +70,11 @@ class Dense:
         self._weight = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None) if prepack else weight
         self._bias = bias
 
+    def resident_bytes(self) -> int:
+        """The weight's and bias's bytes (a pre-packed copy holds as many as the plain weight)."""
+        bias = 0 if self._bias is None else self._bias.nbytes
+        return self.out_features * self.in_features * torch.empty((), dtype=self.dtype).element_size() + bias
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.prepacked:
             return F.linear(x, self._weight, self._bias)

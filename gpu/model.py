@@ -22,6 +22,7 @@ from loraledger.gpu.ops import Ops
 from loraledger.gpu.rotary import build_cos_sin_cache
 from loraledger.gpu.weights import ModelWeights
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.quantization.projection import QuantizedProjection
 
 
 @dataclass
@@ -30,10 +31,10 @@ class DecoderLayer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Dense
-    o: Dense
-    gate_up: Dense
-    down: Dense
+    qkv: Dense | QuantizedProjection
+    o: Dense | QuantizedProjection
+    gate_up: Dense | QuantizedProjection
+    down: Dense | QuantizedProjection
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights of q and k (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
     pre_ff_norm: torch.Tensor | None = None  # Gemma 2/3: the MLP's own norms before and after it
@@ -66,14 +67,22 @@ class Model:
         self.dtype = weights.lm_head.dtype  # the activations' dtype
         self.norm = weights.norm
         self.lm_head = Dense(weights.lm_head, prepack=prepack)
+        dtype = weights.embed.dtype
+
+        def projection(weight, bias=None):
+            """Dense for a float weight; a quantized one (a list of its parts) stays packed."""
+            if isinstance(weight, torch.Tensor):
+                return Dense(weight, bias, prepack=prepack)
+            return QuantizedProjection(weight, bias, dtype=dtype)
+
         self.layers = [
             DecoderLayer(
                 input_norm=lw.input_norm,
                 post_norm=lw.post_norm,
-                qkv=Dense(lw.qkv, lw.qkv_bias, prepack=prepack),
-                o=Dense(lw.o, prepack=prepack),
-                gate_up=Dense(lw.gate_up, prepack=prepack),
-                down=Dense(lw.down, prepack=prepack),
+                qkv=projection(lw.qkv, lw.qkv_bias),
+                o=projection(lw.o),
+                gate_up=projection(lw.gate_up),
+                down=projection(lw.down),
                 q_norm=lw.q_norm,
                 k_norm=lw.k_norm,
                 pre_ff_norm=lw.pre_ff_norm,
@@ -101,6 +110,16 @@ class Model:
             else None
         )
         self._split = (config.q_size, config.kv_size, config.kv_size)
+
+    def resident_weight_bytes(self) -> int:
+        """Bytes the base weights hold as the forward reads them (packed quantized layers at their packed size)."""
+        seen: dict[int, int] = {}
+        for t in (self.embed, self.norm, *(t for lw in self.layers for t in (lw.input_norm, lw.post_norm))):
+            seen[t.data_ptr()] = t.nbytes
+        total = sum(seen.values())
+        for proj in (self.lm_head, *(p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down))):
+            total += proj.resident_bytes()
+        return total
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Run every token of the step; return fp32 logits [N, V] at batch.logits_indices only."""

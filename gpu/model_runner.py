@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from loraledger.errors import ConfigError, EngineDeadError, InternalError, LoRADisabledError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu import base_model
 from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
 from loraledger.gpu.grammar_mask import GrammarMask
@@ -22,8 +22,8 @@ from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.sampler import SampleJob, Sampler, SampleRow
 from loraledger.gpu.transfer import to_device
-from loraledger.gpu.weights import load_weights
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.quantization.scheme import QuantScheme
 from loraledger.scheduling.step_plan import (
     PENDING_TOKEN,
     PromptLogprobs,
@@ -104,20 +104,22 @@ class ModelRunner:
         max_model_len: int | None = None,
         cuda_graph_max_batch: int = 0,
         cuda_graph_max_len: int | None = None,
+        quantization: QuantScheme | None = None,
     ) -> None:
-        """cuda_graph_max_batch > 0 (CUDA only): decode steps of up to that many sequences replay
-        CUDA graphs (gpu/cuda_graphs.py) instead of launching each kernel from Python; a step with a
-        sequence whose context is longer than cuda_graph_max_len (EngineArgs.max_seq_len_to_capture;
-        default max_model_len) runs eagerly."""
-        self.config = ModelConfig.from_pretrained(model_dir)
+        """cuda_graph_max_batch > 0 (CUDA only): decode steps of up to that many sequences replay CUDA graphs
+        (gpu/cuda_graphs.py) instead of launching each kernel from Python; a step with a sequence whose context is
+        longer than cuda_graph_max_len (EngineArgs.max_seq_len_to_capture; default max_model_len) runs eagerly."""
+        self.config = base_model.read_config(model_dir)
         self.device = torch.device(device)
         self.dtype = dtype
         self.ops = ops
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        weights = load_weights(model_dir, self.config, dtype=dtype, device=self.device)
         self.kv_cache = KVCache(self.config, num_kv_blocks, block_size, dtype, self.device)
         self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device) if enable_lora else None
+        weights = base_model.load_base(
+            model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization
+        )
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         if self.device.type == "cpu":
             del weights  # the plain weights the pre-packed copies replaced: freed, then handed back

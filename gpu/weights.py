@@ -12,23 +12,37 @@ from safetensors import safe_open
 
 from loraledger import paths
 from loraledger.digests import base_model_fingerprint
-from loraledger.errors import ModelLoadError
+from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu.config import ModelConfig
+from loraledger.quantization import nf4
+from loraledger.quantization.affine import AffineWeight
+from loraledger.quantization.checkpoint import is_quantized, read_module
+from loraledger.quantization.scheme import QuantScheme
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
 _FINGERPRINT_CACHE = "model_fingerprints.json"
 
 
+# a projection's weight: a float tensor, or (a quantized checkpoint kept packed) its quantized parts in fused order
+Projection = torch.Tensor | list[AffineWeight]
+
+
+def projection_shape(weight: Projection) -> tuple[int, ...]:
+    if isinstance(weight, torch.Tensor):
+        return tuple(weight.shape)
+    return (sum(p.shape[0] for p in weight), weight[0].shape[1])
+
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor  # [H]
-    qkv: torch.Tensor  # [q + 2 kv, H]: q_proj, k_proj, v_proj stacked
+    qkv: Projection  # [q + 2 kv, H]: q_proj, k_proj, v_proj stacked
     qkv_bias: torch.Tensor | None  # [q + 2 kv] (Qwen2, attention_bias)
-    o: torch.Tensor  # [H, q]
+    o: Projection  # [H, q]
     post_norm: torch.Tensor  # [H]
-    gate_up: torch.Tensor  # [2 I, H]: gate_proj, up_proj stacked
-    down: torch.Tensor  # [H, I]
+    gate_up: Projection  # [2 I, H]: gate_proj, up_proj stacked
+    down: Projection  # [H, I]
     q_norm: torch.Tensor | None = None  # [head_dim] (Qwen3, Gemma 3: per-head RMSNorm of q and k)
     k_norm: torch.Tensor | None = None  # [head_dim]
     pre_ff_norm: torch.Tensor | None = None  # [H] (Gemma 2/3: norms before and after the MLP; post_norm then
@@ -54,7 +68,9 @@ class ModelWeights:
     def _tensors(self) -> list[torch.Tensor]:
         out = [self.embed, self.norm, self.lm_head]
         for lw in self.layers:
-            out += [lw.input_norm, lw.qkv, lw.o, lw.post_norm, lw.gate_up, lw.down]
+            for w in (lw.qkv, lw.o, lw.gate_up, lw.down):
+                out += [w] if isinstance(w, torch.Tensor) else [t for p in w for t in (p.q, p.scale, p.offset)]
+            out += [lw.input_norm, lw.post_norm]
             out += [t for t in (lw.qkv_bias, lw.q_norm, lw.k_norm, lw.pre_ff_norm, lw.post_ff_norm) if t is not None]
         return out
 
@@ -82,8 +98,28 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
+def keeps_packed(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether quantized projections stay packed (torch's CPU int4/int8 kernels, which take bf16 activations); in
+    any other dtype they are dequantized once, at load, to `dtype` (float32: the exact reference mode)."""
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu"
+
+
+def fuse_parts(parts: list[AffineWeight | torch.Tensor], packed: bool, dtype: torch.dtype, device) -> Projection:
+    """One fused projection from its parts: packed parts where `packed` and some part is packable (a float part
+    beside them becomes an exact AffineWeight), else one dense tensor in `dtype` (the Dense path)."""
+    if packed and any(isinstance(p, AffineWeight) for p in parts):
+        return [p if isinstance(p, AffineWeight) else AffineWeight.exact(p) for p in parts]
+    dense = [p.dense() if isinstance(p, AffineWeight) else p.to(torch.float32) for p in parts]
+    return torch.cat(dense, dim=0).to(dtype).to(device)
+
+
 def load_weights(
-    model_dir: str | Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str
+    model_dir: str | Path,
+    config: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    quantization: QuantScheme | None = None,
 ) -> ModelWeights:
     """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`.
 
@@ -93,16 +129,37 @@ def load_weights(
     the CPU the embedding is taken afresh from a new mapping that nothing has read yet (`embed`, in the
     checkpoint's dtype: the forward casts the rows it looks up). The file must then stay in place unchanged
     while the engine runs (replacing it by a rename is safe; truncating it in place is not).
+
+    A quantized checkpoint's projections are read exactly (loraledger.quantization.checkpoint) and kept as their
+    quantized parts where keeps_packed(), else dequantized once to `dtype`.
     """
     files = weight_files(model_dir)
     reader = _TensorReader(files, dtype)
+    packed = keeps_packed(dtype, device)
+    found: list[str] = []  # projections stored quantized
     try:
 
         def get(name: str) -> torch.Tensor:
             return _owned(reader.get(name), device)
 
-        def fused(names: list[str]) -> torch.Tensor:
-            return torch.cat([reader.get(n) for n in names], dim=0).to(device)
+        def quantized(modules: list[str]) -> list[AffineWeight | torch.Tensor] | None:
+            if quantization is not None and quantization.quantized_at_load:  # bitsandbytes nf4 of a float checkpoint
+                return [nf4.round_trip(reader.raw(f"{m}.weight")) for m in modules]
+            if quantization is None or not any(is_quantized(quantization, m, reader.has) for m in modules):
+                return None
+            found.append(modules[0])
+            return [
+                read_module(quantization, m, reader.raw, reader.has)
+                if is_quantized(quantization, m, reader.has)
+                else reader.raw(f"{m}.weight")
+                for m in modules
+            ]
+
+        def fused(names: list[str]) -> Projection:
+            parts = quantized([n.removesuffix(".weight") for n in names])
+            if parts is None:
+                return torch.cat([reader.get(n) for n in names], dim=0).to(device)
+            return fuse_parts(parts, packed, dtype, device)
 
         def norm(name: str) -> torch.Tensor:
             """An RMSNorm weight as the forward multiplies by it: Gemma stores w for (1 + w)."""
@@ -113,18 +170,18 @@ def load_weights(
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
             attn = [f"{p}self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj")]
-            fused_qkv = get(f"{p}self_attn.qkv_proj.weight") if config.fused_projections else None
+            fused_qkv = fused([f"{p}self_attn.qkv_proj.weight"]) if config.fused_projections else None
             layers.append(
                 LayerWeights(
                     input_norm=norm(f"{p}input_layernorm.weight"),
                     qkv=fused([f"{a}.weight" for a in attn]) if fused_qkv is None else fused_qkv,
                     qkv_bias=fused([f"{a}.bias" for a in attn]) if config.attention_bias else None,
-                    o=get(f"{p}self_attn.o_proj.weight"),
+                    o=fused([f"{p}self_attn.o_proj.weight"]),
                     post_norm=norm(f"{p}post_attention_layernorm.weight"),
-                    gate_up=get(f"{p}mlp.gate_up_proj.weight")
+                    gate_up=fused([f"{p}mlp.gate_up_proj.weight"])
                     if config.fused_projections
                     else fused([f"{p}mlp.gate_proj.weight", f"{p}mlp.up_proj.weight"]),
-                    down=get(f"{p}mlp.down_proj.weight"),
+                    down=fused([f"{p}mlp.down_proj.weight"]),
                     q_norm=norm(f"{p}self_attn.q_norm.weight") if config.qk_norm else None,
                     k_norm=norm(f"{p}self_attn.k_norm.weight") if config.qk_norm else None,
                     pre_ff_norm=norm(f"{p}pre_feedforward_layernorm.weight") if config.sandwich_norms else None,
@@ -140,6 +197,11 @@ def load_weights(
         final_norm = norm("model.norm.weight")
     finally:
         reader.close()
+    if quantization is not None and not quantization.quantized_at_load and not found:
+        raise QuantizationError(
+            f"{model_dir}: config.json says the weights are {quantization.describe()}, but no projection is stored "
+            "quantized (plain `weight` tensors only); fix or remove its quantization_config"
+        )
     if mapped_embed:
         embed_reader = _TensorReader(files, None)
         try:
@@ -147,7 +209,7 @@ def load_weights(
         finally:
             embed_reader.close()
     weights = ModelWeights(embed=embed, layers=layers, norm=final_norm, lm_head=lm_head)
-    _check_shapes(weights, config, model_dir)
+    check_shapes(weights, config, model_dir)
     return weights
 
 
@@ -178,7 +240,15 @@ class _TensorReader:
                 self._where[key] = len(self._handles)
             self._handles.append((path, handle))
 
+    def has(self, name: str) -> bool:
+        return name in self._where
+
     def get(self, name: str) -> torch.Tensor:
+        tensor = self.raw(name)
+        return tensor if self.dtype is None else tensor.to(self.dtype)
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor as stored (a quantized checkpoint's packed integers keep their dtype)."""
         at = self._where.get(name)
         if at is None:
             files = ", ".join(str(p) for p, _ in self._handles)
@@ -190,16 +260,16 @@ class _TensorReader:
             raise ModelLoadError(
                 f"tensor {name!r} in {path} cannot be read ({exc}); the checkpoint is corrupt"
             ) from exc
-        return tensor if self.dtype is None else tensor.to(self.dtype)
+        return tensor
 
     def close(self) -> None:
         self._handles.clear()
 
 
-def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | Path) -> None:
+def check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | Path) -> None:
     h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
     qkv = config.q_size + 2 * config.kv_size
-    expected: list[tuple[str, torch.Tensor, tuple[int, ...]]] = [
+    expected: list[tuple[str, Projection, tuple[int, ...]]] = [
         ("model.embed_tokens.weight", weights.embed, (v, h)),
         ("model.norm.weight", weights.norm, (h,)),
         ("lm_head.weight", weights.lm_head, (v, h)),
@@ -226,9 +296,9 @@ def _check_shapes(weights: ModelWeights, config: ModelConfig, model_dir: str | P
             if tensor is not None:
                 expected.append((f"{p}{name}.weight", tensor, (h,)))
     for name, tensor, shape in expected:
-        if tuple(tensor.shape) != shape:
+        if projection_shape(tensor) != shape:
             raise ModelLoadError(
-                f"{model_dir}: {name} has shape {tuple(tensor.shape)}, config.json implies {shape}; "
+                f"{model_dir}: {name} has shape {projection_shape(tensor)}, config.json implies {shape}; "
                 "the weights do not belong to this config"
             )
 

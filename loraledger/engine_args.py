@@ -8,7 +8,9 @@ import os
 
 import msgspec
 
-from loraledger.errors import ConfigError
+from loraledger.errors import ConfigError, QuantizationError
+from loraledger.quantization.detection import METHODS as QUANT_METHODS
+from loraledger.quantization.detection import SUPPORTED as QUANT_SUPPORTED
 
 DEFAULT_AUDIT_URL = "default"  # resolved by loraledger.paths.default_audit_url(): a SQLite file in the data dir ($LORALEDGER_HOME or the user's)
 
@@ -118,6 +120,10 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
     pipeline_parallel_size: int = 1  # only 1, as tensor_parallel_size
     disable_log_stats: bool = False  # accepted; the engine logs no periodic statistics (get_stats() asks for them)
     tokenizer_mode: str = "auto"  # "auto": the fast tokenizer where there is one; "slow": the Python one
+    # the base model's weight quantization (vLLM's quantization=): None reads it from the checkpoint (config.json's
+    # quantization_config, or a .gguf model); a method name ("gptq", "awq", "compressed-tensors", "bitsandbytes",
+    # "gguf") must match what the checkpoint holds (QuantizationError otherwise); any other method is refused
+    quantization: str | None = None
     revision: str | None = None  # a Hub model's branch, tag or commit sha (None: "main"); the commit read is on record
     tokenizer_revision: str | None = (
         None  # the same for a Hub tokenizer (None: revision when the tokenizer is the model's)
@@ -269,6 +275,11 @@ class EngineArgs(msgspec.Struct, frozen=True, kw_only=True, metaclass=_ArgsMeta)
             need(
                 isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                 f"{name} must be an integer number of bytes >= 1, got {value!r}",
+            )
+        if self.quantization is not None and self.quantization not in QUANT_METHODS:
+            raise QuantizationError(
+                f"quantization={self.quantization!r} is not supported; supported: {', '.join(QUANT_METHODS)} "
+                f"({'; '.join(QUANT_SUPPORTED)})"
             )
         need(
             self.tokenizer_mode in ("auto", "slow"),

@@ -15,7 +15,7 @@ from loraledger.generation_config import read_generation_config
 from loraledger.gpu import cpu_features
 from loraledger.gpu.config import ModelConfig
 from loraledger.logging import get_logger
-from loraledger.sources.engine_sources import instance_fields, resolve_model
+from loraledger.sources.engine_sources import instance_fields, quantization_fields, resolve_model
 from loraledger.tokenizer_group import TokenizerGroup, load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,24 +38,33 @@ def resolve_dtype(requested: str, config: ModelConfig, device: torch.device) -> 
 
 def prepare(args: EngineArgs) -> EngineSetup:
     """Everything slow or fallible that must happen before the actors start (runs in a worker thread)."""
+    from loraledger.gpu import base_model
     from loraledger.gpu.backend import select_backend
+    from loraledger.gpu.gguf_weights import is_gguf
     from loraledger.gpu.kv_cache import KVCache
     from loraledger.gpu.model_runner import ModelRunner
-    from loraledger.gpu.weights import model_fingerprint
 
     model_source, tokenizer_source = resolve_model(args)  # a Hub repo id: fetched, under its deadline and size limit
     model_dir = Path(model_source.folder)
-    if not model_dir.is_dir():
+    gguf = is_gguf(model_dir) and model_dir.is_file()
+    if not model_dir.is_dir() and not gguf:
         raise ModelLoadError(
-            f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder or a Hub "
-            "repo id (org/name)"
+            f"model folder {str(model_dir)!r} does not exist; pass the path of a Hugging Face checkpoint folder, a "
+            ".gguf file or a Hub repo id (org/name)"
+        )
+    if gguf and tokenizer_source is not None and tokenizer_source.folder == model_source.folder:
+        raise ConfigError(
+            f"a GGUF model needs its tokenizer named: pass tokenizer= (--tokenizer) with {model_dir.name}"
         )
     if args.num_threads is not None:
         torch.set_num_threads(args.num_threads)
-    refuse_unimplemented_weights(model_dir)
+    quantization = base_model.read_quantization(model_dir, args.quantization)
+    if quantization is None:
+        refuse_unimplemented_weights(model_dir)
     ops, device = select_backend(args.device)
-    config = ModelConfig.from_pretrained(model_dir)
+    config = base_model.read_config(model_dir)
     config.check_device(device.type)
+    base_model.check_device(quantization, device)
     dtype = resolve_dtype(args.torch_dtype_name, config, device)
     max_model_len = args.max_model_len or config.max_position_embeddings
     if max_model_len > config.max_position_embeddings:
@@ -88,8 +97,9 @@ def prepare(args: EngineArgs) -> EngineSetup:
     if num_blocks * args.block_size < max_model_len // 8 and num_blocks < 2:
         raise ConfigError(f"the KV cache holds only {num_blocks} block(s); raise num_kv_blocks or kv_cache_bytes")
     max_model_len = fit_max_model_len(args, max_model_len, num_blocks, config)
-    fingerprint = model_fingerprint(str(model_dir))
-    store = open_store(args, instance_fields(model_source, tokenizer_source))
+    fingerprint = base_model.fingerprint(model_dir, quantization)
+    quant = quantization_fields(quantization, base_model.source_fingerprint(model_dir, quantization))
+    store = open_store(args, {**instance_fields(model_source, tokenizer_source), **quant})
     make_runner = functools.partial(
         ModelRunner,
         str(model_dir),
@@ -105,6 +115,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         max_model_len=max_model_len,
         cuda_graph_max_batch=graph_batch,
         cuda_graph_max_len=min(max_model_len, args.max_seq_len_to_capture),
+        quantization=quantization,
     )
     log.info(
         "engine prepared",
@@ -114,6 +125,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         kv_blocks=num_blocks,
         block_size=args.block_size,
         max_model_len=max_model_len,
+        quantization=None if quantization is None else quantization.describe(),
         audit=store is not None,
     )
     return EngineSetup(
@@ -160,15 +172,17 @@ def fit_max_model_len(args: EngineArgs, max_model_len: int, num_blocks: int, con
     return capacity
 
 
-# config.json fields that change what the stored weights mean; the engine implements none of them yet, and loading
-# such weights as plain ones would compute garbage (or never finish), so they are refused at start
+# files an older GPTQ/AWQ export puts beside a config.json that does not name its quantization: loading such weights
+# as plain ones would compute garbage, so they are refused at start
 _WEIGHT_FORMAT_FIELDS = ("quantization_config", "compression_config")
 _WEIGHT_FORMAT_FILES = ("quantize_config.json", "quant_config.json")
 
 
 def refuse_unimplemented_weights(model_dir: Path) -> None:
-    """ModelLoadError for a checkpoint whose weights are quantized or compressed (config.json's quantization_config or
-    compression_config, or a GPTQ/AWQ quantize_config.json beside it), naming the scheme."""
+    """ModelLoadError for a checkpoint that quantization detection read as float but whose weights are quantized
+    (a GPTQ/AWQ quantize_config.json beside a config.json without quantization_config), naming the file."""
+    if not model_dir.is_dir():
+        return
     import json
 
     try:
@@ -184,7 +198,8 @@ def refuse_unimplemented_weights(model_dir: Path) -> None:
     raise ModelLoadError(
         f"{model_dir}: the checkpoint's weights are quantized or compressed ({', '.join(found)}"
         f"{f': {scheme}' if scheme else ''}), which this engine does not implement; loading them as plain weights "
-        "would be wrong. Serve the unquantized checkpoint"
+        "would be wrong. Add the quantization_config to config.json (as transformers saves it), or serve the "
+        "unquantized checkpoint"
     )
 
 

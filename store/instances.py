@@ -50,7 +50,16 @@ SOURCE_FIELDS = (
     "tokenizer_repo_id",
     "tokenizer_revision",
     "tokenizer_commit_sha",
-)  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
+    "quantization",
+    "quant_method",
+    "quant_bits",
+    "quant_group_size",
+    "quant_source_fingerprint",
+)
+# revision 0015's columns: written only when set, so a float model's row (and its event) is what it was before 0015
+QUANT_FIELDS = SOURCE_FIELDS[
+    -5:
+]  # recovered_by of a lease claimed by a tool (no instance of its own): its events name none
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,6 +80,13 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     tokenizer_repo_id: str | None = None
     tokenizer_revision: str | None = None
     tokenizer_commit_sha: str | None = None
+    # how the base model's weights are quantized as served (None: float): QuantScheme.describe(), its method, bits
+    # and group size (None: per channel)
+    quantization: str | None = None
+    quant_method: str | None = None
+    quant_bits: int | None = None
+    quant_group_size: int | None = None
+    quant_source_fingerprint: str | None = None  # quantized at load: the float checkpoint's base-model fingerprint
 
 
 class LeaseState(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,7 +146,11 @@ def instance_row(record: InstanceRecord) -> dict[str, Any]:
         "engine_version": record.engine_version,
         "started_at": utc_from_unix(record.started_at),
         "lease_seconds": float(record.lease_seconds),
-        **{name: getattr(record, name) for name in SOURCE_FIELDS},
+        **{
+            name: getattr(record, name)
+            for name in SOURCE_FIELDS
+            if name not in QUANT_FIELDS or getattr(record, name) is not None
+        },
     }
 
 

@@ -290,7 +290,11 @@ class Instance(Base):
     `started_at` (UTC), `lease_seconds` (how long the instance's lease lasts without a renewal); revision 0009:
     `model` / `tokenizer` (as given: a folder or a Hub repo id), and for each the Hub repo, the revision asked for
     and the commit sha read (`model_repo_id`, `model_revision`, `model_commit_sha`, and the same for the tokenizer;
-    NULL for a local folder, and for engines that had no tokenizer or started before 0009).
+    NULL for a local folder, and for engines that had no tokenizer or started before 0009); revision 0015: how the
+    base model's weights are quantized as served (`quantization`: a readable description such as "gptq 4-bit g128
+    asym"; `quant_method`, `quant_bits`, `quant_group_size`, NULL for a per-channel scale; `quant_source_fingerprint`,
+    for a float checkpoint the engine quantized at load, that checkpoint's own fingerprint), all NULL for float
+    weights and engines that started before 0015.
     """
 
     __tablename__ = "instances"
@@ -309,6 +313,11 @@ class Instance(Base):
     tokenizer_repo_id: Mapped[str | None]
     tokenizer_revision: Mapped[str | None]
     tokenizer_commit_sha: Mapped[str | None] = mapped_column(String(40))
+    quantization: Mapped[str | None]
+    quant_method: Mapped[str | None]
+    quant_bits: Mapped[int | None]
+    quant_group_size: Mapped[int | None]
+    quant_source_fingerprint: Mapped[str | None] = mapped_column(Sha256)
 
 
 class InstanceLease(Base):

@@ -111,6 +111,11 @@ def register(sub) -> None:
     p.add_argument("--download-dir", default=None, help="the Hub cache folder (default: HF_HUB_CACHE / HF_HOME's)")
     p.add_argument("--tokenizer-mode", default="auto", choices=("auto", "slow"), help="fast or slow tokenizer")
     p.add_argument(
+        "--quantization",
+        default=None,
+        help="the base model's quantization: gptq, awq, compressed-tensors, bitsandbytes or gguf (default: the checkpoint's)",
+    )
+    p.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="accepted; code shipped with a checkpoint never runs (default: off)",
@@ -286,7 +291,7 @@ def config_from_args(args: argparse.Namespace):
         max_logprobs=args.max_logprobs, generation_config=args.generation_config, tokenizer_mode=args.tokenizer_mode,
         trust_remote_code=args.trust_remote_code, gpu_memory_utilization=args.gpu_memory_utilization,
         revision=args.revision, tokenizer_revision=args.tokenizer_revision, download_dir=args.download_dir,
-        start_timeout=args.start_timeout,
+        start_timeout=args.start_timeout, quantization=args.quantization,
     )  # fmt: skip
     return ServerConfig(
         engine_args=engine_args,

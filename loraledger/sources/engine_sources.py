@@ -47,6 +47,18 @@ def instance_fields(model: Source, tokenizer: Source | None) -> dict[str, Any]:
     return out
 
 
+def quantization_fields(scheme, source_fingerprint: str | None = None) -> dict[str, Any]:
+    """The `instances` columns that say how the served base model's weights are quantized (all None: float);
+    source_fingerprint: the float checkpoint's fingerprint when the engine quantized it at load."""
+    return {
+        "quant_source_fingerprint": source_fingerprint,
+        "quantization": None if scheme is None else scheme.describe(),
+        "quant_method": None if scheme is None else scheme.method,
+        "quant_bits": None if scheme is None else scheme.bits,
+        "quant_group_size": None if scheme is None else scheme.group_size,
+    }
+
+
 def adapter_fields(source: Source | None, prefix: str = "") -> dict[str, Any]:
     """An adapter's source as the `adapters` columns (prefix "") or the `requests` columns (prefix "adapter_")."""
     return {

@@ -81,18 +81,25 @@ def test_sequences_that_outgrow_the_cache_together_are_preempted_and_finish(smol
     assert [len(c.token_ids) for c in out.outputs] == [42, 42]
 
 
-def test_a_quantized_checkpoint_is_refused_at_start(tiny_llama, tmp_path):
+@pytest.mark.parametrize(
+    ("weights", "error"),
+    [
+        ({"num_bits": 4}, "strategy None is not supported"),  # an incomplete quantization_config
+        ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}, "no projection is stored quantized"),
+    ],
+)
+def test_a_checkpoint_whose_quantization_config_does_not_fit_is_refused_at_start(tiny_llama, tmp_path, weights, error):
     import shutil
 
     model_dir = tmp_path / "w4a16"
     shutil.copytree(tiny_llama.model_dir, model_dir)
     config = json.loads((model_dir / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "pack-quantized",
-                                     "config_groups": {"group_0": {"weights": {"num_bits": 4}}}}  # fmt: skip
+                                     "config_groups": {"group_0": {"weights": weights}}}  # fmt: skip
     (model_dir / "config.json").write_text(json.dumps(config))
     t = time.monotonic()
-    with pytest.raises(ModelLoadError, match="compressed-tensors.*does not implement"):
-        LLM(model=str(model_dir), audit_url=None)
+    with pytest.raises(ModelLoadError, match=error):
+        LLM(model=str(model_dir), device="cpu", audit_url=None)
     assert time.monotonic() - t < 30
 
 

@@ -70,6 +70,7 @@ def log(log_url: str) -> tuple[str, SynthLog]:
         # written by a registered engine instance: its row, and its id on every requests row and event
         instance = this_instance("0.1.0", lease_seconds=60)
         sources = {name: f"org/{name}" if "commit" not in name else "c" * 40 for name in SOURCE_FIELDS}
+        sources.update(quant_bits=4, quant_group_size=128, quant_source_fingerprint="d" * 64)  # typed columns
         store.register(msgspec.structs.replace(instance, **sources))
         store.log_key = LogKey(Ed25519PrivateKey.generate(), "test.example/log")  # receipts for finished requests
         synth = build_log(store, n_requests=40, days=3, seed=5)

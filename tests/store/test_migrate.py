@@ -42,6 +42,10 @@ ADDED_COLUMNS = [
     ("0014_tool_calls", "requests", "tools_sha256"),
     ("0014_tool_calls", "requests", "tools_text"),
     ("0014_tool_calls", "completions", "tool_calls"),
+    *(
+        ("0015_base_quantization", "instances", c)
+        for c in ("quantization", "quant_method", "quant_bits", "quant_group_size", "quant_source_fingerprint")
+    ),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),
