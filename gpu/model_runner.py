@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ from loraledger.gpu import base_model
 from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
 from loraledger.gpu.grammar_mask import GrammarMask
+from loraledger.gpu.heap import keep_freed_memory
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
@@ -123,7 +122,7 @@ class ModelRunner:
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         if self.device.type == "cpu":
             del weights  # the plain weights the pre-packed copies replaced: freed, then handed back
-            _keep_freed_memory()
+            keep_freed_memory()
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.grammar_mask = GrammarMask(self.config.vocab_size)
         self.graphs: DecodeGraphs | None = None
@@ -478,25 +477,3 @@ class _PromptLogprobJob:
                 )
             )
         return out
-
-
-def _keep_freed_memory() -> bool:
-    """Hand back what loading the weights freed (malloc_trim), then make glibc keep freed memory for reuse.
-
-    Each forward allocates and frees multi-megabyte temporaries; with glibc's defaults these are
-    mmap'ed or trimmed on free, and every reuse pays page faults that cost up to 10x the arithmetic
-    (rms_norm over 1024 tokens). The price is a process that keeps its peak heap: set before the load, that
-    peak held the plain weights the pre-packed copies replaced. A no-op where glibc's mallopt is missing.
-    """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):
-        return False
-    if mallopt is None:
-        return False
-    getattr(libc, "malloc_trim", lambda _pad: 0)(0)
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    ok = mallopt(m_mmap_threshold, 32 << 20)  # the largest value glibc accepts
-    return bool(ok and mallopt(m_trim_threshold, 1 << 30))

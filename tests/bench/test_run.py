@@ -26,6 +26,7 @@ SUPPORT = {
     "engine_worker",  # vs_vllm_cpu's engine process
     "vllm_cpu_env",  # vs_vllm_cpu's venv of vLLM's CPU build
     "vs_vllm_server",  # vs_vllm_cpu's server path and memory figures
+    "salted_text",  # the evidence bench's writer with and without salted text
     "kernels_quant",
 }
 
