@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import and_, func, select
 
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS
 from loraledger.store.db import make_engine
+from loraledger.store.texts import TEXTS
 
 
 def query(url: str, statement):
@@ -22,9 +23,24 @@ def binding(url: str, request_id: str):
     return rows[0] if rows else None
 
 
+def completions_with_text():
+    """The `completions` rows with each one's text where it is kept: its salted text row in `request_texts`
+    (rows written since salted text), else the row's own `text` (older rows)."""
+    kept = and_(
+        TEXTS.c.request_id == COMPLETIONS.c.request_id,
+        TEXTS.c.part == "completion",
+        TEXTS.c.idx == COMPLETIONS.c.completion_index,
+    )
+    columns = [c for c in COMPLETIONS.c if c.name != "text"]
+    return select(*columns, func.coalesce(TEXTS.c.text, COMPLETIONS.c.text).label("text")).select_from(
+        COMPLETIONS.outerjoin(TEXTS, kept)
+    )
+
+
 def completions(url: str, request_id: str):
     return query(
-        url, select(COMPLETIONS).where(COMPLETIONS.c.request_id == request_id).order_by(COMPLETIONS.c.completion_index)
+        url,
+        completions_with_text().where(COMPLETIONS.c.request_id == request_id).order_by(COMPLETIONS.c.completion_index),
     )
 
 

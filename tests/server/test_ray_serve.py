@@ -25,7 +25,7 @@ from loraledger.server import LoRAModule, ServerConfig  # noqa: E402
 from loraledger.server.auth import add_key  # noqa: E402
 from loraledger.store.audit_store import COMPLETIONS, REQUESTS  # noqa: E402
 from loraledger.store.db import make_engine  # noqa: E402
-from tests.server.audit_rows import query  # noqa: E402
+from tests.server.audit_rows import completions_with_text, query  # noqa: E402
 from tests.server.live import LiveServer  # noqa: E402
 from tests.server.ray_cluster import RayServe  # noqa: E402
 
@@ -76,9 +76,7 @@ def instance_columns(url: str) -> dict[str, bool]:
 def assert_on_record(url: str, answered: dict[str, str]) -> None:
     """Every response the client received is on record: its binding and its completion text, and with several
     engines on one log, the instance that served it."""
-    rows = query(
-        url, select(COMPLETIONS.c.request_id, COMPLETIONS.c.text).where(COMPLETIONS.c.request_id.in_(list(answered)))
-    )
+    rows = query(url, completions_with_text().where(COMPLETIONS.c.request_id.in_(list(answered))))
     assert {r.request_id: r.text for r in rows} == answered
     if instance_columns(url)["requests"]:
         bindings = query(

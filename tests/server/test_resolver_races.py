@@ -122,7 +122,7 @@ def test_a_revision_never_leads_out_of_the_hub_cache(tmp_path):
 async def test_an_offline_hub_resolver_without_the_name_lets_the_next_resolver_serve_it(tmp_path):
     # HF_HUB_OFFLINE and a name not in the Hub cache: the Hub resolver does not have it, as a name not on the Hub;
     # a folder resolver after it that has the name serves it (it was a 400 hub_offline, the folder never tried)
-    from loraledger.sources.errors import HubOfflineError
+    from loraledger.sources.hub_errors import HubOfflineError
 
     class _OfflineHub(_Engine):
         async def add_lora(self, lora) -> None:
