@@ -13,7 +13,7 @@ from safetensors import safe_open
 from loraledger import paths
 from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError, QuantizationError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.checkpoint import is_quantized, read_module

@@ -14,7 +14,7 @@ from loraledger.chat import render_chat
 from loraledger.digests import canonical_json
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.error_responses import APIError, from_engine_error
 from loraledger.server.legacy_functions import legacy_answer
 from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
