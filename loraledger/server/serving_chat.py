@@ -32,9 +32,9 @@ from loraledger.server.serving_engine import (
     usage,
 )
 from loraledger.server.streaming import SSEResponse
+from loraledger.server.tools.call_stream import tool_delta, tool_stream
 from loraledger.server.tools.forced import forced_tools, tool_calls
 from loraledger.server.tools.parsers import PARSERS
-from loraledger.server.tools.streaming import tool_delta, tool_stream
 from loraledger.tool_calls import ToolCallSpec
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
