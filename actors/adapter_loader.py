@@ -33,7 +33,7 @@ from loraledger.errors import (
     TooManyLoRAsError,
     UnknownRequestError,
 )
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.logging import get_logger
 from loraledger.lora.checkpoint import LoraCheckpoint
 from loraledger.lora.checkpoint_reader import load_lora_checkpoint

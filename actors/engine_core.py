@@ -18,7 +18,7 @@ from loraledger.actors.messages import AuditAppend, Shutdown
 from loraledger.actors.output_assembler import OutputAssembler
 from loraledger.actors.scheduler import Scheduler
 from loraledger.logging import get_logger
-from loraledger.scheduling.config import SchedulerConfig
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.sources.engine_sources import adapter_settings
 from loraledger.store.records import EventKind, EventRecord
 from loraledger.structured_outputs.grammar_compiler import GrammarCompiler

@@ -44,8 +44,8 @@ from loraledger.actors.replies import answer
 from loraledger.actors.step_stats import StepStats
 from loraledger.errors import EngineDeadError
 from loraledger.logging import get_logger
-from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.policy import ScheduledStep, SchedulingPolicy
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_update import StepResult
 from loraledger.store.records import EventKind, EventRecord
 

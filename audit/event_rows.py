@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, Dialect, Row, and_, select
 
-from loraledger.audit import rows
+from loraledger.audit import typed_rows as rows
 from loraledger.audit.problems import Problems, is_number
 from loraledger.audit.queries import A, C, E, I, R
 from loraledger.audit.raw_rows import RawTable, describe, unix_times

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from loraledger.audit.records import ExportedFile
+from loraledger.audit.results import ExportedFile
 from loraledger.digests import FileDigest
 from loraledger.errors import ConfigError
 

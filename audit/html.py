@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from loraledger.audit.records import AdapterInfo, UsageRow
-from loraledger.audit.sources import describe
+from loraledger.audit.report_sources import describe
+from loraledger.audit.results import AdapterInfo, UsageRow
 from loraledger.audit.timefmt import iso
 from loraledger.store.records import AdapterRecord
 

@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from loraledger.audit.listing_output import shown
-from loraledger.audit.records import RequestLineage
-from loraledger.audit.sources import describe
+from loraledger.audit.report_sources import describe
+from loraledger.audit.results import RequestLineage
 from loraledger.audit.timefmt import iso
 
 

@@ -12,9 +12,9 @@ from sqlalchemy import Connection, Engine, select
 from sqlalchemy.engine import URL
 
 from loraledger.audit import queries as q
-from loraledger.audit import rows
+from loraledger.audit import typed_rows as rows
 from loraledger.audit.kept_text import with_kept_text
-from loraledger.audit.records import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
+from loraledger.audit.results import AdapterInfo, EventEntry, RequestLineage, RequestRow, UsageRow, VerifyResult
 from loraledger.audit.timefmt import Instant, to_unix
 from loraledger.audit.verify import read_checkpoint, verify_log
 from loraledger.errors import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraledger.audit.records import Problem, VerifyResult
+from loraledger.audit.results import Problem, VerifyResult
 
 
 class Problems:

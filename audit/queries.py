@@ -13,7 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import String
 
-from loraledger.audit import records as rec
+from loraledger.audit import results as rec
 from loraledger.audit.row_stream import RowStream
 from loraledger.errors import ConfigError
 from loraledger.store.models import Adapter, Completion, Event, Instance, Request, RequestText, utc_from_unix

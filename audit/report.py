@@ -20,10 +20,10 @@ from loraledger.audit.export import check_format
 from loraledger.audit.html import render_report_html
 from loraledger.audit.log import AuditLog, adapter_info
 from loraledger.audit.progress import Progress
-from loraledger.audit.records import ExportedFile, VerifyResult
 from loraledger.audit.report_rows import Tally, export_rows
+from loraledger.audit.report_sources import adapter_source, model_sources
+from loraledger.audit.results import ExportedFile, VerifyResult
 from loraledger.audit.signing import UNSIGNED, Signature, Signer, signer_for
-from loraledger.audit.sources import adapter_source, model_sources
 from loraledger.audit.timefmt import Instant, iso, to_unix
 from loraledger.audit.verify import verify_log
 from loraledger.digests import bytes_sha256, file_sha256, report_signed_message

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Text, cast, func
 from loraledger.audit import queries as q
 from loraledger.audit.export import RowWriter
 from loraledger.audit.progress import Progress
-from loraledger.audit.records import FAILED, ExportedFile, UsageRow
+from loraledger.audit.results import FAILED, ExportedFile, UsageRow
 
 REQUEST_COLUMNS = (
     "request_id", "caller_request_id", "received_at", "tenant", "adapter_fingerprint", "lora_name", "lora_int_id", "lora_path",

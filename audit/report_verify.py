@@ -12,9 +12,9 @@ from typing import Any
 import msgspec
 
 from loraledger.audit.export import FORMATS, read_rows
-from loraledger.audit.records import FAILED, ReportCheck
 from loraledger.audit.report import HTML, MANIFEST, REPORT_FORMAT, manifest_bytes
 from loraledger.audit.report_rows import group_counts, kind_counts, row_files
+from loraledger.audit.results import FAILED, ReportCheck
 from loraledger.audit.signing import UNSIGNED, Signature, check_signature
 from loraledger.digests import file_sha256, report_signed_message
 

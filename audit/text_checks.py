@@ -16,7 +16,7 @@ from sqlalchemy import Connection, and_, func, literal, select
 
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, E, R, stream
-from loraledger.audit.records import VerifyResult
+from loraledger.audit.results import VerifyResult
 from loraledger.digests import ListDigest, text_commitment, token_ids_commitment
 from loraledger.store.models import Erasure, RequestText
 from loraledger.store.records import EventKind

@@ -13,7 +13,7 @@ from sqlalchemy import Connection, func, not_, select
 from loraledger.audit.event_rows import ENDING_KINDS
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import A, C, E, I, R, stream
-from loraledger.audit.records import VerifyResult
+from loraledger.audit.results import VerifyResult
 from loraledger.store import instances
 from loraledger.store.records import EventKind
 from loraledger.store.registration import is_registered

@@ -25,7 +25,7 @@ from loraledger.audit.chain_walk import ChainWalk
 from loraledger.audit.event_rows import EventRows, Tables, ending_completions_query, events_query
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, R, stream
-from loraledger.audit.records import VerifyResult
+from loraledger.audit.results import VerifyResult
 from loraledger.audit.row_stream import RowStream
 from loraledger.audit.schema_objects import check_schema_objects
 from loraledger.errors import ConfigError

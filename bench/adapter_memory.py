@@ -12,7 +12,7 @@ import argparse
 import gc
 import resource
 
-from bench.assets import churn_adapters, model_assets
+from bench.bench_assets import churn_adapters, model_assets
 
 
 def _rss_bytes() -> int:
@@ -21,7 +21,7 @@ def _rss_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
     from loraledger.lora.checkpoint_reader import load_lora_checkpoint
 
     parser = argparse.ArgumentParser(

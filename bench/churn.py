@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 import anyio
 import numpy as np
 
-from bench.assets import CHURN_RANK, BenchAssets, churn_adapters
+from bench.bench_assets import CHURN_RANK, BenchAssets, churn_adapters
 from bench.offline_engine import OfflineEngine, OfflineRun
 from bench.patching import wrap
 from bench.serving import ServingConfig, arrival_rate, measure_capacity, serving_traffic, stream_workload

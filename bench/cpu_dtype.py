@@ -15,7 +15,7 @@ import json
 import random
 import time
 
-from bench.assets import model_assets
+from bench.bench_assets import model_assets
 from bench.stats import median
 from loraledger import LLM, LoRARequest, SamplingParams
 

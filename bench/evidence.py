@@ -72,7 +72,7 @@ def engine_ratio(folder: Path, rounds: int, threads: int) -> dict[str, float]:
     a signed receipt per request, alternating rounds (each engine on a database of its own)."""
     import torch
 
-    from bench.assets import model_assets
+    from bench.bench_assets import model_assets
     from bench.offline_engine import OfflineEngine
     from bench.workload import batch_workload
     from loraledger import SamplingParams
@@ -144,9 +144,9 @@ def _tree_figures(url: str, leaves: int, batch: int) -> dict[str, float]:
 
     from loraledger.evidence import node_store
     from loraledger.evidence import tree_hash as th
-    from loraledger.evidence.checkpoint import Checkpoint
     from loraledger.evidence.log_key import LogKey
     from loraledger.evidence.signed_note import Note
+    from loraledger.evidence.tlog_checkpoint import Checkpoint
     from loraledger.store.db import make_engine
 
     rng = random.Random(0)

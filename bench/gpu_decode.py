@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from bench.assets import CACHE, build_once, random_adapters, write_tokenizer
+from bench.bench_assets import CACHE, build_once, random_adapters, write_tokenizer
 from bench.kernels import no_gpu
 from bench.stats import environment, median
 from bench.workload import Workload, base_only, batch_workload

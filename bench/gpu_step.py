@@ -116,7 +116,7 @@ def random_adapter(config, slot: int, device: torch.device):
 
 def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):
     import loraledger.gpu.model_runner as model_runner
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
     from loraledger.gpu.ops_cuda import CudaOps
 
     model_dir = write_config(folder / shape_name, SHAPES[shape_name])

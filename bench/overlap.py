@@ -36,7 +36,7 @@ def _setup(device: str, threads: int):
             gpu_memory_utilization=0.45,
         )
         return assets.model_dir, assets.adapters, kwargs, workload(3, 64)
-    from bench.assets import model_assets
+    from bench.bench_assets import model_assets
     from bench.workload import batch_workload
 
     assets = model_assets()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from bench.assets import model_assets
+from bench.bench_assets import model_assets
 from bench.offline_engine import OfflineEngine
 from bench.patching import wrap
 from bench.throughput import WARMUP_SEED, ThroughputConfig, mixed_workload

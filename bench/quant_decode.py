@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from bench.assets import CACHE, build_once, model_assets
+from bench.bench_assets import CACHE, build_once, model_assets
 from bench.stats import median
 from loraledger import LLM, LoRARequest, SamplingParams
 from loraledger.quantization.packing import compressed_tensors_pack
@@ -65,7 +65,7 @@ def w4a16_checkpoint(model_dir: Path) -> Path:
 
 def smollm2_assets(demo_cache: str | None) -> tuple[Path, Path, list[Path], int]:
     """(the Q4_1 GGUF file, its float conversion, 6 random rank-16 adapters, vocab size) of SmolLM2-135M-Instruct."""
-    from bench.assets import random_adapters
+    from bench.bench_assets import random_adapters
     from loraledger import paths
     from loraledger.demo import fetch
     from loraledger.demo.build import build_demo

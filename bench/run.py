@@ -26,7 +26,7 @@ import torch
 import loraledger.engine_setup  # noqa: F401
 import loraledger.gpu.backend  # noqa: F401
 import loraledger.gpu.model_runner  # noqa: F401
-from bench.assets import model_assets
+from bench.bench_assets import model_assets
 from bench.churn import ChurnConfig, ChurnServingConfig, run_churn, run_churn_serving
 from bench.serving import ServingConfig, run_serving
 from bench.stats import environment
@@ -58,7 +58,10 @@ CATALOGUE = (
     Benchmark("churn-serving", "the serving traffic over 1,000 adapters with 8 slots vs over 8 adapters", "~3 min"),
     Benchmark("churn", "all requests at once over 1,000 adapters vs over 8: the cost of a small step", "~2 min"),
     Benchmark(
-        "dense", "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows", "~1 min", "bench.dense"
+        "dense",
+        "the base projections: oneDNN pre-packed weights vs F.linear, 1 to 2,048 rows",
+        "~1 min",
+        "bench.dense_gemm",
     ),
     Benchmark(
         "quant-linear",

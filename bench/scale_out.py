@@ -158,7 +158,7 @@ def adapter_loads(audit_url: str) -> int:
 def run_live(args) -> dict[str, dict]:
     from ray import serve
 
-    from bench.assets import churn_adapters, model_assets
+    from bench.bench_assets import churn_adapters, model_assets
     from loraledger.server.auth import add_key
 
     model_dir = model_assets().model_dir

@@ -33,7 +33,7 @@ from pathlib import Path
 import anyio
 import httpx
 
-from bench.assets import model_assets
+from bench.bench_assets import model_assets
 from bench.stats import environment, median, percentiles
 from bench.workload import batch_workload
 from loraledger.engine_client import EngineClient

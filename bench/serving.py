@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from bench.assets import BenchAssets
+from bench.bench_assets import BenchAssets
 from bench.hf_baseline import HFModel, TokenClock
 from bench.stats import percentiles, stats_delta
 from bench.workload import Workload, batch_workload, serving_workload

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import torch
 
-from bench.assets import churn_adapters, model_assets
+from bench.bench_assets import churn_adapters, model_assets
 from bench.churn import ChurnConfig, around_each_run, churn_serving_config, churn_workload, run_churn_serving
 from bench.offline_engine import OfflineEngine
 from bench.patching import wrap

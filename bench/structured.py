@@ -44,7 +44,7 @@ BATCH = 32
 
 
 def engine_ratio(rounds: int, threads: int, log=print) -> dict:
-    from bench.assets import model_assets
+    from bench.bench_assets import model_assets
     from bench.offline_engine import OfflineEngine
     from bench.workload import batch_workload
     from loraledger import SamplingParams
@@ -190,7 +190,7 @@ def _steps(fill, advance, bitmask, vocab: int, steps: int, apply) -> dict:
 def grammar_engines(steps: int, log=print) -> dict:
     from transformers import AutoTokenizer
 
-    from bench.assets import model_assets
+    from bench.bench_assets import model_assets
     from loraledger.assets import build_tokenizer
 
     fixture_dir = Path(__import__("tempfile").mkdtemp(prefix="bench-structured-"))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.assets import BenchAssets
+from bench.bench_assets import BenchAssets
 from bench.hf_baseline import HFModel
 from bench.offline_engine import OfflineEngine
 from bench.stats import add_deltas, median

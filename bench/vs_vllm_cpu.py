@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.assets import model_assets
+from bench.bench_assets import model_assets
 from bench.stats import median
 from bench.vllm_cpu_env import cache_dir, vllm_env, vllm_python
 

@@ -35,7 +35,7 @@ SMOLLM2_SHAPE = dict(
 
 def smollm2_shaped(cache: Path) -> Path:
     """A random fp32 model of SmolLM2-135M's shape (tied embeddings as SmolLM2 has them), built once under `cache`."""
-    from bench.assets import build_once, write_tokenizer
+    from bench.bench_assets import build_once, write_tokenizer
     from loraledger.assets import build_random_checkpoint
 
     def write(out: Path) -> None:

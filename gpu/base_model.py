@@ -12,7 +12,7 @@ import torch
 from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu import gguf_weights
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.gpu.weights import ModelWeights, load_weights, model_fingerprint, weight_files
 from loraledger.quantization.detection import detect_quantization
 from loraledger.quantization.scheme import QuantScheme

@@ -4,7 +4,7 @@ On the GPU this is F.linear (cuBLAS). On the CPU with fp32 weights, F.linear goe
 repacks W at every call: at decode batch sizes (a few to a few dozen rows) the repacking, not the
 arithmetic, sets the time, and the lm_head of a 32k vocabulary alone took a third of a decode step.
 oneDNN's linear takes W reordered once, at load time, into its blocked layout. Measured on the 2-core
-reference VM (`python -m bench.dense`, bench model shapes): 1.2-3.8x faster than F.linear for the
+reference VM (`python -m bench.dense_gemm`, bench model shapes): 1.2-3.8x faster than F.linear for the
 large projections (fused gate/up, lm_head) at 4 to 64 rows, which is where a decode step spends its
 time; 0.6-0.9x for the small ones at a single row (oneDNN's fixed cost per call, tens of
 microseconds), and 0.86-1.0x at prefill sizes (256 to 2,048 rows). The reordered copy replaces the

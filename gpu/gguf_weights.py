@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from loraledger.errors import ModelLoadError, QuantizationError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.gpu.weights import LayerWeights, ModelWeights, Projection, check_shapes, fuse_parts, keeps_packed
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.gguf_blocks import BLOCKS, decode

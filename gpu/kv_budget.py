@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loraledger.errors import ConfigError
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
 
 GIB = 1 << 30
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 
 class KVCache:

@@ -14,10 +14,10 @@ import msgspec
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu.config import ModelConfig
 from loraledger.gpu.dense import Dense, prepack_supported
 from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.rotary import build_cos_sin_cache
 from loraledger.gpu.weights import ModelWeights

@@ -7,7 +7,7 @@ import math
 import torch
 
 from loraledger.errors import ModelLoadError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 
 def inverse_frequencies(config: ModelConfig) -> torch.Tensor:

@@ -13,10 +13,10 @@ from safetensors import safe_open
 from loraledger import paths
 from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError, QuantizationError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
-from loraledger.quantization.checkpoint import is_quantized, read_module
+from loraledger.quantization.projection_reader import is_quantized, read_module
 from loraledger.quantization.scheme import QuantScheme
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -130,7 +130,7 @@ def load_weights(
     checkpoint's dtype: the forward casts the rows it looks up). The file must then stay in place unchanged
     while the engine runs (replacing it by a rename is safe; truncating it in place is not).
 
-    A quantized checkpoint's projections are read exactly (loraledger.quantization.checkpoint) and kept as their
+    A quantized checkpoint's projections are read exactly (loraledger.quantization.projection_reader) and kept as their
     quantized parts where keeps_packed(), else dequantized once to `dtype`.
     """
     files = weight_files(model_dir)

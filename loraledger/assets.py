@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from loraledger.errors import ConfigError
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, Llama's order for the first three
 

@@ -10,10 +10,10 @@ import sys
 # each module exposes register(subparsers) and sets args.func on its parsers
 COMMAND_MODULES = (
     "loraledger.demo.command",  # demo
-    "loraledger.commands",  # generate
-    "loraledger.store.commands",  # db upgrade / current / check
-    "loraledger.audit.commands",  # audit show / requests / usage / verify / report / verify-report
-    "loraledger.server.cli",  # serve, keys add / list
+    "loraledger.generate_command",  # generate
+    "loraledger.store.db_cli",  # db upgrade / current / check
+    "loraledger.audit.audit_cli",  # audit show / requests / usage / verify / report / verify-report
+    "loraledger.server.serve_cli",  # serve, keys add / list
 )
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

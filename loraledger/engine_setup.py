@@ -13,7 +13,7 @@ from loraledger.engine_args import DEFAULT_AUDIT_URL, EngineArgs
 from loraledger.errors import ConfigError, EngineStartError, ModelLoadError
 from loraledger.generation_config import read_generation_config
 from loraledger.gpu import cpu_features
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.logging import get_logger
 from loraledger.sources.engine_sources import instance_fields, quantization_fields, resolve_model
 from loraledger.tokenizer_group import TokenizerGroup, load_tokenizer

@@ -54,7 +54,7 @@ import pytest
 import torch
 
 from loraledger.assets import build_tokenizer
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 BASE = "__base__"
 TINY_VOCAB = 512

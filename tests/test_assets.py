@@ -9,7 +9,7 @@ import torch
 
 from loraledger.assets import build_random_adapter, build_random_checkpoint, build_tokenizer
 from loraledger.errors import ConfigError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 
 def test_tokenizer_loads_with_autotokenizer_and_prepends_bos(tmp_path):

@@ -61,7 +61,7 @@ def random_assets(cache_dir: Path, rebuild: bool = False) -> tuple[Path, dict[st
 
 def run_random(cache_dir: Path, url: str, *, max_tokens: int, device: str, rebuild: bool = False) -> int:
     from loraledger import LLM, LoRARequest, SamplingParams
-    from loraledger.commands import print_table
+    from loraledger.generate_command import print_table
 
     model_dir, adapter_dirs = random_assets(cache_dir, rebuild)
     loras = {name: LoRARequest(name, i + 1, str(path)) for i, (name, path) in enumerate(adapter_dirs.items())}

@@ -12,9 +12,9 @@ from sqlalchemy import Connection, Table, insert, select
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import node_store
-from loraledger.evidence.checkpoint import Checkpoint
 from loraledger.evidence.proofs import ConsistencyProof, InclusionProof, encode
 from loraledger.evidence.signed_note import Note
+from loraledger.evidence.tlog_checkpoint import Checkpoint
 from loraledger.store.models import SignedCheckpoint
 
 if TYPE_CHECKING:

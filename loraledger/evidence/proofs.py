@@ -9,7 +9,7 @@ import msgspec
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import tree_hash as th
-from loraledger.evidence.checkpoint import Checkpoint
+from loraledger.evidence.tlog_checkpoint import Checkpoint
 
 MAX_PROOF_HASHES = 128  # a proof in a tree of 2^63 leaves has at most 2 * 63 hashes
 

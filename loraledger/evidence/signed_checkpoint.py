@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 
 from loraledger.errors import AuditCorruptError, ConfigError
 from loraledger.evidence import node_store, signed_note
-from loraledger.evidence.checkpoint import Checkpoint, open_checkpoint
+from loraledger.evidence.tlog_checkpoint import Checkpoint, open_checkpoint
 from loraledger.evidence.witness import check_cosigned
 
 MAX_NOTE_BYTES = 1 << 20
@@ -41,7 +41,7 @@ def extends(conn: Connection, checkpoint: Checkpoint) -> str | None:
 
 
 def verify_command(args: argparse.Namespace, out: TextIO) -> int:
-    from loraledger.audit.commands import format_verify
+    from loraledger.audit.audit_cli import format_verify
     from loraledger.audit.log import AuditLog
 
     if args.log_key is None:

@@ -19,12 +19,12 @@ from loraledger.audit.queries import stream
 from loraledger.errors import AuditCorruptError, EvidenceError
 from loraledger.evidence import node_store, receipt, signed_note
 from loraledger.evidence import tree_hash as th
-from loraledger.evidence.checkpoint import open_checkpoint
 from loraledger.evidence.log_tree import CHECKPOINTS
 from loraledger.evidence.node_store import NODES
 from loraledger.evidence.receipt import Receipt
 from loraledger.evidence.receipt_store import RECEIPTS
 from loraledger.evidence.signed_note import Verifier
+from loraledger.evidence.tlog_checkpoint import open_checkpoint
 from loraledger.store.models import Event
 from loraledger.store.records import EventKind
 

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import cosignature
-from loraledger.evidence.checkpoint import Checkpoint, open_checkpoint
 from loraledger.evidence.proofs import ConsistencyProof, check_consistency
 from loraledger.evidence.signed_note import Note, Verifier
+from loraledger.evidence.tlog_checkpoint import Checkpoint, open_checkpoint
 
 ConsistencySource = Callable[[int, int], ConsistencyProof]  # (old size, new size) -> the log's proof
 

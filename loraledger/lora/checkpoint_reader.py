@@ -23,7 +23,7 @@ import types
 from pathlib import Path
 
 from loraledger.digests import adapter_fingerprint
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import adapter_files, open_weights, read_config
 from loraledger.lora.checkpoint import LoraCheckpoint

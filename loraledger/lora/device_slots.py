@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from loraledger.errors import ConfigError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.lora.slot_stacks import FUSED_MODULES, fused_layout, stack_for_slots
 
 

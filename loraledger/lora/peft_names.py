@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
 
 # Phi-3's checkpoints fuse q/k/v and gate/up into one module each, and its adapters target those: a fused
 # module's LoRA is its parts' LoRAs with A shared and B split by rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from loraledger.errors import AdapterFormatError, AdapterTargetError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import CONFIG_FILE
 from loraledger.lora.peft_names import candidate_modules, peft_modules, split_names

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import torch
 
 from loraledger.errors import AdapterFormatError, AdapterShapeError, AdapterTargetError, AdapterUnsupportedError
-from loraledger.gpu.config import LORA_TARGETS, ModelConfig
+from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
 from loraledger.lora.adapter_errors import AdapterErrors
 from loraledger.lora.adapter_files import WEIGHTS_FILE
 from loraledger.lora.peft_config import rank_error

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from loraledger.errors import AdapterRankError, AdapterShapeError, AdapterTargetError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 # fused module -> the HF linear layers it holds, in column order
 FUSED_MODULES: dict[str, tuple[str, ...]] = {

@@ -30,10 +30,10 @@ from loraledger.lora.slot_table import SlotTable
 from loraledger.scheduling import fair_seats
 from loraledger.scheduling.batch_state import BatchState
 from loraledger.scheduling.block_manager import BlockManager
-from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.plan_builder import assign_slots, build_plan
 from loraledger.scheduling.request_intake import RequestIntake
 from loraledger.scheduling.request_state import Seq, SeqStatus
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_plan import StepOutput, StepPlan
 from loraledger.scheduling.step_update import StepResult, apply_output
 from loraledger.scheduling.stop_rules import ends_in_flight

@@ -6,8 +6,8 @@ import random
 
 from loraledger.actors.messages import NewRequest
 from loraledger.errors import RequestFailedError
-from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.request_state import SchedRequest, Seq
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_plan import SamplingSpec
 
 

@@ -21,8 +21,8 @@ from typing import Protocol
 
 from loraledger.actors.messages import NewRequest
 from loraledger.sampling_params import SamplingParams
-from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.policy import SchedulingPolicy
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_plan import SampledToken, StepOutput, StepPlan
 
 

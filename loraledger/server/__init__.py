@@ -6,6 +6,6 @@ the routes, so another host (a Ray Serve deployment) can mount them on an app wh
 """
 
 from loraledger.server.app import build_app
-from loraledger.server.config import LoRAModule, ServerConfig
+from loraledger.server.server_config import LoRAModule, ServerConfig
 
 __all__ = ["LoRAModule", "ServerConfig", "build_app"]

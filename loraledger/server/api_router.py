@@ -9,7 +9,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from loraledger.errors import AdapterError, AdapterNotFoundError
 from loraledger.server.auth import Caller, authenticate, require_admin
-from loraledger.server.errors import error_response, from_engine_error
+from loraledger.server.error_responses import error_response, from_engine_error
 from loraledger.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

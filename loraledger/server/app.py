@@ -17,10 +17,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loraledger.engine_client import EngineClient
 from loraledger.server.auth import KeyRing, RateLimiter, presented_key
-from loraledger.server.config import ServerConfig
-from loraledger.server.errors import APIError, install_handlers, unavailable
+from loraledger.server.error_responses import APIError, install_handlers, unavailable
 from loraledger.server.metrics import ServerMetrics
 from loraledger.server.request_extras import MAX_CALLER_ID_CHARS
+from loraledger.server.server_config import ServerConfig
 from loraledger.server.signals import SignalInbox
 
 GENERATION_ROUTES = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses"})

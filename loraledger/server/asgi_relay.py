@@ -15,7 +15,7 @@ import msgspec
 import structlog
 from starlette.types import ASGIApp, Message
 
-from loraledger.server.errors import error_response
+from loraledger.server.error_responses import error_response
 
 # a response's body chunks in flight between the app and the relay (bounded: a slow reader slows the app)
 BODY_BUFFER = 64

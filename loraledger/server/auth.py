@@ -33,7 +33,7 @@ import tomllib
 from fastapi import Request
 
 from loraledger.errors import ConfigError
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 
 ROLES = ("user", "admin")
 _PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0}

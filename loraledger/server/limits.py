@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from loraledger.errors import ConfigError
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import msgspec
 
 from loraledger.engine_args import EngineArgs
 from loraledger.errors import ConfigError
-from loraledger.server.config import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_BODY_BYTES, ServerConfig
+from loraledger.server.server_config import DEFAULT_GRACE_SECONDS, DEFAULT_MAX_BODY_BYTES, ServerConfig
 
 SHARED_DIALECTS = ("postgresql",)  # databases every replica, on every node, can write at once
 

@@ -15,7 +15,7 @@ from ray import serve
 from loraledger.errors import LoraLedgerError
 from loraledger.server.app import build_app
 from loraledger.server.asgi_relay import HttpBody, HttpRequest, HttpResponseStart, run_asgi
-from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.error_responses import APIError, from_engine_error
 from loraledger.server.ray_config import AdapterFolder, RayServeArgs
 
 ENGINE_START_TIMEOUT_S = 600.0

@@ -20,7 +20,7 @@ from starlette.responses import Response, StreamingResponse
 
 from loraledger.server.asgi_relay import HttpRequest
 from loraledger.server.auth import MAX_KEY_CHARS, Caller, KeyRing, bearer_key
-from loraledger.server.errors import APIError, unavailable
+from loraledger.server.error_responses import APIError, unavailable
 from loraledger.server.ray_config import RayServeArgs
 
 # routes whose JSON body names a model; the others never load an adapter

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 
 WARNING_HEADER = "Warning"
 MAX_CALLER_ID_CHARS = 256  # a caller's request id, from the X-Request-Id header or the body's request_id

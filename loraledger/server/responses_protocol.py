@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.server.protocol import ChatCompletionRequest
 
 SERVED = "served here: text or message-list input, instructions, function tools, streaming, store=false"

@@ -14,7 +14,7 @@ from loraledger.chat import render_chat
 from loraledger.digests import canonical_json
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.error_responses import APIError, from_engine_error
 from loraledger.server.legacy_functions import legacy_answer
 from loraledger.server.prompt_logprobs import prompt_logprobs_body
 from loraledger.server.protocol import ChatCompletionRequest
@@ -32,9 +32,9 @@ from loraledger.server.serving_engine import (
     usage,
 )
 from loraledger.server.streaming import SSEResponse
+from loraledger.server.tools.call_stream import tool_delta, tool_stream
 from loraledger.server.tools.forced import forced_tools, tool_calls
 from loraledger.server.tools.parsers import PARSERS
-from loraledger.server.tools.streaming import tool_delta, tool_stream
 from loraledger.tool_calls import ToolCallSpec
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound

@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from loraledger.errors import LoraLedgerError
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError, from_engine_error
+from loraledger.server.error_responses import APIError, from_engine_error
 from loraledger.server.prompt_logprobs import (
     echo_logprobs,
     echo_only,

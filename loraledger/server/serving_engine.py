@@ -18,7 +18,7 @@ from loraledger.lora.request import LoRARequest
 from loraledger.outputs import Logprob, RequestOutput
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.server.limits import check_sampling_lists
 from loraledger.server.structured_outputs import structured_outputs_for
 
@@ -85,7 +85,7 @@ def outcome_of(exc: BaseException | None, outputs_aborted: bool = False) -> str:
     status = getattr(exc, "status", None)
     if status is None:
         from loraledger.errors import LoraLedgerError
-        from loraledger.server.errors import from_engine_error
+        from loraledger.server.error_responses import from_engine_error
 
         status = from_engine_error(exc).status if isinstance(exc, LoraLedgerError) else 500
     return "rejected" if status < 500 else "failed"

@@ -13,7 +13,7 @@ import anyio
 
 from loraledger.errors import AuditUnavailableError, EvidenceError
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 
 
 class ServingEvidence:

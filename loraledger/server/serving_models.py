@@ -22,7 +22,7 @@ import structlog
 from loraledger.errors import LoRARequestError
 from loraledger.lora.request import LoRARequest
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError, unavailable
+from loraledger.server.error_responses import APIError, unavailable
 from loraledger.server.lora_resolvers import LoRAResolvers
 from loraledger.sources import HubNotFoundError, HubOfflineError
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import anyio
 
 from loraledger.server.auth import Caller
-from loraledger.server.errors import APIError, unavailable
+from loraledger.server.error_responses import APIError, unavailable
 from loraledger.server.protocol import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
 from loraledger.server.serving_chat import OpenAIServingChat
 from loraledger.server.serving_engine import check_unicode

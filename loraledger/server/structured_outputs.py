@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from loraledger.errors import StructuredOutputError
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.structured_outputs import StructuredOutputsParams
 
 # vLLM's legacy extra fields -> StructuredOutputsParams' field

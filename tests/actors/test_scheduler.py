@@ -22,7 +22,7 @@ from loraledger.actors.messages import (
 from loraledger.actors.scheduler import Scheduler
 from loraledger.errors import EngineDeadError, RequestFailedError
 from loraledger.sampling_params import SamplingParams
-from loraledger.scheduling.config import SchedulerConfig
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_plan import SampledToken, StepOutput
 from loraledger.store.records import EventKind
 

@@ -39,7 +39,7 @@ def smollm2_shaped(tmp_path_factory) -> Path:
 
 
 def _capacity(model_dir: Path, block_size: int = 16) -> int:
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
 
     per_block = KVCache.bytes_per_block(ModelConfig.from_pretrained(model_dir), block_size, torch.float32)
     return CPU_DEFAULT_KV_BYTES // per_block * block_size

@@ -15,8 +15,8 @@ import pytest
 
 from loraledger.audit import AuditLog
 from loraledger.audit.html import PALETTE, _color, render_report_html, stacked_bar_svg
-from loraledger.audit.records import AdapterInfo, UsageRow
 from loraledger.audit.report import HTML, write_report
+from loraledger.audit.results import AdapterInfo, UsageRow
 from loraledger.audit.signing import hmac_key_id
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.migrate import upgrade

@@ -23,7 +23,7 @@ from sqlalchemy import JSON, Boolean, Connection, Double, Integer, String, Table
 from sqlalchemy.types import DateTime
 
 from loraledger.audit.erase import erase
-from loraledger.audit.records import VerifyResult
+from loraledger.audit.results import VerifyResult
 from loraledger.audit.verify import verify_log
 from loraledger.evidence import log_tree
 from loraledger.evidence.log_key import LogKey

@@ -13,7 +13,7 @@ BENCH = Path(run.__file__).resolve().parent
 SUPPORT = {
     "__init__",
     "run",
-    "assets",
+    "bench_assets",
     "workload",
     "offline_engine",
     "hf_baseline",

@@ -18,7 +18,7 @@ import msgspec
 from sqlalchemy import insert
 
 from loraledger import digests
-from loraledger.audit.rows import binding_builtins
+from loraledger.audit.typed_rows import binding_builtins
 from loraledger.audit.verify import verify_log
 from loraledger.evidence.node_store import backfill
 from loraledger.store.db import make_engine

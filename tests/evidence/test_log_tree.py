@@ -12,9 +12,9 @@ from sqlalchemy import select
 from loraledger.errors import EvidenceError
 from loraledger.evidence import log_tree, node_store, receipt, receipt_store
 from loraledger.evidence import tree_hash as th
-from loraledger.evidence.checkpoint import open_checkpoint
 from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.proofs import check_consistency, check_inclusion, decode
+from loraledger.evidence.tlog_checkpoint import open_checkpoint
 from loraledger.evidence.witness import Witness, check_cosigned
 from loraledger.store.audit_store import EVENTS, AuditStore
 from loraledger.store.db import make_engine

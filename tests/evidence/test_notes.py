@@ -10,9 +10,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from loraledger.errors import EvidenceError
 from loraledger.evidence import cosignature, signed_note
-from loraledger.evidence.checkpoint import Checkpoint, open_checkpoint, parse_text
 from loraledger.evidence.log_key import LogKey
 from loraledger.evidence.signed_note import Note
+from loraledger.evidence.tlog_checkpoint import Checkpoint, open_checkpoint, parse_text
 from loraledger.evidence.witness import check_cosigned
 
 

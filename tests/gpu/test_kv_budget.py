@@ -6,7 +6,7 @@ import pytest
 
 from loraledger import errors as E
 from loraledger.gpu import kv_budget
-from loraledger.gpu.config import LORA_TARGETS
+from loraledger.gpu.model_config import LORA_TARGETS
 
 GIB = 1 << 30
 

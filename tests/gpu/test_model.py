@@ -185,7 +185,7 @@ def _windowed_model(tmp_path, arch: str):
 def test_sliding_window_layers_match_hf(tmp_path, arch, windows):
     """transformers' rule: Mistral's window on every layer, Qwen2's only on layers >= max_window_layers."""
     _windowed_model(tmp_path, arch)
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
 
     cfg = ModelConfig.from_pretrained(tmp_path)
     assert (cfg.architecture, cfg.sliding_window, cfg.layer_windows) == (arch, 5, windows)
@@ -208,7 +208,7 @@ def test_layer_windows_from_a_config_without_layer_types():
     """Older config.json files carry no layer_types: Qwen2 windows layers >= max_window_layers (default 28), only
     with use_sliding_window; Mistral every layer; a malformed layer_types list is refused."""
     from loraledger.errors import ModelLoadError
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
 
     base = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=30, num_attention_heads=4, vocab_size=128)
     qwen = ModelConfig.from_dict(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loraledger.errors import ModelLoadError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 
 # gemma-3-1b-it's config.json as published (transformers 4.50 era: flat rope fields, a window pattern)
 GEMMA3_1B = {

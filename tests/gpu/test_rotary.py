@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from loraledger.errors import ModelLoadError
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from loraledger.gpu.rotary import build_cos_sin_cache
 
 LLAMA3 = {

@@ -99,7 +99,7 @@ def test_fingerprint_is_content_bound_and_cached(tiny_llama, tmp_path, monkeypat
 
 
 def test_config_refuses_query_heads_not_grouped_evenly_over_kv_heads():
-    from loraledger.gpu.config import ModelConfig
+    from loraledger.gpu.model_config import ModelConfig
 
     raw = {
         "architectures": ["LlamaForCausalLM"],

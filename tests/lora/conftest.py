@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from loraledger.gpu.config import ModelConfig
+from loraledger.gpu.model_config import ModelConfig
 from tests.lora.adapter_folders import save_adapter, tiny_model
 
 

@@ -235,7 +235,7 @@ def test_bitsandbytes_on_a_float_checkpoint_quantizes_it_at_load_on_record(tiny_
 def test_serve_takes_a_gguf_file_its_tokenizer_and_quantization(checkpoints, tiny_llama, tmp_path):
     from loraledger.cli import build_parser
     from loraledger.errors import ConfigError
-    from loraledger.server.cli import config_from_args
+    from loraledger.server.serve_cli import config_from_args
 
     gguf = checkpoints["Q4_0"][0]
     argv = ["serve", str(gguf), "--tokenizer", str(tiny_llama.model_dir), "--quantization", "gguf",

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from loraledger.actors.messages import NewRequest
 from loraledger.sampling_params import SamplingParams
-from loraledger.scheduling.config import SchedulerConfig
 from loraledger.scheduling.policy import ScheduledStep, SchedulingPolicy
+from loraledger.scheduling.scheduler_config import SchedulerConfig
 from loraledger.scheduling.step_plan import SampledToken, StepOutput
 from loraledger.scheduling.step_update import StepResult
 

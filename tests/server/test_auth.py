@@ -10,7 +10,7 @@ import tomllib
 from loraledger.cli import main
 from loraledger.errors import ConfigError
 from loraledger.server.auth import Caller, KeyRing, RateLimit, RateLimiter, add_key, read_keys_file
-from loraledger.server.config import check_bind, is_loopback
+from loraledger.server.server_config import check_bind, is_loopback
 
 
 def test_add_key_stores_only_the_hash_and_the_ring_finds_it(tmp_path):

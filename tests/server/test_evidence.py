@@ -9,11 +9,11 @@ import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from loraledger.evidence import node_store, receipt
-from loraledger.evidence.checkpoint import open_checkpoint
+from loraledger.evidence.log_sources import HttpSource
 from loraledger.evidence.proofs import InclusionProof, check_inclusion
 from loraledger.evidence.receipt import Receipt
 from loraledger.evidence.signed_note import parse_vkey
-from loraledger.evidence.sources import HttpSource
+from loraledger.evidence.tlog_checkpoint import open_checkpoint
 from loraledger.evidence.witness import Witness
 from tests.server.conftest import BASE
 

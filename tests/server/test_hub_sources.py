@@ -11,7 +11,7 @@ import msgspec
 from sqlalchemy import select
 
 from loraledger.cli import build_parser
-from loraledger.server.cli import config_from_args
+from loraledger.server.serve_cli import config_from_args
 from loraledger.store.audit_store import ADAPTERS, AuditStore
 from tests.server.conftest import make_keys
 from tests.server.live import LiveServer

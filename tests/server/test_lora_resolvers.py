@@ -17,8 +17,8 @@ from loraledger.errors import ConfigError
 from loraledger.lora.checkpoint_reader import fingerprint_adapter
 from loraledger.server import ServerConfig
 from loraledger.server.auth import add_key
-from loraledger.server.cli import config_from_args
 from loraledger.server.lora_resolvers import DEFAULT_MAX_LORAS, LoRAResolverSpec
+from loraledger.server.serve_cli import config_from_args
 from loraledger.store.audit_store import ADAPTERS, EVENTS, REQUESTS, AuditStore
 from tests.api.test_chat import ADAPTER_TEMPLATE
 from tests.server.live import LiveServer

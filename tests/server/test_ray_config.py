@@ -19,7 +19,7 @@ PG = "postgresql+psycopg://loraledger@db/audit"
 
 
 def test_the_engine_and_the_single_process_server_never_import_ray():
-    modules = ["loraledger", "loraledger.server", "loraledger.server.app", "loraledger.server.cli", "loraledger.cli",
+    modules = ["loraledger", "loraledger.server", "loraledger.server.app", "loraledger.server.serve_cli", "loraledger.cli",
                "loraledger.server.ray_config", "loraledger.server.asgi_relay"]  # fmt: skip
     code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
     out = subprocess.run(

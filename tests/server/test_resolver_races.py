@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from loraledger.server.auth import ANONYMOUS
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.server.lora_resolvers import LoRAResolverSpec
 from loraledger.server.serving_models import OpenAIServingModels
 

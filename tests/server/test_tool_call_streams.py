@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from loraledger.server.tools.call_stream import tool_stream
 from loraledger.server.tools.forced import ForcedTools
 from loraledger.server.tools.parsers import PARSERS
-from loraledger.server.tools.streaming import tool_stream
 from loraledger.structured_outputs import StructuredOutputsParams
 
 TEXTS = {

@@ -11,7 +11,7 @@ import pytest
 
 from loraledger.lora.request import LoRARequest
 from loraledger.server import serving_models
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.server.serving_models import OpenAIServingModels
 
 

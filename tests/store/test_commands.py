@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from loraledger.store import commands
+from loraledger.store import db_cli as commands
 from loraledger.store.db import display_url, make_engine
 from loraledger.store.migrate import head_revision, upgrade
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from loraledger.server.errors import APIError
+from loraledger.server.error_responses import APIError
 from loraledger.structured_outputs import StructuredOutputsParams
 
 

@@ -12,11 +12,11 @@ import msgspec
 
 from loraledger.errors import ConfigError, EvidenceError
 from loraledger.evidence import cosignature, log_tree, node_store, receipt, receipt_store, signed_note
-from loraledger.evidence.checkpoint import open_checkpoint
 from loraledger.evidence.log_key import LogKey
+from loraledger.evidence.log_sources import open_source
 from loraledger.evidence.proofs import InclusionProof, check_inclusion
 from loraledger.evidence.signed_note import Verifier
-from loraledger.evidence.sources import open_source
+from loraledger.evidence.tlog_checkpoint import open_checkpoint
 from loraledger.evidence.witness import Witness, check_cosigned
 
 MAX_TEXT_BYTES = 64 << 20

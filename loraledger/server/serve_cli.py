@@ -274,9 +274,9 @@ def run_keys_list(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace):
     from loraledger.cli import default_url
     from loraledger.engine_args import EngineArgs
-    from loraledger.server.config import DEFAULT_MAX_BODY_BYTES, LoRAModule, ServerConfig
     from loraledger.server.limits import ServerLimits
     from loraledger.server.lora_resolvers import DEFAULT_MAX_LORAS, LoRAResolverSpec
+    from loraledger.server.server_config import DEFAULT_MAX_BODY_BYTES, LoRAModule, ServerConfig
 
     modules = tuple(LoRAModule.parse(text) for text in args.lora_modules)
     resolvers = tuple(LoRAResolverSpec.parse(text) for text in args.lora_resolver)

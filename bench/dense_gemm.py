@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.assets import MODEL_SHAPE
+from bench.bench_assets import MODEL_SHAPE
 from loraledger.gpu.dense import Dense, prepack_supported
 
 

@@ -1,5 +1,5 @@
 """The `loraledger audit ...` commands: show, requests, usage, adapters, instances, verify, checkpoint, report, verify-report, keygen
-(and the evidence commands of loraledger/evidence/commands.py)."""
+(and the evidence commands of loraledger/evidence/evidence_cli.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import msgspec
 from loraledger.audit.lineage_text import format_lineage
 from loraledger.audit.listing_output import emit
 from loraledger.audit.log import AuditLog
-from loraledger.audit.records import AdapterInfo, Problem, RequestRow, VerifyResult
+from loraledger.audit.results import AdapterInfo, Problem, RequestRow, VerifyResult
 from loraledger.audit.timefmt import iso
 from loraledger.errors import ConfigError
 from loraledger.store.instances import SOURCE_FIELDS, LeaseState
@@ -130,7 +130,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--public", metavar="PEM", help="public key file, for verify-report (default: not written)")
     p.set_defaults(func=_keygen)
 
-    from loraledger.evidence import commands as evidence
+    from loraledger.evidence import evidence_cli as evidence
 
     evidence.register(sub, _command)  # receipt, verify-receipt, sign-checkpoint, prove, witness, vkey
     from loraledger.audit import erase_command

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loraledger.assets import SPECIAL_TOKENS, build_random_adapter, build_random_checkpoint
-from loraledger.gpu.config import LORA_TARGETS
+from loraledger.gpu.model_config import LORA_TARGETS
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 
