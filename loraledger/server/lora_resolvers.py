@@ -50,7 +50,9 @@ class LoRAResolverSpec:
 
     def path_for(self, name: str) -> str | None:
         """The lora_path `name` has here, or None when it names no adapter here. A folder resolver reads the disk
-        (call it off the event loop); a Hub resolver reads nothing (the adapter loader's fetch finds out)."""
+        (call it off the event loop); a Hub resolver reads no adapter (the adapter loader's fetch finds out) and
+        names none where a folder at its relative path ORG/NAME exists in the working directory: the loader reads a
+        local path first, so that folder would be served under the organisation's name."""
         base, at, revision = name.partition("@")
         if not _NAME.fullmatch(base) or ".." in base:
             return None
@@ -58,6 +60,8 @@ class LoRAResolverSpec:
             if "--" in base or (at and (not _REVISION.fullmatch(revision) or ".." in revision)):
                 return None
             candidate = f"{self.location}/{name}"
+            if Path(candidate).exists() or Path(self.location, base).exists():
+                return None
             try:
                 return candidate if parse_pinned(candidate) is not None else None
             except ConfigError:

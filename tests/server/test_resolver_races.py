@@ -99,6 +99,17 @@ def test_a_hub_resolver_takes_plain_revisions_only():
         assert hub.path_for(name) is None, name
 
 
+def test_a_local_folder_never_stands_in_for_a_hub_adapter(tmp_path, monkeypatch):
+    # the loader reads a local path first: a folder acme/sql in the server's working directory would be served as
+    # the Hub's acme/sql, so the Hub resolver names no such adapter (the next resolver, or 404)
+    monkeypatch.chdir(tmp_path)
+    hub = LoRAResolverSpec.parse("hf://acme")
+    assert hub.path_for("sql") == "acme/sql" and hub.path_for("sql@v1") == "acme/sql@v1"
+    (tmp_path / "acme" / "sql").mkdir(parents=True)
+    assert hub.path_for("sql") is None and hub.path_for("sql@v1") is None
+    assert hub.path_for("chat") == "acme/chat"
+
+
 def test_a_revision_never_leads_out_of_the_hub_cache(tmp_path):
     # a revision is a ref file's name under refs/: one that climbs out (`../../..`) neither reads a file elsewhere
     # as a commit nor writes one there
