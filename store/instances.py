@@ -326,14 +326,17 @@ def is_registered(instances: Table | Any, events: Table | Any) -> Any:
     )
 
 
+def _unvouched_marker(events: Table) -> tuple[Any, Any]:
+    """SQL conditions on a lease: it carries the clean-stop marker, and no instance_stopped event vouches for it."""
+    stop_key = literal(STOP_KEY_PREFIX, Text) + LEASES.c.instance_id
+    vouched = select(events.c.seq).where(events.c.dedup_key == stop_key, events.c.kind == EventKind.INSTANCE_STOPPED)
+    return LEASES.c.recovered_by == LEASES.c.instance_id, ~vouched.exists()
+
+
 def unvouched_stops(events: Table) -> Select[Any]:
     """(instance_id, problem) of every clean-stop lease marker the chain does not vouch for, and of every
     instance_stopped event whose lease no longer carries the marker (erased, altered, or the lease row deleted)."""
-    stop_key = literal(STOP_KEY_PREFIX, Text) + LEASES.c.instance_id
-    vouched = select(events.c.seq).where(events.c.dedup_key == stop_key, events.c.kind == EventKind.INSTANCE_STOPPED)
-    forged = select(LEASES.c.instance_id, literal("forged", Text).label("problem")).where(
-        LEASES.c.recovered_by == LEASES.c.instance_id, ~vouched.exists()
-    )
+    forged = select(LEASES.c.instance_id, literal("forged", Text).label("problem")).where(*_unvouched_marker(events))
     marked = (
         select(LEASES.c.instance_id)
         .where(LEASES.c.instance_id == events.c.instance_id, LEASES.c.recovered_by == LEASES.c.instance_id)
@@ -353,11 +356,9 @@ def unregistered(instances: Table, events: Table) -> Select[Any]:
 def unvouched_stop_markers(conn: Connection, events: Table) -> list[str]:
     """Instances whose lease carries a clean-stop marker no instance_stopped event vouches for (stops written
     before clean stops went on the chain), oldest stop first."""
-    stop_key = literal(STOP_KEY_PREFIX, Text) + LEASES.c.instance_id
-    vouched = select(events.c.seq).where(events.c.dedup_key == stop_key, events.c.kind == EventKind.INSTANCE_STOPPED)
     query = (
         select(LEASES.c.instance_id)
-        .where(LEASES.c.recovered_by == LEASES.c.instance_id, ~vouched.exists())
+        .where(*_unvouched_marker(events))
         .order_by(LEASES.c.recovered_at, LEASES.c.instance_id)
     )
     return list(conn.execute(query).scalars())
