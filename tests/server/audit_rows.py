@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import select
 
+from loraledger.audit.queries import completion_column
 from loraledger.store.audit_store import COMPLETIONS, EVENTS, REQUESTS
 from loraledger.store.db import make_engine
-from loraledger.store.texts import TEXTS
 
 
 def query(url: str, statement):
@@ -24,17 +24,10 @@ def binding(url: str, request_id: str):
 
 
 def completions_with_text():
-    """The `completions` rows with each one's text where it is kept: its salted text row in `request_texts`
-    (rows written since salted text), else the row's own `text` (older rows)."""
-    kept = and_(
-        TEXTS.c.request_id == COMPLETIONS.c.request_id,
-        TEXTS.c.part == "completion",
-        TEXTS.c.idx == COMPLETIONS.c.completion_index,
-    )
+    """The `completions` rows with each one's text as the audit listings read it (queries.completion_column): from its
+    salted text row in `request_texts` (rows written since salted text), else the row's own `text` (older rows)."""
     columns = [c for c in COMPLETIONS.c if c.name != "text"]
-    return select(*columns, func.coalesce(TEXTS.c.text, COMPLETIONS.c.text).label("text")).select_from(
-        COMPLETIONS.outerjoin(TEXTS, kept)
-    )
+    return select(*columns, completion_column("text").label("text"))
 
 
 def completions(url: str, request_id: str):
