@@ -14,7 +14,9 @@ zero 8 with the block's fp16 d; Q4_1 is zero 0, scale d and offset m; Q8_0 is an
 one does, else fp32. GGUF Q4_K needs fp32: its per-32 scale d * sc and min dmin * m are an fp16 (11 significant
 bits) times a 6-bit integer, up to 17 significant bits, which bf16 (8) and fp16 (11) round but fp32 (24) holds;
 so does bitsandbytes int8's per-row SCB / 127. Nothing is rounded on the way: what a 16-bit float cannot hold costs
-two more bytes per group, never a different weight. bitsandbytes nf4 has no place here: its 16 levels are a
+two more bytes per group, never a different weight. (q - zero) * scale stays exact in the kernels' fp32 for every
+16-bit scale and for Q4_K's 17-bit ones; a full 24-bit fp32 scale (SCB / 127) rounds that product once, as any fp32
+dequantization of it (bitsandbytes' own included) does. bitsandbytes nf4 has no place here: its 16 levels are a
 codebook, not evenly spaced, and the kernels compute (q - zero) * scale with no lookup table.
 """
 
