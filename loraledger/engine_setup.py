@@ -257,6 +257,7 @@ def _cuda_kv_budget(
     at their packed size, plus the one projection a prefill step dequantizes at a time."""
     from loraledger.gpu import kv_budget
     from loraledger.gpu.cuda_graphs import capture_sizes
+    from loraledger.gpu.ops_quant import GEMV_MAX_TOKENS
     from loraledger.gpu.packed_weight_bytes import dequantize_scratch_bytes
 
     # memory an earlier engine of this process freed is still held by torch's caching allocator: give it back first
@@ -273,7 +274,9 @@ def _cuda_kv_budget(
     if graph_batch:
         other += kv_budget.cuda_graph_bytes(config, capture_sizes(graph_batch), with_lora=args.enable_lora)
     if quantization is not None and not quantization.quantized_at_load:
-        other += dequantize_scratch_bytes(config.module_shapes(), size)
+        # a decode graph of more rows than the GEMV takes keeps its own dequantized copy in the graphs' memory pool
+        copies = 2 if graph_batch > GEMV_MAX_TOKENS else 1
+        other += copies * dequantize_scratch_bytes(config.module_shapes(), size)
     budget = kv_budget.kv_cache_budget(
         total_bytes=total,
         free_bytes=free,
