@@ -116,3 +116,23 @@ def test_nf4_is_dequantized_at_load_on_record(tiny_llama, quantized_tiny_llama, 
     assert len(weights.dequantized) == 7 * tiny_llama.config.num_hidden_layers
     assert all("nf4 is a codebook" in line for line in weights.dequantized)
     assert all(p.dtype == F32 for lw in model.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down))
+
+
+def test_the_runner_logs_every_projection_dequantized_at_load(quantized_tiny_llama):
+    """What runs never changes silently: the ModelRunner names each projection it had to dequantize (here nf4 in
+    bf16, where the weights would otherwise stay packed) in one warning at load, and keeps the list."""
+    import structlog
+
+    from loraledger.gpu.model_runner import ModelRunner
+
+    path = quantized_tiny_llama["nf4"]
+    with structlog.testing.capture_logs() as logged:
+        runner = ModelRunner(
+            path, dtype=torch.bfloat16, device=torch.device("cpu"), ops=TorchOps(), num_kv_blocks=8, block_size=4,
+            max_loras=1, max_lora_rank=8, enable_lora=False, max_num_batched_tokens=64,
+            quantization=base_model.read_quantization(path),
+        )  # fmt: skip
+    (event,) = [e for e in logged if e["event"].startswith("quantized projections dequantized at load")]
+    assert event["log_level"] == "warning" and event["count"] == 14 == len(runner.dequantized_projections)
+    assert "model.layers.0.self_attn.q_proj: bitsandbytes nf4 is a codebook" in event["projections"][0]
+    runner.close()
