@@ -42,8 +42,15 @@ from loraledger.errors import (
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
 from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
-from loraledger.store import texts
-from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
+from loraledger.store.records import (
+    PROMPT,
+    EventKind,
+    EventRecord,
+    RequestRecord,
+    recordable,
+    salted_text,
+    text_commitments,
+)
 from loraledger.version import __version__
 
 
@@ -379,8 +386,8 @@ class Admission:
         # a prompt kept as text goes to `request_texts` under a salt; the binding commits to it (so it can be erased)
         kept = None
         if self._audit_prompts == "text":
-            kept = texts.salted(msg.request_id, texts.PROMPT, 0, recordable(prompt_text), prompt_ids)
-        committed = texts.commitments(kept) if kept is not None else (None, None)
+            kept = salted_text(msg.request_id, PROMPT, 0, recordable(prompt_text), prompt_ids)
+        committed = text_commitments(kept) if kept is not None else (None, None)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,

@@ -35,8 +35,15 @@ from loraledger.digests import completions_digest, stored_time
 from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
-from loraledger.store import texts
-from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
+from loraledger.store.records import (
+    COMPLETION,
+    CompletionRecord,
+    EventKind,
+    EventRecord,
+    recordable,
+    salted_text,
+    text_commitments,
+)
 from loraledger.tool_calls import recorded_calls
 
 
@@ -382,8 +389,8 @@ class OutputAssembler:
             await self._release(req)
             return
         # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
-        kept = [texts.salted(rid, texts.COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
-        committed = [texts.commitments(k) for k in kept]
+        kept = [salted_text(rid, COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
+        committed = [text_commitments(k) for k in kept]
         records = [
             CompletionRecord(
                 request_id=rid,

@@ -8,7 +8,7 @@ from sqlalchemy import Connection, select
 
 from loraledger.store import texts
 from loraledger.store.models import Erasure
-from loraledger.store.records import CompletionRecord, RequestRecord
+from loraledger.store.records import COMPLETION, PROMPT, CompletionRecord, RequestRecord
 
 X = Erasure.__table__
 
@@ -23,11 +23,11 @@ def with_kept_text(
     rid = binding.request_id
     kept = texts.stored(conn, [rid])
     erased = conn.execute(select(X.c.seq).where(X.c.request_id == rid)).scalar()
-    prompt = kept.get((rid, texts.PROMPT, 0))
+    prompt = kept.get((rid, PROMPT, 0))
     if prompt is not None:
         binding = msgspec.structs.replace(binding, prompt_text=prompt.text)
     filled = []
     for c in completions:
-        row = kept.get((rid, texts.COMPLETION, c.index)) if c.text_commitment is not None else None
+        row = kept.get((rid, COMPLETION, c.index)) if c.text_commitment is not None else None
         filled.append(c if row is None else msgspec.structs.replace(c, text=row.text, token_ids=list(row.token_ids)))
     return binding, filled, erased

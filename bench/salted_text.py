@@ -17,20 +17,19 @@ def salted(batch):
     import msgspec
 
     from loraledger.digests import binding_digest, completions_digest
-    from loraledger.store import texts
-    from loraledger.store.records import EventKind
+    from loraledger.store.records import COMPLETION, PROMPT, EventKind, salted_text, text_commitments
 
     kept, requests, completions = [], [], []
     for r in batch.requests:
-        row = texts.salted(r.request_id, texts.PROMPT, 0, r.prompt_text, list(range(r.prompt_token_count)))
-        text_c, ids_c = texts.commitments(row)
+        row = salted_text(r.request_id, PROMPT, 0, r.prompt_text, list(range(r.prompt_token_count)))
+        text_c, ids_c = text_commitments(row)
         kept.append(row)
         requests.append(
             msgspec.structs.replace(r, prompt_text=None, prompt_commitment=text_c, prompt_token_ids_commitment=ids_c)
         )
     for c in batch.completions:
-        row = texts.salted(c.request_id, texts.COMPLETION, c.index, c.text, c.token_ids)
-        text_c, ids_c = texts.commitments(row)
+        row = salted_text(c.request_id, COMPLETION, c.index, c.text, c.token_ids)
+        text_c, ids_c = text_commitments(row)
         kept.append(row)
         completions.append(
             msgspec.structs.replace(c, text="", token_ids=[], text_commitment=text_c, token_ids_commitment=ids_c)

@@ -8,7 +8,7 @@ import hashlib
 import msgspec
 
 from loraledger.digests import binding_digest, completions_digest
-from loraledger.store import texts
+from loraledger.store import records
 from loraledger.store.audit_store import AuditStore
 from loraledger.store.records import AdapterRecord, AuditBatch, CompletionRecord, EventKind, EventRecord, RequestRecord
 
@@ -21,8 +21,8 @@ def salted_batch(
     """One request admitted and finished with n completions, its prompt and completions as salted text."""
     prompt = f"the prompt of {request_id}, personal data \u00e9"
     prompt_ids = [11, 12, 13]
-    kept_prompt = texts.salted(request_id, texts.PROMPT, 0, prompt, prompt_ids)
-    committed = texts.commitments(kept_prompt)
+    kept_prompt = records.salted_text(request_id, records.PROMPT, 0, prompt, prompt_ids)
+    committed = records.text_commitments(kept_prompt)
     binding = RequestRecord(
         request_id=request_id, adapter_fingerprint=adapter.fingerprint if adapter else None,
         lora_name=adapter.name if adapter else None, lora_int_id=adapter.int_id if adapter else None,
@@ -32,11 +32,12 @@ def salted_batch(
         caller_request_id=request_id, prompt_commitment=committed[0], prompt_token_ids_commitment=committed[1],
     )  # fmt: skip
     kept = [
-        texts.salted(request_id, texts.COMPLETION, i, f"answer {i} to {request_id}", [20 + i, 30 + i]) for i in range(n)
+        records.salted_text(request_id, records.COMPLETION, i, f"answer {i} to {request_id}", [20 + i, 30 + i])
+        for i in range(n)
     ]
     completions = []
     for k in kept:
-        text_c, ids_c = texts.commitments(k)
+        text_c, ids_c = records.text_commitments(k)
         completions.append(
             CompletionRecord(
                 request_id=request_id, index=k.index, text="", token_ids=[], cumulative_logprob=-1.5,
