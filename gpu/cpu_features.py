@@ -8,6 +8,8 @@ from pathlib import Path
 
 # Linux /proc/cpuinfo flag names of the instructions that multiply bf16 natively
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# what oneDNN's bf16 weight reorder needs of the CPU, whatever the override says: without it the reorder raises
+BF16_REORDER_FLAG_SETS = (frozenset({"avx512bw", "avx512vl", "avx512dq"}), frozenset({"avx_ne_convert"}))
 # "0" or "1" overrides the detection (for instance "0" keeps dtype="auto" at fp32, exact, on a bf16-capable CPU)
 OVERRIDE_ENV = "LORALEDGER_CPU_NATIVE_BF16"
 
@@ -34,3 +36,14 @@ def native_bf16() -> bool:
     except OSError:
         return False
     return bool(cpu_flags(text) & NATIVE_BF16_FLAGS)
+
+
+@functools.cache
+def bf16_reorder_possible() -> bool:
+    """True where oneDNN can pre-pack a bf16 weight (AVX512BW+VL+DQ, or AVX-NE-CONVERT): an AVX2-only CPU cannot,
+    even with $LORALEDGER_CPU_NATIVE_BF16=1."""
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return False
+    return any(need <= flags for need in BF16_REORDER_FLAG_SETS)

@@ -41,11 +41,15 @@ CHUNK_ROWS = 256  # the largest row count one oneDNN call runs with
 
 def prepack_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """True where Dense can use a oneDNN pre-packed weight: the CPU, a torch built with oneDNN, and fp32, or bf16 on
-    a CPU that multiplies bf16 natively (AVX512-BF16 or AMX; elsewhere oneDNN would emulate it)."""
+    a CPU that multiplies bf16 natively (AVX512-BF16 or AMX; elsewhere oneDNN would emulate it) and whose
+    instructions oneDNN's bf16 reorder needs (an override of the native-bf16 detection cannot supply them)."""
     mkldnn = getattr(torch.ops, "mkldnn", None)
     return (
         torch.device(device).type == "cpu"
-        and (dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_features.native_bf16()))
+        and (
+            dtype == torch.float32
+            or (dtype == torch.bfloat16 and cpu_features.native_bf16() and cpu_features.bf16_reorder_possible())
+        )
         and torch.backends.mkldnn.is_available()
         and hasattr(mkldnn, "_linear_pointwise")
         and hasattr(mkldnn, "_reorder_linear_weight")
