@@ -384,6 +384,13 @@ class OutputAssembler:
         # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
         kept = [texts.salted(rid, texts.COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
         committed = [texts.commitments(k) for k in kept]
+        # the calls read from each text (their arguments are the model's output): kept apart under a salt too
+        calls = {}
+        for s in req.seqs:
+            found = recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None
+            if found is not None:
+                row, calls[s.index] = texts.salted_text(rid, texts.TOOL_CALLS, s.index, found)
+                kept.append(row)
         records = [
             CompletionRecord(
                 request_id=rid,
@@ -400,7 +407,7 @@ class OutputAssembler:
                 generated_token_count=len(s.token_ids),
                 first_token_at=stored_time(req.metrics.first_token_ts or None),
                 finished_at=stored_time(now),
-                tool_calls=recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None,
+                tool_calls_commitment=calls.get(s.index),
             )
             for s, c in zip(req.seqs, committed, strict=True)
         ]

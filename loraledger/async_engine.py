@@ -266,6 +266,7 @@ class AsyncEngine:
         audit_id: str | None = None,
         bound_commit: str | None = None,
         tool_calls: object = None,
+        resume_note: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -284,6 +285,7 @@ class AsyncEngine:
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
         tool_calls: the server's loraledger.tool_calls.ToolCallSpec for a request with tools (on record with it).
+        resume_note: with resume, why its tool calls cannot be read as before (the request_resumed event records it).
         """
         core = self._live()
         if core.fatal is not None:
@@ -306,7 +308,12 @@ class AsyncEngine:
             tool_calls=tool_calls,
         )
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
-        msg = msgspec.structs.replace(submit, channel=send, bound_commit=bound_commit if resume else None)
+        msg = msgspec.structs.replace(
+            submit,
+            channel=send,
+            bound_commit=bound_commit if resume else None,
+            resume_note=resume_note if resume else None,
+        )
         try:
             await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
