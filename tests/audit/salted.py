@@ -65,7 +65,12 @@ def salted_batch(
                     payload={"completions_sha256": completions_digest(completions), "num_completions": n,
                              "finish_reason_counts": {"stop": n}, "num_preemptions": 0}),
     ]  # fmt: skip
-    return AuditBatch(requests=[binding], completions=completions, events=events, texts=[kept_prompt, *kept, kept_tools, kept_constraint, *calls])
+    return AuditBatch(
+        requests=[binding],
+        completions=completions,
+        events=events,
+        texts=[kept_prompt, *kept, kept_tools, kept_constraint, *calls],
+    )
 
 
 def write_salted(store: AuditStore, request_ids: list[str], *, at: float, tenant: str | None, **kw) -> None:

@@ -14,8 +14,8 @@ from loraledger.audit import AuditLog
 from loraledger.audit.lineage_text import format_lineage
 from loraledger.digests import text_commitment
 from loraledger.sampling_params import StructuredOutputsParams
-from loraledger.store.audit_store import REQUESTS, AuditStore
 from loraledger.store import texts
+from loraledger.store.audit_store import REQUESTS, AuditStore
 from loraledger.store.guards import guards_for
 from loraledger.structured_outputs import canonical_constraint, from_canonical
 

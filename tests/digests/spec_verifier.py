@@ -126,7 +126,9 @@ def _completion_form(c: dict[str, Any]) -> dict[str, Any]:
     out = {**c, "first_token_at": stored_time(c["first_token_at"]), "finished_at": stored_time(c["finished_at"])}
     drop = _SALTED if c.get("text_commitment") is None else ("text", "token_ids")
     return {
-        k: v for k, v in out.items() if k not in drop and not (k in ("tool_calls", "tool_calls_commitment") and v is None)
+        k: v
+        for k, v in out.items()
+        if k not in drop and not (k in ("tool_calls", "tool_calls_commitment") and v is None)
     }
 
 
