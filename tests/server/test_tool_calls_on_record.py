@@ -93,7 +93,12 @@ def test_tools_and_calls_are_on_record_and_verified(tiny_llama_chat, tmp_path, p
     else:
         assert kept_tools is None and requests[forced.id].tools_commitment is None
     # how the calls are read is on record, so a resumed request reads them the same way
-    assert requests[forced.id].tool_reading == {"mode": "named", "parser": None, "parallel": True, "name_index": TOOL_NAMES.index("clock")}
+    assert requests[forced.id].tool_reading == {
+        "mode": "named",
+        "parser": None,
+        "parallel": True,
+        "name_index": TOOL_NAMES.index("clock"),
+    }
     assert requests[one.id].tool_reading == {"mode": "auto", "parser": "hermes", "parallel": False, "name_index": None}
     want = [{"name": "clock", "arguments": json.loads(call.function.arguments)}]
     assert _calls(completions[forced.id], kept) == canonical_json(want).decode()
