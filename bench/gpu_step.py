@@ -18,6 +18,9 @@ adapters (sequence i bound to adapter i mod 32) and without:
   bytes         what a step must read: every weight once, the adapter rows of the slots in use, the
                 KV cache of every sequence; the roofline is those bytes over the measured copy rate
 and one prefill step of 32 prompts x 128 tokens (4,096 tokens) with 32 adapters and without.
+
+`--quant`: the W4A16 comparison instead (bench/gpu_quant_step.py): the shape's projections 4-bit in the GPU's packed
+layout, decode with 32 rank-16 adapters against its own no-adapter steps and against bf16 dense.
 """
 
 from __future__ import annotations
@@ -114,7 +117,9 @@ def random_adapter(config, slot: int, device: torch.device):
     return types.SimpleNamespace(slot_stacks=stacks, fingerprint=f"bench-adapter-{slot:02d}", rank=RANK)
 
 
-def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):
+def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int, weights=None):
+    """A ModelRunner on the shape whose base weights are `weights(config, dtype, device)` (random_weights: bf16
+    dense) instead of a checkpoint's."""
     import loraledger.gpu.model_runner as model_runner
     from loraledger.gpu.model_config import ModelConfig
     from loraledger.gpu.ops_cuda import CudaOps
@@ -123,8 +128,9 @@ def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):
     config = ModelConfig.from_pretrained(model_dir)
     device = torch.device("cuda", 0)
     per_seq = -(-max_len // BLOCK)
-    original = model_runner.load_weights
-    model_runner.load_weights = lambda _dir, cfg, dtype, device: random_weights(cfg, dtype, device)
+    make = weights or random_weights
+    original = model_runner.base_model.load_base
+    model_runner.base_model.load_base = lambda _dir, cfg, *, dtype, device, **_: make(cfg, dtype, device)
     try:
         runner = model_runner.ModelRunner(
             model_dir,
@@ -141,7 +147,7 @@ def make_runner(shape_name: str, folder: Path, max_batch: int, max_len: int):
             cuda_graph_max_batch=max_batch,
         )
     finally:
-        model_runner.load_weights = original
+        model_runner.base_model.load_base = original
     return runner, config
 
 
@@ -308,9 +314,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", nargs="+", choices=sorted(SHAPES), default=["1b", "8b"])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--quant", action="store_true", help="the W4A16 vs bf16 decode comparison (gpu_quant_step)")
+    parser.add_argument("--batch", type=int, nargs="+", help="--quant's decode batches (default 1 8 32)")
     args = parser.parse_args(argv)
     if no_gpu("bench.gpu_step"):
         return 2
+    if args.quant:
+        from bench.gpu_quant_step import run_quant
+
+        return run_quant(args.shape, args.batch, args.steps, args.json)
     copy = bench_copy(5, 20)
     report = {"device": torch.cuda.get_device_name(), "copy_gbps": copy.gbps, "shapes": {}}
     with tempfile.TemporaryDirectory() as tmp:

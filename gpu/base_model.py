@@ -46,11 +46,13 @@ def read_quantization(model: str | Path, requested: str | None = None) -> QuantS
 
 
 def check_device(scheme: QuantScheme | None, device: torch.device) -> None:
-    """Quantized weights run on the CPU only (torch's int4/int8 kernels); CUDA has no quantized GEMM here yet."""
-    if scheme is not None and device.type != "cpu":
+    """Quantized weights run on the CPU (torch's int4/int8 kernels) and on CUDA (the W4A16 / W8A16 kernels of
+    gpu/ops_quant.py, weights in the device layout; what that layout cannot hold is dequantized at load, on record
+    in the log). Any other device has no kernel for them."""
+    if scheme is not None and device.type not in ("cpu", "cuda"):
         raise QuantizationError(
-            f"a {scheme.describe()} base model runs on the CPU only; start the engine with device='cpu' (no "
-            "quantized GEMM kernel for CUDA is built in)"
+            f"a {scheme.describe()} base model runs on the CPU or a CUDA GPU, not on {device.type}; start the engine "
+            "with device='cuda' or device='cpu'"
         )
 
 
@@ -61,10 +63,14 @@ def load_base(
     dtype: torch.dtype,
     device: torch.device | str,
     quantization: QuantScheme | None = None,
+    device_layout: bool | None = None,
 ) -> ModelWeights:
+    """device_layout: quantized projections in the GPU's packed layout (None: on CUDA; see gpu/weights.py)."""
     if gguf_weights.is_gguf(model):
-        return gguf_weights.load_gguf_weights(model, config, dtype=dtype, device=device)
-    return load_weights(model, config, dtype=dtype, device=device, quantization=quantization)
+        return gguf_weights.load_gguf_weights(model, config, dtype=dtype, device=device, device_layout=device_layout)
+    return load_weights(
+        model, config, dtype=dtype, device=device, quantization=quantization, device_layout=device_layout
+    )
 
 
 def fingerprint(model: str | Path, scheme: QuantScheme | None) -> str:

@@ -3,8 +3,9 @@
 The config comes from the file's metadata through transformers' GGUF support (the same mapping transformers uses to
 load it); the tensors are read with the `gguf` package. Q4_0, Q4_1, Q8_0 and Q4_K projections are decoded exactly into
 AffineWeights (loraledger.quantization.gguf_blocks) and stay packed for torch's CPU kernels where the engine keeps
-weights packed; any other type (Q6_K, Q5_K, ...) and the embedding and norms are dequantized once by the `gguf`
-package. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
+weights packed, or in the GPU's layout on CUDA (all four exactly: gpu/quant_projection.py); any other type (Q6_K,
+Q5_K, ...) and the embedding and norms are dequantized once by the `gguf` package, a projection among them named in
+ModelWeights.dequantized. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
 Face's order (a row permutation, exact on quantized rows too).
 """
 
@@ -19,7 +20,15 @@ import torch
 
 from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu.model_config import ModelConfig
-from loraledger.gpu.weights import LayerWeights, ModelWeights, Projection, check_shapes, fuse_parts, keeps_packed
+from loraledger.gpu.weights import (
+    LayerWeights,
+    ModelWeights,
+    Projection,
+    check_shapes,
+    fuse_parts,
+    keeps_packed,
+    uses_device_layout,
+)
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.gguf_blocks import BLOCKS, decode
 from loraledger.quantization.scheme import QuantScheme
@@ -32,7 +41,7 @@ def is_gguf(model: str | Path) -> bool:
     return str(model).lower().endswith(".gguf")
 
 
-def _reader(path: str | Path):
+def gguf_reader(path: str | Path):
     from gguf import GGUFReader
 
     try:
@@ -63,7 +72,7 @@ def gguf_model_config(path: str | Path) -> ModelConfig:
 
 def gguf_quantization(path: str | Path) -> QuantScheme:
     """What the file's projections are stored as, for the record: their GGUF types ("Q4_K+Q6_K" for a mixed file)."""
-    types = sorted({t.tensor_type.name for t in _reader(path).tensors if _projection_name(t.name)})
+    types = sorted({t.tensor_type.name for t in gguf_reader(path).tensors if is_projection_name(t.name)})
     quantized = [t for t in types if t not in _FLOAT_TYPES]
     if not quantized:
         raise QuantizationError(f"{path}: no projection is quantized (types {types}); serve the float checkpoint")
@@ -76,7 +85,7 @@ def gguf_quantization(path: str | Path) -> QuantScheme:
     )
 
 
-def _projection_name(name: str) -> bool:
+def is_projection_name(name: str) -> bool:
     parts = name.split(".")
     return len(parts) == 4 and parts[0] == "blk" and parts[2] in _PROJECTIONS
 
@@ -88,12 +97,20 @@ def _qk_rows(rows: int, heads: int) -> torch.Tensor:
 
 
 def load_gguf_weights(
-    path: str | Path, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str
+    path: str | Path,
+    config: ModelConfig,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    device_layout: bool | None = None,
 ) -> ModelWeights:
+    """device_layout: pack the projections in the GPU's layout (None: on CUDA), as gpu/weights.py's load_weights."""
     from gguf import dequantize
 
-    tensors = {t.name: t for t in _reader(path).tensors}
-    packed = keeps_packed(dtype, device)
+    tensors = {t.name: t for t in gguf_reader(path).tensors}
+    layout = uses_device_layout(device) if device_layout is None else device_layout
+    packed = keeps_packed(dtype, device) or layout
+    record: list[str] = []
 
     def tensor(name: str):
         found = tensors.get(name)
@@ -116,6 +133,8 @@ def load_gguf_weights(
             q, scale, offset, bits = decode(np.asarray(t.data), kind, rows, cols)
             w: AffineWeight | torch.Tensor = AffineWeight(q, scale, offset, bits)
         else:
+            if packed and kind not in _FLOAT_TYPES:
+                record.append(f"{name}: GGUF {kind} has no packed kernel here (only {', '.join(BLOCKS)})")
             w = dense(name)
         if heads is not None:
             index = _qk_rows(rows, heads)
@@ -123,7 +142,8 @@ def load_gguf_weights(
         return w
 
     def fused(names: list[tuple[str, int | None]]) -> Projection:
-        return fuse_parts([part(n, h) for n, h in names], packed, dtype, device)
+        parts = [part(n, h) for n, h in names]
+        return fuse_parts(parts, packed, dtype, device, device_layout=layout, name=names[0][0], record=record)
 
     layers = []
     for i in range(config.num_hidden_layers):
@@ -147,7 +167,9 @@ def load_gguf_weights(
         )
     embed = dense("token_embd.weight")
     lm_head = embed if config.tie_word_embeddings or "output.weight" not in tensors else dense("output.weight")
-    weights = ModelWeights(embed=embed, layers=layers, norm=dense("output_norm.weight"), lm_head=lm_head)
+    weights = ModelWeights(
+        embed=embed, layers=layers, norm=dense("output_norm.weight"), lm_head=lm_head, dequantized=record
+    )
     check_shapes(weights, config, path)
     return weights
 

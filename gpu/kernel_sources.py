@@ -36,9 +36,10 @@ QUANT_GEMV_THREADS = 128
 QUANT_GEMV_ROWS = 2  # output rows per warp
 DEQUANT_THREADS = 256
 
-# Weight-only quantized projections: weight bits, scale element types, tokens per GEMV pass.
+# Weight-only quantized projections: weight bits, scale element types, tokens per GEMV pass. fp32 scales hold what
+# no 16-bit float holds exactly (GGUF Q4_K's d * 6-bit sub-scale products, bitsandbytes int8's SCB / 127).
 QUANT_BITS = (4, 8)
-QUANT_SCALE_TYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+QUANT_SCALE_TYPES: dict[torch.dtype, str] = {torch.bfloat16: "bf16_t", torch.float16: "f16_t", torch.float32: "float"}
 QUANT_GEMV_TOKENS = (1, 2, 4, 8)
 
 # LoRA tiling: BGMV = one token per block; SGMV = tiles of up to SGMV_TILE tokens of one slot.

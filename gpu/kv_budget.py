@@ -15,6 +15,7 @@ from pathlib import Path
 
 from loraledger.errors import ConfigError
 from loraledger.gpu.model_config import LORA_TARGETS, ModelConfig
+from loraledger.quantization.scheme import QuantScheme
 
 GIB = 1 << 30
 
@@ -51,12 +52,20 @@ def kv_cache_budget(
     return available
 
 
-def weights_bytes(model_dir: str | Path, element_size: int) -> int:
-    """Device bytes of the checkpoint's tensors once cast to a dtype of `element_size` bytes (from the headers only)."""
+def weights_bytes(model_dir: str | Path, element_size: int, quantization: QuantScheme | None = None) -> int:
+    """Device bytes of the checkpoint's tensors once cast to a dtype of `element_size` bytes (from the headers only);
+    a quantized checkpoint's (or GGUF file's) projections at the bytes of the GPU's packed layout that CUDA keeps them
+    in (gpu/packed_weight_bytes.py), not at a float size."""
     from safetensors import safe_open
 
+    from loraledger.gpu import packed_weight_bytes
+    from loraledger.gpu.gguf_weights import is_gguf
     from loraledger.gpu.weights import weight_files
 
+    if is_gguf(model_dir):
+        return packed_weight_bytes.gguf_packed_bytes(Path(model_dir), element_size)
+    if quantization is not None and not quantization.quantized_at_load:
+        return packed_weight_bytes.safetensors_packed_bytes(weight_files(model_dir), quantization, element_size)
     numel = 0
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt") as f:

@@ -19,9 +19,11 @@ from loraledger.gpu.forward_batch import ForwardBatch
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.model_config import ModelConfig
 from loraledger.gpu.ops import Ops
+from loraledger.gpu.quant_projection import DeviceQuantProjection
 from loraledger.gpu.rotary import build_cos_sin_cache
 from loraledger.gpu.weights import ModelWeights
 from loraledger.lora.device_slots import LoraSlots
+from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.projection import QuantizedProjection
 
 
@@ -31,10 +33,10 @@ class DecoderLayer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Dense | QuantizedProjection
-    o: Dense | QuantizedProjection
-    gate_up: Dense | QuantizedProjection
-    down: Dense | QuantizedProjection
+    qkv: Dense | QuantizedProjection | DeviceQuantProjection
+    o: Dense | QuantizedProjection | DeviceQuantProjection
+    gate_up: Dense | QuantizedProjection | DeviceQuantProjection
+    down: Dense | QuantizedProjection | DeviceQuantProjection
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights of q and k (Qwen3, Gemma 3)
     k_norm: torch.Tensor | None = None
     pre_ff_norm: torch.Tensor | None = None  # Gemma 2/3: the MLP's own norms before and after it
@@ -70,10 +72,13 @@ class Model:
         dtype = weights.embed.dtype
 
         def projection(weight, bias=None):
-            """Dense for a float weight; a quantized one (a list of its parts) stays packed."""
+            """Dense for a float weight; a quantized one (a list of its parts) stays packed: for torch's CPU kernels
+            (parts as read) or for CudaOps.quant_linear (parts in the device layout)."""
             if isinstance(weight, torch.Tensor):
                 return Dense(weight, bias, prepack=prepack)
-            return QuantizedProjection(weight, bias, dtype=dtype)
+            if isinstance(weight[0], AffineWeight):
+                return QuantizedProjection(weight, bias, dtype=dtype)
+            return DeviceQuantProjection(weight, bias, ops)
 
         self.layers = [
             DecoderLayer(

@@ -21,6 +21,7 @@ from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
 from loraledger.gpu.sampler import SampleJob, Sampler, SampleRow
 from loraledger.gpu.transfer import to_device
+from loraledger.logging import get_logger
 from loraledger.lora.device_slots import LoraSlots
 from loraledger.quantization.scheme import QuantScheme
 from loraledger.scheduling.step_plan import (
@@ -119,6 +120,18 @@ class ModelRunner:
         weights = base_model.load_base(
             model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization
         )
+        # quantized projections no packed kernel takes, dequantized at load: logged, never silent (the record's
+        # quantization stays the checkpoint's, which is unchanged)
+        self.dequantized_projections = list(weights.dequantized)
+        if weights.dequantized:
+            get_logger("model_runner").warning(
+                "quantized projections dequantized at load to the model dtype (no packed kernel takes them)",
+                quantization=None if quantization is None else quantization.describe(),
+                device=str(self.device),
+                dtype=str(dtype),
+                count=len(weights.dequantized),
+                projections=weights.dequantized,
+            )
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
         if self.device.type == "cpu":
             del weights  # the plain weights the pre-packed copies replaced: freed, then handed back

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -14,6 +14,7 @@ from loraledger import paths
 from loraledger.digests import base_model_fingerprint
 from loraledger.errors import ModelLoadError, QuantizationError
 from loraledger.gpu.model_config import ModelConfig
+from loraledger.gpu.quant_projection import DevicePart, device_parts, part_nbytes, part_rows
 from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.projection_reader import is_quantized, read_module
@@ -24,14 +25,19 @@ _SINGLE_FILE = "model.safetensors"
 _FINGERPRINT_CACHE = "model_fingerprints.json"
 
 
-# a projection's weight: a float tensor, or (a quantized checkpoint kept packed) its quantized parts in fused order
-Projection = torch.Tensor | list[AffineWeight]
+# a projection's weight: a float tensor, or (a quantized checkpoint kept packed) its parts in fused order: for torch's
+# CPU kernels the quantized parts as read (AffineWeight), for the GPU's kernels packed in the device layout
+Projection = torch.Tensor | list[AffineWeight] | list[DevicePart]
 
 
 def projection_shape(weight: Projection) -> tuple[int, ...]:
     if isinstance(weight, torch.Tensor):
         return tuple(weight.shape)
-    return (sum(p.shape[0] for p in weight), weight[0].shape[1])
+    first = weight[0]
+    if isinstance(first, AffineWeight):
+        return (sum(p.shape[0] for p in weight), first.shape[1])
+    cols = int(first.shape[1]) if isinstance(first, torch.Tensor) else first.in_features
+    return (sum(part_rows(p) for p in weight), cols)
 
 
 @dataclass
@@ -57,19 +63,39 @@ class ModelWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # [H]
     lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+    # quantized projections the load dequantized to the model dtype because no packed kernel takes them: "<name>: <why>"
+    dequantized: list[str] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
         seen: dict[int, int] = {}
         for t in self._tensors():
             seen[t.data_ptr()] = t.numel() * t.element_size()
-        return sum(seen.values())
+        packed = sum(part_nbytes(p) for p in self._device_packed())
+        return sum(seen.values()) + packed
+
+    def _device_packed(self) -> list[DevicePart]:
+        return [
+            p
+            for lw in self.layers
+            for w in (lw.qkv, lw.o, lw.gate_up, lw.down)
+            if not isinstance(w, torch.Tensor)
+            for p in w
+            if not isinstance(p, AffineWeight | torch.Tensor)
+        ]
 
     def _tensors(self) -> list[torch.Tensor]:
         out = [self.embed, self.norm, self.lm_head]
         for lw in self.layers:
             for w in (lw.qkv, lw.o, lw.gate_up, lw.down):
-                out += [w] if isinstance(w, torch.Tensor) else [t for p in w for t in (p.q, p.scale, p.offset)]
+                if isinstance(w, torch.Tensor):
+                    out.append(w)
+                    continue
+                for p in w:
+                    if isinstance(p, AffineWeight):
+                        out += [p.q, p.scale, p.offset]
+                    elif isinstance(p, torch.Tensor):
+                        out.append(p)
             out += [lw.input_norm, lw.post_norm]
             out += [t for t in (lw.qkv_bias, lw.q_norm, lw.k_norm, lw.pre_ff_norm, lw.post_ff_norm) if t is not None]
         return out
@@ -99,14 +125,32 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 
 
 def keeps_packed(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether quantized projections stay packed (torch's CPU int4/int8 kernels, which take bf16 activations); in
-    any other dtype they are dequantized once, at load, to `dtype` (float32: the exact reference mode)."""
+    """Whether quantized projections stay packed for torch's CPU int4/int8 kernels (which take bf16 activations); in
+    any other CPU dtype they are dequantized once, at load, to `dtype` (float32: the exact reference mode). On CUDA
+    they stay packed in any dtype, in the GPU's layout (uses_device_layout)."""
     return dtype == torch.bfloat16 and torch.device(device).type == "cpu"
 
 
-def fuse_parts(parts: list[AffineWeight | torch.Tensor], packed: bool, dtype: torch.dtype, device) -> Projection:
-    """One fused projection from its parts: packed parts where `packed` and some part is packable (a float part
-    beside them becomes an exact AffineWeight), else one dense tensor in `dtype` (the Dense path)."""
+def uses_device_layout(device: torch.device | str) -> bool:
+    """Whether quantized projections are packed in the GPU's layout for CudaOps.quant_linear (on CUDA)."""
+    return torch.device(device).type == "cuda"
+
+
+def fuse_parts(
+    parts: list[AffineWeight | torch.Tensor],
+    packed: bool,
+    dtype: torch.dtype,
+    device,
+    *,
+    device_layout: bool = False,
+    name: str = "",
+    record: list[str] | None = None,
+) -> Projection:
+    """One fused projection from its parts: with `device_layout`, the GPU's packed parts (gpu/quant_projection.py:
+    what it cannot hold is dequantized and named in `record`); else packed parts for the CPU where `packed` and some
+    part is packable (a float part beside them becomes an exact AffineWeight); else one dense tensor in `dtype`."""
+    if device_layout and any(isinstance(p, AffineWeight) for p in parts):
+        return device_parts(parts, dtype=dtype, device=device, name=name, record=[] if record is None else record)
     if packed and any(isinstance(p, AffineWeight) for p in parts):
         return [p if isinstance(p, AffineWeight) else AffineWeight.exact(p) for p in parts]
     dense = [p.dense() if isinstance(p, AffineWeight) else p.to(torch.float32) for p in parts]
@@ -120,6 +164,7 @@ def load_weights(
     dtype: torch.dtype,
     device: torch.device | str,
     quantization: QuantScheme | None = None,
+    device_layout: bool | None = None,
 ) -> ModelWeights:
     """Read the checkpoint, cast to `dtype`, fuse q/k/v and gate/up, and place everything on `device`.
 
@@ -131,11 +176,16 @@ def load_weights(
     while the engine runs (replacing it by a rename is safe; truncating it in place is not).
 
     A quantized checkpoint's projections are read exactly (loraledger.quantization.projection_reader) and kept as their
-    quantized parts where keeps_packed(), else dequantized once to `dtype`.
+    quantized parts where keeps_packed(), packed in the GPU's layout where `device_layout` (None: on CUDA; the
+    emulated kernels' tests ask for it on the CPU), else dequantized once to `dtype`. A projection no packed kernel
+    takes (bitsandbytes nf4) is dequantized to `dtype` and, where the weights would otherwise stay packed, named in
+    ModelWeights.dequantized.
     """
     files = weight_files(model_dir)
     reader = _TensorReader(files, dtype)
     packed = keeps_packed(dtype, device)
+    layout = uses_device_layout(device) if device_layout is None else device_layout
+    record: list[str] = []
     found: list[str] = []  # projections stored quantized
     try:
 
@@ -144,10 +194,17 @@ def load_weights(
 
         def quantized(modules: list[str]) -> list[AffineWeight | torch.Tensor] | None:
             if quantization is not None and quantization.quantized_at_load:  # bitsandbytes nf4 of a float checkpoint
+                if packed or layout:
+                    record.extend(
+                        f"{m}: {quantization.describe()} is a codebook no packed kernel takes" for m in modules
+                    )
                 return [nf4.round_trip(reader.raw(f"{m}.weight")) for m in modules]
             if quantization is None or not any(is_quantized(quantization, m, reader.has) for m in modules):
                 return None
             found.append(modules[0])
+            if (packed or layout) and quantization.weight_type == "nf4":
+                nf4_modules = [m for m in modules if is_quantized(quantization, m, reader.has)]
+                record.extend(f"{m}: bitsandbytes nf4 is a codebook no packed kernel takes" for m in nf4_modules)
             return [
                 read_module(quantization, m, reader.raw, reader.has)
                 if is_quantized(quantization, m, reader.has)
@@ -159,7 +216,9 @@ def load_weights(
             parts = quantized([n.removesuffix(".weight") for n in names])
             if parts is None:
                 return torch.cat([reader.get(n) for n in names], dim=0).to(device)
-            return fuse_parts(parts, packed, dtype, device)
+            return fuse_parts(
+                parts, packed, dtype, device, device_layout=layout, name=names[0].removesuffix(".weight"), record=record
+            )
 
         def norm(name: str) -> torch.Tensor:
             """An RMSNorm weight as the forward multiplies by it: Gemma stores w for (1 + w)."""
@@ -208,7 +267,7 @@ def load_weights(
             embed = embed_reader.get("model.embed_tokens.weight")
         finally:
             embed_reader.close()
-    weights = ModelWeights(embed=embed, layers=layers, norm=final_norm, lm_head=lm_head)
+    weights = ModelWeights(embed=embed, layers=layers, norm=final_norm, lm_head=lm_head, dequantized=record)
     check_shapes(weights, config, model_dir)
     return weights
 

@@ -15,6 +15,7 @@ from loraledger.generation_config import read_generation_config
 from loraledger.gpu import cpu_features
 from loraledger.gpu.model_config import ModelConfig
 from loraledger.logging import get_logger
+from loraledger.quantization.scheme import QuantScheme
 from loraledger.sources.engine_sources import instance_fields, quantization_fields, resolve_model
 from loraledger.tokenizer_group import TokenizerGroup, load_tokenizer
 
@@ -89,7 +90,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
         if args.kv_cache_bytes is not None:
             budget = args.kv_cache_bytes
         elif device.type == "cuda":
-            budget = _cuda_kv_budget(args, config, model_dir, dtype, device, graph_batch)
+            budget = _cuda_kv_budget(args, config, model_dir, dtype, device, graph_batch, quantization)
         else:  # the CPU: gpu_memory_utilization does not apply (the machine's memory is not the engine's alone)
             wanted = args.max_num_seqs * -(-max_model_len // args.block_size) * per_block
             budget = min(wanted, _DEFAULT_KV_BYTES[device.type])
@@ -244,11 +245,20 @@ async def prepare_within(deadline: StartDeadline, args: EngineArgs) -> EngineSet
 
 
 def _cuda_kv_budget(
-    args: EngineArgs, config: ModelConfig, model_dir: Path, dtype: torch.dtype, device: torch.device, graph_batch: int
+    args: EngineArgs,
+    config: ModelConfig,
+    model_dir: Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    graph_batch: int,
+    quantization: QuantScheme | None,
 ) -> int:
-    """KV-cache bytes from gpu_memory_utilization, as vLLM sizes it (gpu/kv_budget.py)."""
+    """KV-cache bytes from gpu_memory_utilization, as vLLM sizes it (gpu/kv_budget.py); a quantized base's weights
+    at their packed size, plus the one projection a prefill step dequantizes at a time."""
     from loraledger.gpu import kv_budget
     from loraledger.gpu.cuda_graphs import capture_sizes
+    from loraledger.gpu.ops_quant import GEMV_MAX_TOKENS
+    from loraledger.gpu.packed_weight_bytes import dequantize_scratch_bytes
 
     # memory an earlier engine of this process freed is still held by torch's caching allocator: give it back first
     torch.cuda.empty_cache()
@@ -263,11 +273,15 @@ def _cuda_kv_budget(
     )
     if graph_batch:
         other += kv_budget.cuda_graph_bytes(config, capture_sizes(graph_batch), with_lora=args.enable_lora)
+    if quantization is not None and not quantization.quantized_at_load:
+        # a decode graph of more rows than the GEMV takes keeps its own dequantized copy in the graphs' memory pool
+        copies = 2 if graph_batch > GEMV_MAX_TOKENS else 1
+        other += copies * dequantize_scratch_bytes(config.module_shapes(), size)
     budget = kv_budget.kv_cache_budget(
         total_bytes=total,
         free_bytes=free,
         utilization=args.gpu_memory_utilization,
-        weights_bytes=kv_budget.weights_bytes(model_dir, size),
+        weights_bytes=kv_budget.weights_bytes(model_dir, size, quantization),
         activation_peak_bytes=kv_budget.activation_peak_bytes(
             config,
             max_num_batched_tokens=args.max_num_batched_tokens,

@@ -6,7 +6,7 @@
 //   qweight: unsigned [N, K * BITS / 32], row n holds input columns 0..K-1 of output n, element j of a
 //            32-bit word at bits BITS * j (lowest first), values unsigned in [0, 2^BITS);
 //   scales:  S [N, K / group_size];  zeros: S [N, K / group_size] or null (then every zero is `zero`);
-//   offsets: S [N, K / group_size] or null (then 0).
+//   offsets: S [N, K / group_size] or null (then 0).  S: fp16, bf16, or fp32 where no 16-bit float is exact.
 //   W[n, k] = (q[n, k] - zero[n, g]) * scale[n, g] + offset[n, g],  g = k / group_size.
 // group_size is a multiple of one 16-byte load's elements (32 at 4 bits, 16 at 8 bits), so that a load
 // never straddles two groups.

@@ -3,15 +3,21 @@
 Per projection of N outputs x K inputs, with G = K / group_size groups per row:
   qweight  int32 [N, K * bits / 32]: row n holds input columns 0..K-1 of output n; element j of a word sits at bits
            bits * j, lowest first (compressed-tensors' weight_packed order); values unsigned in [0, 2^bits).
-  scales   fp16 or bf16 [N, G]; zeros: the same dtype [N, G] or None (then every zero is `zero`);
+  scales   fp16, bf16 or fp32 [N, G]; zeros: the same dtype [N, G] or None (then every zero is `zero`);
   offsets  the same dtype [N, G] or None (then 0).
   W[n, k] = (q[n, k] - zero[n, g]) * scale[n, g] + offset[n, g],  g = k // group_size.
 
 Each format converts to it exactly (the kernels compute in fp32, where (q - zero) * scale is exact for these
 values): GPTQ, AWQ and compressed-tensors keep their integer zero points and fp16/bf16 scales; GGUF Q4_0 is
-zero 8 with the block's fp16 d; Q4_1 is zero 0, scale d and offset m. A format whose scales or offsets do not
-fit a 16-bit float exactly (GGUF Q4_K's d * sub-scale products) is refused with QuantizationError, so that the
-caller keeps it on a dense path rather than running a silently different weight.
+zero 8 with the block's fp16 d; Q4_1 is zero 0, scale d and offset m; Q8_0 is an 8-bit group-32 weight with zero
+128. Scales and offsets are kept in the narrowest float that holds every one of them exactly: fp16 or bf16 where
+one does, else fp32. GGUF Q4_K needs fp32: its per-32 scale d * sc and min dmin * m are an fp16 (11 significant
+bits) times a 6-bit integer, up to 17 significant bits, which bf16 (8) and fp16 (11) round but fp32 (24) holds;
+so does bitsandbytes int8's per-row SCB / 127. Nothing is rounded on the way: what a 16-bit float cannot hold costs
+two more bytes per group, never a different weight. (q - zero) * scale stays exact in the kernels' fp32 for every
+16-bit scale and for Q4_K's 17-bit ones; a full 24-bit fp32 scale (SCB / 127) rounds that product once, as any fp32
+dequantization of it (bitsandbytes' own included) does. bitsandbytes nf4 has no place here: its 16 levels are a
+codebook, not evenly spaced, and the kernels compute (q - zero) * scale with no lookup table.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 from loraledger.errors import QuantizationError
 from loraledger.quantization.packing import pack_int32
 
-SCALE_DTYPES = (torch.float16, torch.bfloat16)
+SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # narrowest first: fp32 holds any fp32 value
 
 
 def load_granule(bits: int) -> int:
@@ -80,6 +86,15 @@ class DeviceQuantWeight:
         return w.reshape(n, k)
 
 
+def layout_nbytes(
+    n: int, k: int, bits: int, group_size: int, *, scale_bytes: int, zeros: bool, offsets: bool, perm: bool
+) -> int:
+    """DeviceQuantWeight.packed_bytes() (plus a desc_act perm's int64 [K]) of an [n, k] weight, from its shape alone:
+    what the KV-cache budget counts for it before anything is loaded."""
+    groups = n * (k // group_size)
+    return n * k * bits // 8 + groups * scale_bytes * (1 + zeros + offsets) + (8 * k if perm else 0)
+
+
 def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     """The unsigned values [N, K] of a device qweight (int64 arithmetic: the words are signed int32)."""
     per = 32 // bits
@@ -88,19 +103,16 @@ def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
     return ((words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)).reshape(qweight.shape[0], -1)
 
 
-def _exact_16bit(values: dict[str, torch.Tensor], prefer: torch.dtype | None) -> list[torch.Tensor]:
-    """Each tensor (fp32) in one 16-bit dtype, fp16 or bf16 (`prefer` first), without rounding any of them."""
-    order = [prefer] if prefer in SCALE_DTYPES else []
+def _exact_scales(values: dict[str, torch.Tensor], prefer: torch.dtype | None) -> list[torch.Tensor]:
+    """Each tensor (fp32) in one dtype of SCALE_DTYPES (`prefer` first, fp32 last), without rounding any of them."""
+    order = [prefer] if prefer in SCALE_DTYPES[:2] else []
     order += [d for d in SCALE_DTYPES if d not in order]
     tensors = [v.to(torch.float32) for v in values.values()]
     for dtype in order:
         cast = [t.to(dtype) for t in tensors]
         if all(torch.equal(c.to(torch.float32), t) for c, t in zip(cast, tensors)):
             return [c.contiguous() for c in cast]
-    raise QuantizationError(
-        f"the {' and '.join(values)} are not exactly fp16 or bf16 values, so the GPU's packed layout cannot hold "
-        "them without rounding; load this weight dequantized"
-    )
+    raise QuantizationError(f"the {' and '.join(values)} hold NaN; the checkpoint is corrupt")
 
 
 def _check(q: torch.Tensor, scale: torch.Tensor, bits: int) -> int:
@@ -136,7 +148,7 @@ def from_zero_point(
     zf = zero.to(torch.float32)
     if not torch.equal(zf, zf.round()) or int(zf.min()) < 0 or int(zf.max()) > 2**bits:
         raise QuantizationError(f"zero points must be integers in [0, {2**bits}] for a {bits}-bit weight")
-    (scales,) = _exact_16bit({"scales": scale}, scale_dtype)
+    (scales,) = _exact_scales({"scales": scale}, scale_dtype)
     default = float(2 ** (bits - 1))
     zeros = None if bool((zf == default).all()) else zf.to(scales.dtype).contiguous()
     return DeviceQuantWeight(
@@ -168,10 +180,10 @@ def from_affine(
     fill = float(zero[nonzero][0]) if bool(nonzero.any()) else default
     zero = torch.where(nonzero, zero, fill)
     if torch.equal(-zero * s, o) and bool(((zero >= 0) & (zero <= 2**bits)).all()):
-        (scales,) = _exact_16bit({"scales": s}, scale_dtype)
+        (scales,) = _exact_scales({"scales": s}, scale_dtype)
         if bool((zero == fill).all()):
             return DeviceQuantWeight(packed, scales, None, None, fill, bits, group, *q.shape, perm=perm)
         zeros = zero.to(scales.dtype).contiguous()
         return DeviceQuantWeight(packed, scales, zeros, None, default, bits, group, *q.shape, perm=perm)
-    scales, offsets = _exact_16bit({"scales": s, "offsets": o}, scale_dtype)
+    scales, offsets = _exact_scales({"scales": s, "offsets": o}, scale_dtype)
     return DeviceQuantWeight(packed, scales, None, offsets, 0.0, bits, group, *q.shape, perm=perm)

@@ -28,6 +28,7 @@ SUPPORT = {
     "vs_vllm_server",  # vs_vllm_cpu's server path and memory figures
     "salted_text",  # the evidence bench's writer with and without salted text
     "kernels_quant",
+    "gpu_quant_step",  # gpu_step --quant: W4A16 against bf16 dense
 }
 
 

@@ -51,7 +51,9 @@ def _compile(nvcc: str, workdir: Path, source: str, arch: str) -> _Build:
     cu, cubin = workdir / f"{stem}.cu", workdir / f"{stem}.cubin"
     cu.write_text(text)
     cmd = [nvcc, "-cubin", f"-arch={arch}", *ks.COMPILE_OPTIONS, "-o", str(cubin), str(cu)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # a guard against a hung nvcc, not a speed limit: quant_gemv.cu's 90 instantiations took 158 s for one arch on
+    # the 2-core VM at load 7.4 (113 s before its fp32-scale ones), and two archs compile at once
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return _Build(source, arch, f"{' '.join(cmd)}\n{proc.stdout}{proc.stderr}", set())
     return _Build(source, arch, None, _kernel_symbols(cubin.read_bytes()))

@@ -121,6 +121,30 @@ def test_quant_linear_bf16_scales_and_leading_dims_emulated(emulated):
     assert_matches("quant_linear [2, 1, K]", got, quant_linear_twin(x, weight), BF16)
 
 
+@pytest.mark.parametrize(("rows", "bits", "kind"), [(3, 4, "offsets"), (1, 8, "sym"), (12, 4, "offsets")])
+def test_quant_linear_fp32_scales_emulated(emulated, rows, bits, kind):
+    """fp32 scales and offsets (GGUF Q4_K's, bitsandbytes int8's: no 16-bit float holds them) in the GEMV and the
+    dequantize + matmul path."""
+    assert random_weight(10, 128, bits, 32, kind, F32, "cpu", (BF16, rows)).scales.dtype == F32
+    check_quant_linear(emulated, "cpu", BF16, rows, 10, 128, bits, 32, kind, scale_dtype=F32)
+
+
+def test_dequantize_of_q4_k_scales_is_exact_emulated(emulated):
+    """Q4_K's scales and mins are an fp16 times a 6-bit integer (17 significant bits): (q - zero) * scale stays exact
+    in fp32, so the kernel's fused multiply-add and the twin's two steps round the same, once."""
+    g = _gen("q4k-scales")
+    q = torch.randint(0, 16, (6, 256), generator=g)
+    d = (torch.rand(6, 8, generator=g) * 0.01).half().float()
+    scale = d * torch.randint(1, 64, (6, 8), generator=g)
+    offset = -d * torch.randint(0, 64, (6, 8), generator=g)
+    weight = from_affine(q, scale, offset, 4)
+    assert weight.scales.dtype == F32 and weight.offsets is not None
+    for dtype in (F32, BF16):
+        with poisoned_allocations():
+            got = emulated.quant_dequantize(weight, dtype)
+        assert torch.equal(got, quant_dequantize_twin(weight, dtype))
+
+
 @pytest.mark.parametrize("dtype", [BF16, F32])
 @pytest.mark.parametrize(("bits", "group", "kind"), [(4, 32, "zeros"), (4, 128, "offsets"), (8, 64, "sym")])
 def test_dequantize_emulated_is_exact(emulated, dtype, bits, group, kind):
@@ -166,8 +190,8 @@ def test_quant_linear_refuses_what_the_kernels_cannot_read(emulated):
         emulated.quant_linear(torch.randn(2, 64), torch.zeros(8, 64))
     with pytest.raises(KernelInputError, match=r"weight.qweight must have shape \[N, K \* bits / 32\]"):
         emulated.quant_linear(torch.randn(2, 64), replace(weight, qweight=weight.qweight[:, :4].contiguous()))
-    with pytest.raises(KernelInputError, match="weight.scales must be bfloat16 or float16"):
-        emulated.quant_linear(torch.randn(2, 64), replace(weight, scales=weight.scales.float()))
+    with pytest.raises(KernelInputError, match="weight.scales must be bfloat16 or float16 or float32"):
+        emulated.quant_linear(torch.randn(2, 64), replace(weight, scales=weight.scales.double()))
     with pytest.raises(KernelInputError, match="group_size 48 must divide 64"):
         emulated.quant_linear(torch.randn(2, 64), replace(weight, group_size=48))
 

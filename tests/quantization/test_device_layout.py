@@ -1,5 +1,6 @@
-"""The GPU's packed layout: compressed-tensors, GPTQ, AWQ and GGUF Q4_0 / Q4_1 convert to it exactly (its dequantized
-weight equals each format's own, bit for bit in fp32), and what it cannot hold exactly is refused."""
+"""The GPU's packed layout: compressed-tensors, GPTQ, AWQ, bitsandbytes int8 and GGUF Q4_0 / Q4_1 / Q8_0 / Q4_K convert
+to it exactly (its dequantized weight equals each format's own, bit for bit in fp32, on generated shapes and groups),
+and what the kernels cannot read is refused."""
 
 import numpy as np
 import pytest
@@ -122,13 +123,70 @@ def test_the_common_affine_form_gets_its_zero_points_back(bits):
     assert uniform.zeros is None and uniform.offsets is None and uniform.zero == 3.0
 
 
-def test_scales_a_16_bit_float_cannot_hold_are_refused():
-    q = torch.zeros(2, 64, dtype=torch.int32)
+def test_scales_a_16_bit_float_cannot_hold_are_kept_in_fp32():
+    q = torch.randint(0, 16, (2, 64), generator=_gen(5))
     scale = torch.tensor([[1 + 2**-10, 1.0], [1.0, 1.0]]) * 3  # 11 significant bits times 3: neither fp16 nor bf16
-    with pytest.raises(QuantizationError, match="not exactly fp16 or bf16"):
-        from_affine(q, scale, -scale * 0.37, 4)
-    with pytest.raises(QuantizationError, match="not exactly fp16 or bf16"):
-        from_zero_point(q, scale, torch.full_like(scale, 8.0), 4)
+    offset = -scale * 0.37
+    dev = from_affine(q, scale, offset, 4)
+    assert dev.scales.dtype == torch.float32 and dev.offsets.dtype == torch.float32
+    assert torch.equal(
+        dev.dequantize(), (q.float().reshape(2, 2, 32) * scale[..., None] + offset[..., None]).reshape(2, 64)
+    )
+    assert from_zero_point(q, scale, torch.full_like(scale, 8.0), 4).scales.dtype == torch.float32
+    with pytest.raises(QuantizationError, match="NaN"):
+        from_zero_point(q, torch.full_like(scale, float("nan")), torch.full_like(scale, 8.0), 4)
+
+
+def _k_quant_blocks(rows: int, cols: int, seed: int) -> np.ndarray:
+    from tests.quantization.quantized_checkpoints import encode_q4_k
+
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    return encode_q4_k(w)
+
+
+@pytest.mark.parametrize(("rows", "cols"), [(4, 256), (3, 512), (9, 768)])
+def test_gguf_q4_k_converts_exactly_with_fp32_scales_and_mins(rows, cols):
+    """Q4_K's per-32 scale d * sc and min dmin * m (fp16 times a 6-bit integer: up to 17 significant bits) fit fp32,
+    not bf16 or fp16: the layout keeps them fp32, and its weight is the gguf package's own dequantization."""
+    raw = _k_quant_blocks(rows, cols, rows + cols)
+    want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q4_K))
+    q, scale, offset, bits = decode(raw, "Q4_K", rows, cols)
+    dev = from_affine(q, scale, offset, bits)
+    assert dev.group_size == 32 and dev.offsets is not None and dev.scales.dtype == torch.float32
+    assert not torch.equal(scale.to(torch.bfloat16).float(), scale) and not torch.equal(scale.half().float(), scale)
+    assert torch.equal(dev.dequantize(), want)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gguf_q8_0_is_an_8_bit_group_32_weight_with_zero_128(seed):
+    rng = np.random.default_rng(seed)
+    rows, cols = int(rng.integers(1, 9)), 32 * int(rng.integers(1, 9))
+    raw = quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), GGMLQuantizationType.Q8_0)
+    want = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q8_0))
+    q, scale, offset, bits = decode(raw, "Q8_0", rows, cols)
+    dev = from_affine(q, scale, offset, bits)
+    assert (dev.bits, dev.group_size, dev.zero, dev.zeros, dev.offsets) == (8, 32, 128.0, None, None)
+    assert dev.scales.dtype == torch.float16
+    assert torch.equal(dev.dequantize(), want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bitsandbytes_int8_rows_convert_exactly(seed):
+    """int8 [N, K] with one fp32 SCB a row: W = int8 * SCB / 127, an 8-bit weight with one group a row and zero
+    128; SCB / 127 in fp32 is rarely a 16-bit value, so the scales stay fp32."""
+    from loraledger.quantization.projection_reader import read_module
+    from loraledger.quantization.scheme import QuantScheme
+
+    g = _gen(60 + seed)
+    n, k = int(torch.randint(1, 12, (1,), generator=g)), 16 * int(torch.randint(1, 9, (1,), generator=g))
+    w8 = torch.randint(-127, 128, (n, k), generator=g).to(torch.int8)
+    scb = torch.rand(n, generator=g) * 3
+    tensors = {"m.weight": w8, "m.SCB": scb}
+    scheme = QuantScheme(method="bitsandbytes", bits=8, group_size=None, symmetric=True, weight_type="int8")
+    part = read_module(scheme, "m", tensors.__getitem__, tensors.__contains__)
+    dev = from_affine(part.q, part.scale, part.offset, part.bits)
+    assert (dev.group_size, dev.zero, dev.zeros, dev.offsets) == (k, 128.0, None, None)
+    assert torch.equal(dev.dequantize(), w8.float() * (scb / 127.0)[:, None])
 
 
 def test_bf16_scales_stay_bf16_and_fp32_scales_take_the_16_bit_type_that_holds_them():

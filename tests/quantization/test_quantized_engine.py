@@ -145,8 +145,9 @@ def test_quantization_argument_checks_the_checkpoint(checkpoints, tiny_llama):
         LLM(model=str(tiny_llama.model_dir), quantization="fp8", audit_url=None)
     with pytest.raises(QuantizationError, match="no quantization_config"):
         base_model.read_quantization(tiny_llama.model_dir, "awq")
-    with pytest.raises(QuantizationError, match="CPU only"):
-        base_model.check_device(base_model.read_quantization(gptq), torch.device("cuda"))
+    base_model.check_device(base_model.read_quantization(gptq), torch.device("cuda"))  # the device layout runs it
+    with pytest.raises(QuantizationError, match="CPU or a CUDA GPU, not on meta"):
+        base_model.check_device(base_model.read_quantization(gptq), torch.device("meta"))
 
 
 def test_the_record_names_the_quantization_and_verify_covers_it(checkpoints, tiny_llama, tmp_path, capsys):
