@@ -43,8 +43,18 @@ from loraledger.errors import (
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
 from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
-from loraledger.store import texts
-from loraledger.store.records import EventKind, EventRecord, RequestRecord, recordable
+from loraledger.store.records import (
+    CONSTRAINT,
+    PROMPT,
+    TOOLS,
+    EventKind,
+    EventRecord,
+    RequestRecord,
+    recordable,
+    salted_content,
+    salted_text,
+    text_commitments,
+)
 from loraledger.tool_calls import reading_of
 from loraledger.version import __version__
 
@@ -372,13 +382,13 @@ class Admission:
             text = spec.canonical_tools()
             fields.update(tools_sha256=tools_digest(text), tool_reading=reading_of(spec))
             if keep:
-                row, fields["tools_commitment"] = texts.salted_text(rid, texts.TOOLS, 0, recordable(text))
+                row, fields["tools_commitment"] = salted_content(rid, TOOLS, 0, recordable(text))
                 kept.append(row)
         if constraint is not None:
             fields.update(constraint_kind=constraint.kind, constraint_sha256=constraint.sha256)
             if keep:
-                row, fields["constraint_commitment"] = texts.salted_text(
-                    rid, texts.CONSTRAINT, 0, recordable(constraint.canonical)
+                row, fields["constraint_commitment"] = salted_content(
+                    rid, CONSTRAINT, 0, recordable(constraint.canonical)
                 )
                 kept.append(row)
         return fields, kept
@@ -390,8 +400,8 @@ class Admission:
         # a prompt kept as text goes to `request_texts` under a salt; the binding commits to it (so it can be erased)
         kept = None
         if self._audit_prompts == "text":
-            kept = texts.salted(msg.request_id, texts.PROMPT, 0, recordable(prompt_text), prompt_ids)
-        committed = texts.commitments(kept) if kept is not None else (None, None)
+            kept = salted_text(msg.request_id, PROMPT, 0, recordable(prompt_text), prompt_ids)
+        committed = text_commitments(kept) if kept is not None else (None, None)
         content, content_rows = self._caller_content(msg.request_id, msg.tool_calls, constraint)
         binding = RequestRecord(
             request_id=msg.request_id,

@@ -35,8 +35,17 @@ from loraledger.digests import completions_digest, stored_time
 from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
-from loraledger.store import texts
-from loraledger.store.records import CompletionRecord, EventKind, EventRecord, recordable
+from loraledger.store.records import (
+    COMPLETION,
+    TOOL_CALLS,
+    CompletionRecord,
+    EventKind,
+    EventRecord,
+    recordable,
+    salted_content,
+    salted_text,
+    text_commitments,
+)
 from loraledger.tool_calls import recorded_calls
 
 
@@ -382,14 +391,14 @@ class OutputAssembler:
             await self._release(req)
             return
         # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
-        kept = [texts.salted(rid, texts.COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
-        committed = [texts.commitments(k) for k in kept]
+        kept = [salted_text(rid, COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
+        committed = [text_commitments(k) for k in kept]
         # the calls read from each text (their arguments are the model's output): kept apart under a salt too
         calls = {}
         for s in req.seqs:
             found = recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None
             if found is not None:
-                row, calls[s.index] = texts.salted_text(rid, texts.TOOL_CALLS, s.index, found)
+                row, calls[s.index] = salted_content(rid, TOOL_CALLS, s.index, found)
                 kept.append(row)
         records = [
             CompletionRecord(

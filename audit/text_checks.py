@@ -21,8 +21,7 @@ from loraledger.audit.queries import C, E, R, stream
 from loraledger.audit.results import VerifyResult
 from loraledger.digests import ListDigest, text_commitment, token_ids_commitment
 from loraledger.store.models import Erasure, RequestText
-from loraledger.store.records import EventKind
-from loraledger.store.texts import COMPLETION, PROMPT
+from loraledger.store.records import COMPLETION, PROMPT, EventKind
 
 T = RequestText.__table__
 X = Erasure.__table__

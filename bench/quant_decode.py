@@ -57,6 +57,7 @@ def w4a16_checkpoint(model_dir: Path) -> Path:
             "format": "pack-quantized",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights_spec, "input_activations": None}},
             "ignore": ["lm_head"],
+            "quantization_status": "compressed",
         }
         (out / "config.json").write_text(json.dumps(config, indent=2))
 

@@ -19,20 +19,19 @@ def salted(batch):
     import msgspec
 
     from loraledger.digests import binding_digest, completions_digest
-    from loraledger.store import texts
-    from loraledger.store.records import EventKind
+    from loraledger.store.records import COMPLETION, PROMPT, EventKind, salted_text, text_commitments
 
     kept, requests, completions = [], [], []
     for r in batch.requests:
-        row = texts.salted(r.request_id, texts.PROMPT, 0, r.prompt_text, list(range(r.prompt_token_count)))
-        text_c, ids_c = texts.commitments(row)
+        row = salted_text(r.request_id, PROMPT, 0, r.prompt_text, list(range(r.prompt_token_count)))
+        text_c, ids_c = text_commitments(row)
         kept.append(row)
         requests.append(
             msgspec.structs.replace(r, prompt_text=None, prompt_commitment=text_c, prompt_token_ids_commitment=ids_c)
         )
     for c in batch.completions:
-        row = texts.salted(c.request_id, texts.COMPLETION, c.index, c.text, c.token_ids)
-        text_c, ids_c = texts.commitments(row)
+        row = salted_text(c.request_id, COMPLETION, c.index, c.text, c.token_ids)
+        text_c, ids_c = text_commitments(row)
         kept.append(row)
         completions.append(
             msgspec.structs.replace(c, text="", token_ids=[], text_commitment=text_c, token_ids_commitment=ids_c)
@@ -94,12 +93,15 @@ class InlineText:
     def __enter__(self) -> InlineText:
         import msgspec
 
+        from loraledger.actors import admission, output_assembler
         from loraledger.store import texts
         from loraledger.store.audit_store import AuditStore
         from loraledger.store.records import TextRecord
 
-        self._texts, self._store = texts, AuditStore
-        self._saved = (texts.salted, texts.commitments, texts.salted_text, AuditStore.write)
+        # the actors bind the record makers by name: patched where they call them
+        self._patched = [(m, n, getattr(m, n)) for m in (admission, output_assembler)
+                         for n in ("salted_text", "text_commitments", "salted_content") if hasattr(m, n)]  # fmt: skip
+        self._store, self._write = AuditStore, AuditStore.write
         real_write = AuditStore.write
 
         def salted(request_id, part, index, text, token_ids):
@@ -126,14 +128,20 @@ class InlineText:
             moved = msgspec.structs.replace(batch, requests=requests, completions=completions, texts=[])
             return real_write(store, moved, receipts)
 
-        texts.salted = salted
-        texts.commitments = lambda record: (None, None)
-        texts.salted_text = lambda rid, part, index, text: (salted(rid, part, index, text, []), None)
+        fakes = {
+            "salted_text": salted,
+            "text_commitments": lambda record: (None, None),
+            "salted_content": lambda rid, part, index, text: (salted(rid, part, index, text, []), None),
+        }
+        for module, name, _ in self._patched:
+            setattr(module, name, fakes[name])
         AuditStore.write = inline
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._texts.salted, self._texts.commitments, self._texts.salted_text, self._store.write = self._saved
+        for module, name, real in self._patched:
+            setattr(module, name, real)
+        self._store.write = self._write
 
 
 def engine_rounds(folder: Path, rounds: int, threads: int) -> dict[str, object]:

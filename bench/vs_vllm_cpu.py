@@ -2,9 +2,11 @@
 
 Both engines run the bench model (Llama-shaped random model: hidden 512, 8 layers, vocab 32,000) and 6 of its
 rank-16 adapters on all seven projections, each engine in a process of its own (bench/engine_worker.py; vLLM's
-under the interpreter of its own venv, made on first use: bench/vllm_cpu_env.py, `--cache-dir`). One worker per
-(engine, dtype, LoRA on/off) stays up for the whole run; every round runs every workload on both engines,
-the engine order alternating between rounds, so a busy machine slows both alike: read the per-round ratios.
+under the interpreter of its own venv, made on first use: bench/vllm_cpu_env.py, `--cache-dir`). The workloads
+run by (dtype, LoRA on/off): that pair's two workers, one per engine, are up for all of its rounds and closed
+before the next pair starts (one vLLM process at a time, ~2.5 GB each); every round runs each workload on both
+engines, the engine order alternating between rounds, so a busy machine slows both alike: read the per-round
+ratios. `--workloads` picks some of them (`--workloads big --big-dtypes bfloat16`: the 64 x 128 batch alone).
 
 Workloads (greedy, ignore_eos): 24 prompts of 48 ids x 40 tokens as a mixed batch (6 adapters + base rows),
 the same prompts with LoRA enabled and no adapter, with LoRA disabled; a bigger mixed batch (64 prompts x 128
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import selectors
 import subprocess
@@ -104,31 +107,31 @@ def agreement(ours: list[list[int]], theirs: list[list[int]], adapters: list[int
     }
 
 
-def _workers(args, assets, python: Path, logs: Path) -> dict:
-    adapters = [a for p in assets.adapters[:6] for a in ("--adapter", str(p))]
-    workers = {}
-    for engine in ENGINES:
-        for dtype in DTYPES:
-            for lora in (False, True):
-                cli = ["--engine", engine, "--model", str(assets.model_dir), "--dtype", dtype]
-                cli += ["--threads", str(args.threads), "--max-num-seqs", str(max(64, args.big_prompts))]
-                if lora:
-                    cli += ["--lora", "--max-loras", "6", "--rank", "16", *adapters]
-                py, env = (sys.executable, None) if engine == "loraledger" else (str(python), vllm_env(args.threads))
-                print(f"starting {engine} {dtype} lora={lora}", flush=True)
-                w = Worker(py, cli, env, logs / f"{engine}-{dtype}-{'lora' if lora else 'base'}.log", args.timeout)
-                workers[(engine, dtype, lora)] = w
-    return workers
+WORKLOADS = ("mixed", "no-adapter", "lora-off", "big")
+
+
+def _worker(args, assets, python: Path, logs: Path, engine: str, dtype: str, lora: bool) -> Worker:
+    cli = ["--engine", engine, "--model", str(assets.model_dir), "--dtype", dtype]
+    cli += ["--threads", str(args.threads), "--max-num-seqs", str(max(64, args.big_prompts))]
+    if lora:
+        cli += ["--lora", "--max-loras", "6", "--rank", "16"]
+        cli += [a for p in assets.adapters[:6] for a in ("--adapter", str(p))]
+    py, env = (sys.executable, None) if engine == "loraledger" else (str(python), vllm_env(args.threads))
+    print(f"starting {engine} {dtype} lora={lora}", flush=True)
+    return Worker(py, cli, env, logs / f"{engine}-{dtype}-{'lora' if lora else 'base'}.log", args.timeout)
 
 
 def run_batches(args, assets, python: Path, logs: Path) -> dict:
+    """Every chosen workload, round by round, one (dtype, LoRA on/off) pair of workers up at a time: one vLLM
+    process (about 2.5 GB with its smallest KV cache) and one of ours, not all eight at once."""
     small = prompts(args.prompts, args.prompt_len, assets.vocab_size, seed=0)
     big = prompts(args.big_prompts, args.prompt_len, assets.vocab_size, seed=1)
-    runs = {  # name: (lora worker?, prompts, adapters, tokens, dtypes)
-        "mixed (6 adapters + base)": (True, small, mixed_adapters(len(small)), args.tokens, DTYPES),
-        "LoRA enabled, no adapter": (True, small, [None] * len(small), args.tokens, DTYPES),
-        "LoRA disabled": (False, small, [None] * len(small), args.tokens, DTYPES),
-        f"mixed, {len(big)} prompts x {args.big_tokens} tokens": (
+    runs = {  # key: (name, lora worker?, prompts, adapters, tokens, dtypes)
+        "mixed": ("mixed (6 adapters + base)", True, small, mixed_adapters(len(small)), args.tokens, DTYPES),
+        "no-adapter": ("LoRA enabled, no adapter", True, small, [None] * len(small), args.tokens, DTYPES),
+        "lora-off": ("LoRA disabled", False, small, [None] * len(small), args.tokens, DTYPES),
+        "big": (
+            f"mixed, {len(big)} prompts x {args.big_tokens} tokens",
             True,
             big,
             mixed_adapters(len(big)),
@@ -136,33 +139,43 @@ def run_batches(args, assets, python: Path, logs: Path) -> dict:
             tuple(args.big_dtypes),
         ),
     }
-    workers = _workers(args, assets, python, logs)
+    runs = {k: v for k, v in runs.items() if k in args.workloads}
     tps: dict[tuple, list[float]] = {}
     ids: dict[tuple, list[list[int]]] = {}
-    try:
-        for w in workers.values():  # warm-up: first-call allocations, oneDNN primitives, adapter loads
-            w.ask(
-                prompts=small[:8], adapters=mixed_adapters(8) if "--lora" in w.proc.args else [None] * 8, max_tokens=4
-            )
-        for r in range(args.rounds):
-            order = ENGINES if r % 2 == 0 else ENGINES[::-1]
-            for name, (lora, ps, ads, tokens, dtypes) in runs.items():
-                for dtype in dtypes:
-                    for engine in order:
-                        out = workers[(engine, dtype, lora)].ask(prompts=ps, adapters=ads, max_tokens=tokens)
-                        tps.setdefault((name, dtype, engine), []).append(out["tokens"] / out["seconds"])
-                        # each figure as it comes: a run cut short still leaves its rounds in the log
-                        print(
-                            f"  round {r + 1} | {name} | {dtype} | {engine} | {tps[(name, dtype, engine)][-1]:,.1f} tok/s",
-                            flush=True,
-                        )
-                        ids[(name, dtype, engine)] = out["ids"]
-            print(f"round {r + 1}/{args.rounds} done", flush=True)
-    finally:
-        for w in workers.values():
-            w.close()
+    for dtype in DTYPES:
+        for lora in (True, False):
+            group = [
+                (name, ps, ads, tokens)
+                for name, wl, ps, ads, tokens, dts in runs.values()
+                if wl == lora and dtype in dts
+            ]
+            if not group:
+                continue
+            workers = {}
+            try:
+                for engine in ENGINES:
+                    workers[engine] = _worker(args, assets, python, logs, engine, dtype, lora)
+                for w in workers.values():  # warm-up: first-call allocations, oneDNN primitives, adapter loads
+                    w.ask(prompts=small[:8], adapters=mixed_adapters(8) if lora else [None] * 8, max_tokens=4)
+                for r in range(args.rounds):
+                    order = ENGINES if r % 2 == 0 else ENGINES[::-1]
+                    for name, ps, ads, tokens in group:
+                        for engine in order:
+                            out = workers[engine].ask(prompts=ps, adapters=ads, max_tokens=tokens)
+                            tps.setdefault((name, dtype, engine), []).append(out["tokens"] / out["seconds"])
+                            # each figure as it comes: a run cut short still leaves its rounds in the log
+                            print(
+                                f"  round {r + 1} | {name} | {dtype} | {engine} | "
+                                f"{tps[(name, dtype, engine)][-1]:,.1f} tok/s | load {os.getloadavg()[0]:.1f}",
+                                flush=True,
+                            )
+                            ids[(name, dtype, engine)] = out["ids"]
+                    print(f"{dtype} lora={lora}: round {r + 1}/{args.rounds} done", flush=True)
+            finally:
+                for w in workers.values():
+                    w.close()
     table = {}
-    for name, (_, _, ads, _, dtypes) in runs.items():
+    for name, _, _, ads, _, dtypes in runs.values():
         for dtype in dtypes:
             ours, theirs = tps[(name, dtype, "loraledger")], tps[(name, dtype, "vllm")]
             table[f"{name} | {dtype}"] = {
@@ -222,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--big-prompts", type=int, default=64)
     parser.add_argument("--big-tokens", type=int, default=128)
+    parser.add_argument(
+        "--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), help="batches part: which workloads"
+    )
     parser.add_argument("--big-dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--clients", type=int, default=24, help="server path: concurrent streaming clients")
     parser.add_argument("--server-dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))

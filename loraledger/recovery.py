@@ -22,7 +22,6 @@ from loraledger.errors import AuditUnavailableError, InstanceLeaseLostError, Lor
 from loraledger.logging import get_logger
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
-from loraledger.store import texts
 from loraledger.structured_outputs import from_canonical
 from loraledger.tool_calls import ToolCallSpec, spec_from_record
 
@@ -91,6 +90,8 @@ async def record_interrupted(engine: EngineClient, *, at_start: bool = True) -> 
 async def resume(engine: EngineClient, unfinished: list, results: dict, done: anyio.Event) -> None:
     """Re-run interrupted requests under their original binding; each outcome (final output or error) lands in `results`,
     keyed by the request's audit key (RequestOutput.audit_id; its request_id is the caller's id, as first submitted)."""
+    from loraledger.store import texts  # SQLAlchemy: only an engine with an audit store resumes anything
+
     store = engine.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
     # from revision 0013 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased),

@@ -24,18 +24,48 @@ CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def load_tokenizer(path: str, *, mode: str = "auto"):
-    """AutoTokenizer for a local folder; never runs code shipped with it. Raises ModelLoadError."""
+    """AutoTokenizer for a local folder; never runs code shipped with it. Raises ModelLoadError.
+
+    AutoTokenizer reads the folder's config.json only for what picks the tokenizer class (model_type,
+    tokenizer_class, the name): given a bare PretrainedConfig of that file (`_folder_config`), it skips
+    AutoConfig, whose import of the model's configuration class pulls in most of transformers (activations,
+    hub kernels, accelerate, torch.distributed, sympy): about 70 MiB resident that serving never uses."""
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(
-            path, use_fast=mode != "slow", trust_remote_code=False, local_files_only=True
+            path,
+            use_fast=mode != "slow",
+            trust_remote_code=False,
+            local_files_only=True,
+            **_folder_config(Path(path)),
         )
     except Exception as exc:  # OSError / ValueError / a tokenizer class that needs remote code
         raise ModelLoadError(
             f"cannot load the tokenizer from {path!r}: {exc}; the folder needs tokenizer files (tokenizer.json or the like), "
             "or pass skip_tokenizer_init=True to serve token-id prompts only"
         ) from exc
+
+
+def _folder_config(folder: Path) -> dict:
+    """{"config": a PretrainedConfig of folder/config.json carrying its model_type} for AutoTokenizer, or {} (no
+    such file, or not a JSON object with a model_type: AutoTokenizer reads the folder as it would)."""
+    from transformers import PretrainedConfig
+
+    try:
+        values = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(values, dict) or not isinstance(values.get("model_type"), str):
+        return {}
+    # model_type is a class attribute in transformers: a subclass per call carries this folder's
+    config_class = type("FolderConfig", (PretrainedConfig,), {"model_type": values["model_type"]})
+    try:
+        config = config_class.from_dict(values)
+    except Exception:  # a value PretrainedConfig refuses: leave the folder to AutoConfig, which says what is wrong
+        return {}
+    config._name_or_path = str(folder)
+    return {"config": config}
 
 
 class TokenizerGroup:

@@ -7,7 +7,11 @@ event dedup_key), so a retry after an ambiguous failure leaves exactly one recor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
+
+from loraledger.digests import new_text_salt, text_commitment, token_ids_commitment
 
 
 def recordable(text: str | None) -> str | None:
@@ -155,6 +159,30 @@ class TextRecord(msgspec.Struct, frozen=True, kw_only=True):
     salt: str
     text: str | None
     token_ids: list[int]
+
+
+PROMPT, COMPLETION = "prompt", "completion"  # TextRecord.part
+# caller content beside the prompt (revision 0016): text only (token_ids []), one commitment each
+TOOLS, CONSTRAINT, TOOL_CALLS = "tools", "constraint", "tool_calls"
+
+
+def salted_text(request_id: str, part: str, index: int, text: str | None, token_ids: Sequence[int]) -> TextRecord:
+    """A text record under a fresh salt."""
+    return TextRecord(
+        request_id=request_id, part=part, index=index, salt=new_text_salt(), text=text, token_ids=list(token_ids)
+    )
+
+
+def salted_content(request_id: str, part: str, index: int, text: str) -> tuple[TextRecord, str]:
+    """Caller content with no token ids (tools, constraint, tool_calls) under a fresh salt, and its commitment."""
+    record = salted_text(request_id, part, index, text, [])
+    return record, text_commitment(record.salt, text)
+
+
+def text_commitments(record: TextRecord) -> tuple[str | None, str]:
+    """(sha256(salt || text) or None where there is no text, sha256(salt || ids)) of a text record."""
+    text = None if record.text is None else text_commitment(record.salt, record.text)
+    return text, token_ids_commitment(record.salt, record.token_ids)
 
 
 class EventRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,7 +3,8 @@
 A prompt kept as text and every completion's text and token ids go into `request_texts`, each under a fresh salt,
 while the binding and the completions row carry only sha256(salt || text) and sha256(salt || ids)
 (loraledger/digests.py). The chain, the Merkle tree and the receipts never hold the text itself, so `audit erase`
-can delete these rows and everything on record still verifies.
+can delete these rows and everything on record still verifies. The records themselves are made in
+store/records.py (salted_text, text_commitments), which the engine's actors import without SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -13,35 +14,21 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, insert, select, tuple_
 
-from loraledger.digests import new_text_salt, text_commitment, token_ids_commitment
 from loraledger.errors import RequestErasedError
 from loraledger.store.models import Erasure, RequestText
-from loraledger.store.records import AuditBatch, EventKind, TextRecord
+from loraledger.store.records import (  # the parts, named here too for the readers of text rows
+    COMPLETION,  # noqa: F401
+    CONSTRAINT,  # noqa: F401
+    PROMPT,
+    TOOL_CALLS,  # noqa: F401
+    TOOLS,  # noqa: F401
+    AuditBatch,
+    EventKind,
+    TextRecord,
+)
 
 TEXTS: Table = RequestText.__table__  # type: ignore[assignment]
-PROMPT, COMPLETION = "prompt", "completion"
-# caller content beside the prompt (revision 0016): text only (token_ids []), one commitment each
-TOOLS, CONSTRAINT, TOOL_CALLS = "tools", "constraint", "tool_calls"
 _IN_CHUNK = 300
-
-
-def salted(request_id: str, part: str, index: int, text: str | None, token_ids: Sequence[int]) -> TextRecord:
-    """A text record under a fresh salt."""
-    return TextRecord(
-        request_id=request_id, part=part, index=index, salt=new_text_salt(), text=text, token_ids=list(token_ids)
-    )
-
-
-def commitments(record: TextRecord) -> tuple[str | None, str]:
-    """(sha256(salt || text) or None where there is no text, sha256(salt || ids)) of a text record."""
-    text = None if record.text is None else text_commitment(record.salt, record.text)
-    return text, token_ids_commitment(record.salt, record.token_ids)
-
-
-def salted_text(request_id: str, part: str, index: int, text: str) -> tuple[TextRecord, str]:
-    """Caller content with no token ids (tools, constraint, tool_calls) under a fresh salt, and its commitment."""
-    record = salted(request_id, part, index, text, [])
-    return record, text_commitment(record.salt, text)
 
 
 def refuse_after_erasure(conn: Connection, batch: AuditBatch) -> None:

@@ -276,11 +276,21 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 
 
 @functools.lru_cache(maxsize=8)
-def _hf_model(model_dir: str, adapters: tuple[tuple[str, str], ...]):
+def _hf_model(model_dir: str, adapters: tuple[tuple[str, str], ...], dequantize: bool = False):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    kwargs = {}
+    if dequantize:  # compressed-tensors: dequantize every weight at load instead of at the first forward
+        from transformers import CompressedTensorsConfig
+
+        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs)
     model.eval()
+    quant = getattr(model.config, "quantization_config", None)
+    if quant is not None and not dequantize and _quant_method(quant) == "compressed-tensors":
+        # compressed-tensors decompresses a layer at its first forward; PEFT reads .weight before that
+        with torch.no_grad():
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long))
     if not adapters:
         return model
     from peft import PeftModel
@@ -291,6 +301,10 @@ def _hf_model(model_dir: str, adapters: tuple[tuple[str, str], ...]):
         peft_model.load_adapter(path, adapter_name=name)
     peft_model.eval()
     return peft_model
+
+
+def _quant_method(quant) -> str | None:
+    return quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
 
 
 def _adapter_key(adapters: Mapping[str, str | Path]) -> tuple[tuple[str, str], ...]:
@@ -304,13 +318,15 @@ def hf_reference_generate(
     adapter_per_prompt: Sequence[str | None],
     max_new_tokens: int,
     mixed: bool = True,
+    dequantize: bool = False,
     **generate_kwargs,
 ) -> HFReference:
     """Greedy tokens (and the raw logits behind them) from transformers + PEFT; see the module docstring.
-    generate_kwargs go to `generate` (logits processors such as sequence_bias, bad_words_ids, eos_token_id)."""
+    generate_kwargs go to `generate` (logits processors such as sequence_bias, bad_words_ids, eos_token_id);
+    dequantize: a compressed-tensors checkpoint is dequantized at load (CompressedTensorsConfig(dequantize=True))."""
     names = [BASE if a is None else a for a in adapter_per_prompt]
     used = {n for n in names if n != BASE}
-    model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}))
+    model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}), dequantize)
     groups = [list(range(len(prompts_token_ids)))] if mixed else [[i] for i in range(len(prompts_token_ids))]
     token_ids: list[list[int]] = [[] for _ in prompts_token_ids]
     logits: list[torch.Tensor] = [torch.empty(0) for _ in prompts_token_ids]
@@ -324,7 +340,9 @@ def hf_reference_generate(
             ids[row, longest - len(prompt) :] = torch.tensor(prompt)
             mask[row, longest - len(prompt) :] = 1
         kwargs = {"eos_token_id": None, **generate_kwargs}
-        if used:
+        # one adapter loaded and every row on it: it is the active one (PEFT's GPTQ and AWQ LoRA layers take no
+        # adapter_names)
+        if used and not (len(used) == 1 and all(names[i] != BASE for i in group)):
             kwargs["adapter_names"] = [names[i] for i in group]
         with torch.no_grad():
             out = model.generate(

@@ -13,7 +13,7 @@ from loraledger.evidence.receipt import Receipt
 from loraledger.store import texts
 from loraledger.store.models import Completion, Request
 from loraledger.store.models import Receipt as ReceiptRow
-from loraledger.store.records import AuditBatch, EventKind
+from loraledger.store.records import COMPLETION, AuditBatch, EventKind
 
 RECEIPTS: Table = ReceiptRow.__table__  # type: ignore[assignment]
 _REQUESTS: Table = Request.__table__  # type: ignore[assignment]
@@ -38,7 +38,7 @@ def _bindings(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[str, 
 def _completions(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
     """Each request's completions: from the batch that finishes it (where the engine puts them), else from the table."""
     found: dict[str, list[dict[str, Any]]] = {}
-    kept = {(t.request_id, t.index): t for t in batch.texts if t.part == texts.COMPLETION}
+    kept = {(t.request_id, t.index): t for t in batch.texts if t.part == COMPLETION}
     for c in batch.completions:
         if c.request_id in ids:
             text = kept.get((c.request_id, c.index))  # salted text (revision 0013): the row holds commitments
@@ -52,7 +52,7 @@ def _completions(conn: Connection, batch: AuditBatch, ids: list[str]) -> dict[st
         stored = texts.stored(conn, missing)
         for row in conn.execute(select(_COMPLETIONS).where(_COMPLETIONS.c.request_id.in_(missing))).mappings():
             row = dict(row)
-            text = stored.get((row["request_id"], texts.COMPLETION, row["completion_index"]))
+            text = stored.get((row["request_id"], COMPLETION, row["completion_index"]))
             if text is not None:
                 row["text"], row["token_ids"] = text.text, list(text.token_ids)
             found.setdefault(row["request_id"], []).append(row)

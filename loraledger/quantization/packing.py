@@ -2,8 +2,11 @@
 
 compressed-tensors pack-quantized: weight_packed int32 [out, in * bits / 32]; the signed value q (range
 [-2^(bits-1), 2^(bits-1))) is stored as q + 2^(bits-1), packed along the input dim, element j of a word at bits
-j*bits (lowest first). weight_scale [out, groups] (groups = 1 per channel); weight_zero_point [out, groups] (signed,
-asymmetric only). Dequantized weight: (q - zero_point) * scale.
+j*bits (lowest first). weight_scale [out, groups] (groups = 1 per channel). weight_zero_point (asymmetric only):
+int32 [out * bits / 32, groups], the zero points stored as zero + 2^(bits-1) and packed the same way along the output
+dim (compressed-tensors' pack_to_int32(zero_point, bits, packed_dim=0), what llmcompressor writes); an older,
+unpacked form, int8 [out, groups] holding the signed zero point, is read too. Dequantized weight:
+(q - zero_point) * scale.
 
 GPTQ (checkpoint_format "gptq"): qweight int32 [in * bits / 32, out] packed along the input dim, lowest bits first;
 qzeros int32 [groups, out * bits / 32] packed along the output dim, stored as zero - 1; scales [groups, out];
@@ -63,6 +66,14 @@ def compressed_tensors_unpack(
     offset = 2 ** (bits - 1)
     if zero_point is None:
         zero = torch.full_like(scale, float(offset))
+    elif zero_point.dtype == torch.int32:  # packed along the output dim, stored unsigned
+        rows = -(-q.shape[0] * bits // 32)
+        if tuple(zero_point.shape) != (rows, scale.shape[1]):
+            raise QuantizationError(
+                f"weight_zero_point {tuple(zero_point.shape)} is not the packed zero points of a "
+                f"[{q.shape[0]}, {in_features}] weight in {scale.shape[1]} groups (expected ({rows}, {scale.shape[1]}))"
+            )
+        zero = unpack_int32(zero_point, bits, dim=0)[: q.shape[0]].to(torch.float32)
     else:
         zero = zero_point.to(torch.float32).reshape(scale.shape) + offset
     return q, scale, zero
@@ -86,8 +97,19 @@ def compressed_tensors_pack(
     q = torch.clamp(torch.round(w / scale[..., None]) + zero[..., None], lo, hi).reshape(out, k)
     tensors = {"weight_packed": pack_int32(q + 2 ** (bits - 1), bits, dim=1), "weight_scale": scale.to(torch.float16)}
     if not symmetric:
-        tensors["weight_zero_point"] = zero.to(torch.int8)
+        tensors["weight_zero_point"] = pack_int32_padded(zero + 2 ** (bits - 1), bits, dim=0)
     return tensors
+
+
+def pack_int32_padded(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """pack_int32 with the packed dim padded with zeros to a whole word (compressed-tensors' zero points)."""
+    per_word = 32 // bits
+    pad = -values.shape[dim] % per_word
+    if pad:
+        shape = list(values.shape)
+        shape[dim] = pad
+        values = torch.cat([values, torch.zeros(shape, dtype=values.dtype)], dim=dim)
+    return pack_int32(values, bits, dim)
 
 
 def gptq_unpack(

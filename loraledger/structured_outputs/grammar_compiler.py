@@ -21,11 +21,13 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING
 
 from loraledger.errors import StructuredOutputError
 from loraledger.structured_outputs.constraints import MAX_JSON_WHITESPACE, Constraint
+
+if TYPE_CHECKING:  # imported where a constraint is compiled: an engine that never sees one never loads xgrammar
+    import xgrammar as xgr
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,8 @@ class CompiledConstraint:
     grammar: xgr.CompiledGrammar
 
     def matcher(self) -> xgr.GrammarMatcher:
+        import xgrammar as xgr
+
         return xgr.GrammarMatcher(self.grammar)
 
 
@@ -81,6 +85,8 @@ class GrammarCompiler:
             if known is not None and known[0] is tokenizer:
                 self._compilers.move_to_end(id(tokenizer))
                 return known[1]
+        import xgrammar as xgr
+
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop or None
         )

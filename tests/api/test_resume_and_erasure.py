@@ -18,7 +18,7 @@ from loraledger.sampling_params import StructuredOutputsParams
 from loraledger.store import texts
 from loraledger.store.audit_store import EVENTS, REQUESTS, AuditStore
 from loraledger.store.db import write_transaction
-from loraledger.store.records import AuditBatch, EventKind, EventRecord
+from loraledger.store.records import AuditBatch, EventKind, EventRecord, salted_content, salted_text, text_commitments
 from loraledger.store.rows import request_record
 from loraledger.tool_calls import ToolCallSpec
 
@@ -61,11 +61,11 @@ def _crashed_copy(url: str, source: str, rid: str) -> None:
             kept = texts.stored(conn, [source])
         rows, fields = [], {}
         prompt = kept[(source, texts.PROMPT, 0)]
-        row = texts.salted(rid, texts.PROMPT, 0, prompt.text, prompt.token_ids)
+        row = salted_text(rid, texts.PROMPT, 0, prompt.text, prompt.token_ids)
         rows.append(row)
-        fields["prompt_commitment"], fields["prompt_token_ids_commitment"] = texts.commitments(row)
+        fields["prompt_commitment"], fields["prompt_token_ids_commitment"] = text_commitments(row)
         for part, name in ((texts.TOOLS, "tools_commitment"), (texts.CONSTRAINT, "constraint_commitment")):
-            row, fields[name] = texts.salted_text(rid, part, 0, kept[(source, part, 0)].text)
+            row, fields[name] = salted_content(rid, part, 0, kept[(source, part, 0)].text)
             rows.append(row)
         copy = msgspec.structs.replace(binding, request_id=rid, caller_request_id=rid, **fields)
         payload = {"binding": msgspec.to_builtins(copy), "binding_sha256": binding_digest(copy)}
@@ -153,12 +153,12 @@ async def test_a_request_erased_after_its_interruption_is_not_resumed_and_gets_n
         _erase(db_url, "crashed-2")
         return found
 
-    recovery_module.texts.kept_for_resume = erase_in_between
+    texts.kept_for_resume = erase_in_between
     try:
         async with AsyncEngine(_args(tiny_llama.model_dir, db_url, resume=True)) as engine:
             resumed = await engine.wait_resumed()
     finally:
-        recovery_module.texts.kept_for_resume = real
+        texts.kept_for_resume = real
     assert isinstance(resumed["crashed-2"], RequestErasedError), resumed
     kinds, kept = _state(db_url, "crashed-2")
     assert kept == {}, "an erased request kept new text"
@@ -178,7 +178,7 @@ def test_the_store_refuses_text_for_an_erased_request_and_its_resumption(db_url)
     with AuditStore(db_url) as store:
         store.write(salted_batch("gone", at=1_764_000_000.0, tenant="t"))
     _erase(db_url, "gone")
-    late = texts.salted("gone", texts.COMPLETION, 7, "new text", [1])
+    late = salted_text("gone", texts.COMPLETION, 7, "new text", [1])
     resumed = EventRecord(
         kind=EventKind.REQUEST_RESUMED, at=1_764_000_100.0, request_id="gone", dedup_key="resumed:gone"
     )

@@ -11,7 +11,17 @@ import msgspec
 from loraledger.digests import binding_digest, canonical_json, completions_digest
 from loraledger.store import texts
 from loraledger.store.audit_store import AuditStore
-from loraledger.store.records import AdapterRecord, AuditBatch, CompletionRecord, EventKind, EventRecord, RequestRecord
+from loraledger.store.records import (
+    AdapterRecord,
+    AuditBatch,
+    CompletionRecord,
+    EventKind,
+    EventRecord,
+    RequestRecord,
+    salted_content,
+    salted_text,
+    text_commitments,
+)
 
 BASE_FP = "b" * 64
 MARKER = "zq-erasable-marker"  # in every text these requests keep apart: after erasure, no table may hold it
@@ -23,13 +33,13 @@ def salted_batch(
     """One request admitted and finished with n completions, its prompt and completions as salted text."""
     prompt = f"the prompt of {request_id}, personal data \u00e9"
     prompt_ids = [11, 12, 13]
-    kept_prompt = texts.salted(request_id, texts.PROMPT, 0, prompt, prompt_ids)
-    committed = texts.commitments(kept_prompt)
+    kept_prompt = salted_text(request_id, texts.PROMPT, 0, prompt, prompt_ids)
+    committed = text_commitments(kept_prompt)
     # its tools, constraint and tool calls as the engine keeps them from revision 0016 on: apart, under salts
     tools = canonical_json([{"type": "function", "function": {"name": "lookup", "description": f"{MARKER} tools"}}])
-    kept_tools, tools_c = texts.salted_text(request_id, texts.TOOLS, 0, tools.decode())
+    kept_tools, tools_c = salted_content(request_id, texts.TOOLS, 0, tools.decode())
     constraint = canonical_json({"json": {"type": "object", "description": f"{MARKER} schema"}}).decode()
-    kept_constraint, constraint_c = texts.salted_text(request_id, texts.CONSTRAINT, 0, constraint)
+    kept_constraint, constraint_c = salted_content(request_id, texts.CONSTRAINT, 0, constraint)
     binding = RequestRecord(
         request_id=request_id, adapter_fingerprint=adapter.fingerprint if adapter else None,
         lora_name=adapter.name if adapter else None, lora_int_id=adapter.int_id if adapter else None,
@@ -42,13 +52,13 @@ def salted_batch(
         tool_reading={"mode": "auto", "parser": "hermes", "parallel": True, "name_index": None},
     )  # fmt: skip
     kept = [
-        texts.salted(request_id, texts.COMPLETION, i, f"answer {i} to {request_id}", [20 + i, 30 + i]) for i in range(n)
+        salted_text(request_id, texts.COMPLETION, i, f"answer {i} to {request_id}", [20 + i, 30 + i]) for i in range(n)
     ]
     completions, calls = [], []
     for k in list(kept):
-        text_c, ids_c = texts.commitments(k)
+        text_c, ids_c = text_commitments(k)
         call = canonical_json([{"arguments": {"secret": f"{MARKER} argument {k.index}"}, "name": "lookup"}]).decode()
-        kept_call, call_c = texts.salted_text(request_id, texts.TOOL_CALLS, k.index, call)
+        kept_call, call_c = salted_content(request_id, texts.TOOL_CALLS, k.index, call)
         calls.append(kept_call)
         completions.append(
             CompletionRecord(

