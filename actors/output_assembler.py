@@ -37,16 +37,14 @@ from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, Request
 from loraledger.sampling_params import RequestOutputKind, SamplingParams
 from loraledger.store.records import (
     COMPLETION,
-    TOOL_CALLS,
     CompletionRecord,
     EventKind,
     EventRecord,
     recordable,
-    salted_content,
     salted_text,
     text_commitments,
 )
-from loraledger.tool_calls import recorded_calls
+from loraledger.tool_calls import kept_calls
 
 
 @dataclass(eq=False)
@@ -393,13 +391,8 @@ class OutputAssembler:
         # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
         kept = [salted_text(rid, COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
         committed = [text_commitments(k) for k in kept]
-        # the calls read from each text (their arguments are the model's output): kept apart under a salt too
-        calls = {}
-        for s in req.seqs:
-            found = recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None
-            if found is not None:
-                row, calls[s.index] = salted_content(rid, TOOL_CALLS, s.index, found)
-                kept.append(row)
+        calls = kept_calls(req.msg.tool_calls, rid, [(s.index, s.text) for s in req.seqs])  # salted apart too
+        kept += [row for row, _ in calls.values()]
         records = [
             CompletionRecord(
                 request_id=rid,
@@ -416,7 +409,7 @@ class OutputAssembler:
                 generated_token_count=len(s.token_ids),
                 first_token_at=stored_time(req.metrics.first_token_ts or None),
                 finished_at=stored_time(now),
-                tool_calls_commitment=calls.get(s.index),
+                tool_calls_commitment=calls[s.index][1] if s.index in calls else None,
             )
             for s, c in zip(req.seqs, committed, strict=True)
         ]

@@ -126,3 +126,17 @@ def recorded_calls(spec: ToolCallSpec | None, text: str) -> str | None:
         return canonical_json(calls).decode()
     except (TypeError, ValueError):  # arguments with no canonical form (NaN): kept as the model wrote them
         return canonical_json([{**c, "arguments": json.dumps(c["arguments"])} for c in calls]).decode()
+
+
+def kept_calls(spec: ToolCallSpec | None, request_id: str, texts: list[tuple[int, str]]) -> dict[int, tuple[Any, str]]:
+    """The calls of each completion (index, text) that made any, as kept apart: index -> (its `tool_calls` text row
+    under a fresh salt, the commitment its completions row carries). The arguments are the model's output, caller
+    content that `audit erase` must be able to remove."""
+    from loraledger.store.records import TOOL_CALLS, salted_content
+
+    out = {}
+    for index, text in texts:
+        calls = recorded_calls(spec, text)
+        if calls is not None:
+            out[index] = salted_content(request_id, TOOL_CALLS, index, calls)
+    return out
