@@ -38,19 +38,24 @@ from loraledger.errors import (
     EngineDeadError,
     LoraLedgerError,
     NoTokenizerError,
+    RequestErasedError,
 )
 from loraledger.input_processor import INLINE_TOKENIZE_CHARS, check_model_inputs, shown_id
 from loraledger.logging import get_logger, request_logger
 from loraledger.sources.engine_sources import adapter_fields, tokenizer_lora
 from loraledger.store.records import (
+    CONSTRAINT,
     PROMPT,
+    TOOLS,
     EventKind,
     EventRecord,
     RequestRecord,
     recordable,
+    salted_content,
     salted_text,
     text_commitments,
 )
+from loraledger.tool_calls import reading_of
 from loraledger.version import __version__
 
 
@@ -333,19 +338,16 @@ class Admission:
                 lora_name=lora.lora_name if lora else None,
                 lora_path=lora.lora_path if lora else None,
             )
-        await self._append_and_wait(
-            AuditAppend(
-                events=[
-                    EventRecord(
-                        kind=EventKind.REQUEST_RESUMED,
-                        at=time.time(),
-                        request_id=rid,
-                        payload={},
-                        dedup_key=f"resumed:{rid}",
-                    )
-                ]
-            )
+        payload = {} if msg.resume_note is None else {"tool_calls_not_read": msg.resume_note}
+        event = EventRecord(
+            kind=EventKind.REQUEST_RESUMED, at=time.time(), request_id=rid, payload=payload, dedup_key=f"resumed:{rid}"
         )
+        try:
+            await self._append_and_wait(AuditAppend(events=[event]))
+        except RequestErasedError as exc:
+            # its text was erased after it was interrupted: it gets no new text, so it does not run (store/texts.py)
+            await self._refuse_resume(msg, erased=str(exc))
+            raise
 
     async def _refuse_resume(self, msg: Submit, **why) -> None:
         """The resume_refused event of a resumed request that does not run: why, beside the fingerprint it was bound to."""
@@ -369,15 +371,27 @@ class Admission:
         if outcome is not None:
             raise outcome
 
-    def _tools_fields(self, spec) -> dict:
-        """The binding's tools_sha256, and tools_text where prompts are audited as text (tools say as much)."""
-        if spec is None:
-            return {}
-        text = spec.canonical_tools()
-        return {
-            "tools_sha256": tools_digest(text),
-            "tools_text": recordable(text) if self._audit_prompts == "text" else None,
-        }
+    def _caller_content(self, rid: str, spec, constraint) -> tuple[dict, list]:
+        """The binding's fields for its tools and constraint, and their text rows: the digests, how the calls are read,
+        and, where prompts are audited as text (tools and schemas say as much), each text kept apart under a salt and
+        committed to (tools_text / constraint_text stay None, so `audit erase` can remove the text)."""
+        fields: dict = {}
+        kept = []
+        keep = self._audit_prompts == "text"
+        if spec is not None:
+            text = spec.canonical_tools()
+            fields.update(tools_sha256=tools_digest(text), tool_reading=reading_of(spec))
+            if keep:
+                row, fields["tools_commitment"] = salted_content(rid, TOOLS, 0, recordable(text))
+                kept.append(row)
+        if constraint is not None:
+            fields.update(constraint_kind=constraint.kind, constraint_sha256=constraint.sha256)
+            if keep:
+                row, fields["constraint_commitment"] = salted_content(
+                    rid, CONSTRAINT, 0, recordable(constraint.canonical)
+                )
+                kept.append(row)
+        return fields, kept
 
     async def _record_binding(self, msg: Submit, prompt_ids: list[int], ckpt, constraint) -> None:
         lora = msg.lora_request
@@ -388,6 +402,7 @@ class Admission:
         if self._audit_prompts == "text":
             kept = salted_text(msg.request_id, PROMPT, 0, recordable(prompt_text), prompt_ids)
         committed = text_commitments(kept) if kept is not None else (None, None)
+        content, content_rows = self._caller_content(msg.request_id, msg.tool_calls, constraint)
         binding = RequestRecord(
             request_id=msg.request_id,
             adapter_fingerprint=ckpt.fingerprint if ckpt is not None else None,
@@ -405,16 +420,10 @@ class Admission:
             key_id=msg.key_id,
             caller_request_id=recordable(msg.caller_request_id or msg.request_id),
             chat_template_sha256=msg.chat_template_sha256,
-            constraint_kind=None if constraint is None else constraint.kind,
-            constraint_sha256=None if constraint is None else constraint.sha256,
-            # the constraint's text follows the prompt's policy (a schema can say as much as a prompt)
-            constraint_text=recordable(constraint.canonical)
-            if constraint is not None and self._audit_prompts == "text"
-            else None,
             **adapter_fields(ckpt.source if ckpt is not None else None, prefix="adapter_"),
             prompt_commitment=committed[0],
             prompt_token_ids_commitment=committed[1],
-            **self._tools_fields(msg.tool_calls),
+            **content,
         )
         payload = {"binding": msgspec.to_builtins(binding), "binding_sha256": binding_digest(binding)}
         if msg.user is not None:
@@ -431,7 +440,8 @@ class Admission:
                 adapters=[ckpt.to_record(self._base_fp, time.time())] if ckpt is not None else [],
                 requests=[binding],
                 events=[event],
-                texts=[kept] if kept is not None else [],  # its token ids let a resumed request re-run the prompt
+                # the prompt's token ids let a resumed request re-run it; its tools and constraint, read it as before
+                texts=([kept] if kept is not None else []) + content_rows,
                 admission=True,
             )
         )
@@ -446,8 +456,9 @@ async def _deliver(channel, request_id: str, item: object) -> None:
 
 def _recordable_params(params) -> dict:
     """Sampling params as builtins, stop strings made recordable like every other text. structured_outputs is not
-    among them: the binding's constraint_kind, constraint_sha256 and (per audit_prompts) constraint_text record it,
-    exactly (the canonical text escapes what a database's JSON could not hold)."""
+    among them: the binding's constraint_kind, constraint_sha256 and (per audit_prompts) its constraint_commitment to
+    the canonical text kept in `request_texts` record it exactly (that text escapes what a database's JSON could not
+    hold)."""
     out = msgspec.to_builtins(params)
     out.pop("structured_outputs", None)
     for name in ("stop", "bad_words"):

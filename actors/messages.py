@@ -68,6 +68,9 @@ class Submit(Msg):
     # the server's, for a request with tools: loraledger.tool_calls.ToolCallSpec (binding: tools_sha256, tools_text;
     # completions: tool_calls)
     tool_calls: object = None
+    # with resume: why its completions' tool calls cannot be read as the first run read them (the binding does not
+    # say how: written before revision 0016, or its tools were not kept); the request_resumed event records it
+    resume_note: str | None = None
     cache_salt: str | None = (
         None  # the prompt's cache_salt (vLLM's): prefix-cache blocks shared only under the same salt
     )

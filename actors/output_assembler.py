@@ -44,7 +44,7 @@ from loraledger.store.records import (
     salted_text,
     text_commitments,
 )
-from loraledger.tool_calls import recorded_calls
+from loraledger.tool_calls import kept_calls
 
 
 @dataclass(eq=False)
@@ -391,6 +391,8 @@ class OutputAssembler:
         # each completion's text and token ids go to `request_texts` under a salt; its row commits to them
         kept = [salted_text(rid, COMPLETION, s.index, recordable(s.text), s.token_ids) for s in req.seqs]
         committed = [text_commitments(k) for k in kept]
+        calls = kept_calls(req.msg.tool_calls, rid, [(s.index, s.text) for s in req.seqs])  # salted apart too
+        kept += [row for row, _ in calls.values()]
         records = [
             CompletionRecord(
                 request_id=rid,
@@ -407,7 +409,7 @@ class OutputAssembler:
                 generated_token_count=len(s.token_ids),
                 first_token_at=stored_time(req.metrics.first_token_ts or None),
                 finished_at=stored_time(now),
-                tool_calls=recorded_calls(req.msg.tool_calls, s.text) if req.msg.tool_calls is not None else None,
+                tool_calls_commitment=calls[s.index][1] if s.index in calls else None,
             )
             for s, c in zip(req.seqs, committed, strict=True)
         ]

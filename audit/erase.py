@@ -1,5 +1,8 @@
 """Erasure: make the prompt and completion text of some requests unrecoverable while the log still verifies.
 
+The same goes for the caller content kept beside it from revision 0016 on: tool definitions, constraint text and
+each completion's tool calls (their arguments), each in a `request_texts` row of its own.
+
 Text written from revision 0013 on lives in `request_texts`, each row under its own random salt; the chain, the
 tree and the receipts hold only sha256(salt || text) commitments (and the token counts). `erase` deletes those
 rows, salts included, in one transaction under the writers' lock that also appends an `erased` event (who, why,
@@ -23,6 +26,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import Connection, delete, func, insert, select
 
+from loraledger.audit import content_checks
 from loraledger.audit.queries import C, E, R
 from loraledger.audit.retention import DEFAULT_KEEP_DAYS
 from loraledger.digests import erased_requests_digest
@@ -118,26 +122,39 @@ def erase(
         raise ConfigError(f"no request {request_id!r} is on record (erase takes the audit key, RequestOutput.audit_id)")
     has_text = select(T.c.request_id).where(T.c.request_id == R.c.request_id).exists()
     erased_before = select(X.c.request_id).where(X.c.request_id == R.c.request_id).exists()
-    # a request still running would write completion text after its erasure: only ended requests are erased
+    # a request still running would write completion text after its erasure: only ended requests are erased, and
+    # one interrupted and then resumed has not ended until an ending after its resumption (store/texts.py refuses
+    # the text of an erased request, so a resumption after the erasure does not run)
     ended = select(E.c.seq).where(E.c.request_id == R.c.request_id, E.c.kind.in_(sorted(EventKind.TERMINAL))).exists()
+    later = E.alias("resumed")
+    resumed_after = select(later.c.seq).where(later.c.request_id == R.c.request_id,
+        later.c.kind == EventKind.REQUEST_RESUMED,
+        later.c.seq > select(func.max(E.c.seq)).where(E.c.request_id == R.c.request_id,
+            E.c.kind.in_(sorted(EventKind.TERMINAL))).scalar_subquery()).exists()  # fmt: skip
+    ended = ended & ~resumed_after
     query = select(R.c.request_id).where(where, has_text, ~erased_before, ended).order_by(R.c.request_id)
     ids = list(conn.execute(query).scalars())
-    inline = select(func.count()).select_from(R).where(where, (R.c.prompt_text.is_not(None)) | R.c.request_id.in_(
-        select(C.c.request_id).where(C.c.text_commitment.is_(None), C.c.text != "")))  # fmt: skip
+    # text in rows the chain covers (before revision 0013; tools, constraint and calls before 0016): kept, counted
+    inline = select(func.count()).select_from(R).where(where, (R.c.prompt_text.is_not(None))
+        | R.c.tools_text.is_not(None) | R.c.constraint_text.is_not(None) | R.c.request_id.in_(select(C.c.request_id)
+            .where(((C.c.text_commitment.is_(None)) & (C.c.text != "")) | C.c.tool_calls.is_not(None))))  # fmt: skip
     kept_inline = int(conn.execute(inline).scalar_one())
     if not ids:
         return Erased(seq=None, requests=0, prompts=0, completions=0, text_rows=0, kept_inline=kept_inline)
     prompts = completions = 0
+    content = {"tools": 0, "constraints": 0, "tool_calls": 0}
     for chunk in _chunks(ids):
         prompts += conn.execute(select(func.count()).select_from(R).where(
             R.c.request_id.in_(chunk), R.c.prompt_token_ids_commitment.is_not(None))).scalar_one()  # fmt: skip
         completions += conn.execute(select(func.count()).select_from(C).where(
             C.c.request_id.in_(chunk), C.c.text_commitment.is_not(None))).scalar_one()  # fmt: skip
+        for name, n in content_checks.counts(conn, chunk).items():
+            content[name] += n
     selector = {"tenant": tenant, "request_id": request_id,
                 "before": None if before is None else utc_from_unix(before)}  # fmt: skip
     payload = {"by": by or default_actor(), "reason": reason, "selector": selector, "forced": bool(force),
                "keep_days": keep_days, "requests": len(ids), "prompts": int(prompts), "completions": int(completions),
-               "requests_sha256": erased_requests_digest(ids)}  # fmt: skip
+               "requests_sha256": erased_requests_digest(ids), **content}  # fmt: skip
     head = append_events(conn, [EventRecord(kind=EventKind.ERASED, at=now, payload=payload)])
     rows = 0
     for chunk in _chunks(ids):

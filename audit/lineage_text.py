@@ -40,6 +40,18 @@ def _model_lines(source: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _reading(reading: dict | None) -> str:
+    """How the calls are read, as the binding's tool_reading says (revision 0016 on)."""
+    if not isinstance(reading, dict):
+        return ""
+    how = str(reading.get("mode"))
+    if reading.get("parser"):
+        how += f", parser {reading['parser']}"
+    if reading.get("name_index") is not None:
+        how += f", function #{reading['name_index']}"
+    return f"  ({how}{'' if reading.get('parallel', True) else ', one call'})"
+
+
 def format_lineage(lineage: RequestLineage) -> str:
     b = lineage.binding
     lines = [
@@ -64,10 +76,14 @@ def format_lineage(lineage: RequestLineage) -> str:
         lines.append(f"  constraint    {b.constraint_kind}, sha256 {b.constraint_sha256 or '-'}")
         if b.constraint_text is not None:
             lines.append(f"                {b.constraint_text}")
+        elif erased is not None and b.constraint_commitment is not None:
+            lines.append(f"                {erased}")
     if b.tools_sha256 is not None:
-        lines.append(f"  tools         sha256 {b.tools_sha256}")
+        lines.append(f"  tools         sha256 {b.tools_sha256}" + _reading(b.tool_reading))
         if b.tools_text is not None:
             lines.append(f"                {b.tools_text}")
+        elif erased is not None and b.tools_commitment is not None:
+            lines.append(f"                {erased}")
     if b.adapter_fingerprint is None:
         lines.append("  adapter       none (base model)")
     else:
@@ -91,6 +107,8 @@ def format_lineage(lineage: RequestLineage) -> str:
         lines.append(f"      {erased if gone else json.dumps(c.text, ensure_ascii=False)}")
         if c.tool_calls is not None:
             lines.append(f"      tool calls {c.tool_calls}")
+        elif erased is not None and c.tool_calls_commitment is not None:
+            lines.append(f"      tool calls {erased}")
     lines.append(f"events ({len(lineage.events)})")
     for e in lineage.events:
         lines.append(f"  #{e.sequence:<8} {iso(e.at)}  {e.kind:<20} {e.hash[:16]}")

@@ -154,24 +154,39 @@ def _kept_text(request_id: Any, part: str, idx: Any) -> Any:
     )
 
 
+# columns whose text a salted row keeps in `request_texts`: column -> (its part, the commitment that says so)
+_SALTED_COMPLETION_COLUMNS = {
+    "text": ("completion", "text_commitment"),
+    "tool_calls": ("tool_calls", "tool_calls_commitment"),
+}
+_SALTED_REQUEST_COLUMNS = {
+    "prompt_text": ("prompt", "prompt_token_ids_commitment"),
+    "tools_text": ("tools", "tools_commitment"),
+    "constraint_text": ("constraint", "constraint_commitment"),
+}
+
+
 def completion_column(name: str) -> ColumnElement[Any]:
-    """A completions column as listings and reports show it: `text` of a salted row is read from `request_texts`
-    (NULL once erased)."""
-    if name == "text":
-        kept = _kept_text(C.c.request_id, "completion", C.c.completion_index)
-        return case((C.c.text_commitment.is_(None), C.c.text), else_=kept).label(COMPLETION_PREFIX + name)
+    """A completions column as listings and reports show it: `text` and `tool_calls` of a salted row are read from
+    `request_texts` (NULL once erased)."""
+    if name in _SALTED_COMPLETION_COLUMNS:
+        part, commitment = _SALTED_COMPLETION_COLUMNS[name]
+        kept = _kept_text(C.c.request_id, part, C.c.completion_index)
+        return case((C.c[commitment].is_(None), C.c[name]), else_=kept).label(COMPLETION_PREFIX + name)
     return C.c[name].label(COMPLETION_PREFIX + name)
 
 
 def request_column(name: str) -> ColumnElement[Any]:
     """A requests column as listings and reports show it: `caller_request_id` is the caller's id, which for a row from
     before revision 0006 is its request_id (as the request_lineage view and `audit show` read it); `prompt_text` of a
-    salted binding is read from `request_texts` (NULL once erased, as where prompts are not kept as text)."""
+    salted binding is read from `request_texts` (NULL once erased, as where prompts are not kept as text), and so are
+    `tools_text` and `constraint_text` where the binding commits to them (revision 0016)."""
     if name == "caller_request_id":
         return func.coalesce(R.c.caller_request_id, R.c.request_id).label(name)
-    if name == "prompt_text":
-        kept = _kept_text(R.c.request_id, "prompt", 0)
-        return case((R.c.prompt_token_ids_commitment.is_(None), R.c.prompt_text), else_=kept).label(name)
+    if name in _SALTED_REQUEST_COLUMNS:
+        part, commitment = _SALTED_REQUEST_COLUMNS[name]
+        kept = _kept_text(R.c.request_id, part, 0)
+        return case((R.c[commitment].is_(None), R.c[name]), else_=kept).label(name)
     return R.c[name]
 
 

@@ -42,8 +42,10 @@ _REQUEST_SELECT = (
     q.request_column("prompt_text"),  # salted text from `request_texts`
     *(q.R.c[name] for name in (
         "prompt_token_count", "key_id", "chat_template_sha256", "constraint_kind", "constraint_sha256",
-        "constraint_text", "adapter_repo_id", "adapter_revision", "adapter_commit_sha", "tools_sha256", "tools_text",
     )),
+    q.request_column("constraint_text"),  # salted (revision 0016 on) from `request_texts`
+    *(q.R.c[name] for name in ("adapter_repo_id", "adapter_revision", "adapter_commit_sha", "tools_sha256")),
+    q.request_column("tools_text"),
     cast(q.R.c.sampling_params, Text).label("sampling_params_json"),
 )  # fmt: skip
 _COMPLETION_SELECT = (

@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 # view -> (the file of the newest revision that creates it, the constant holding its CREATE VIEW)
 VIEWS = {
     "adapter_usage": ("2026_11_22_0003_audit_views.py", "ADAPTER_USAGE"),
-    "request_lineage": ("2026_11_26_0013_text_erasure.py", "REQUEST_LINEAGE"),
+    "request_lineage": ("2026_11_27_0016_erasable_caller_content.py", "REQUEST_LINEAGE"),
 }
 PG_CHECK_MS = 5000  # the deadline of each statement comparing a view on PostgreSQL
 # the dialect-specific pieces 0003 formats its views with

@@ -3,8 +3,9 @@ missing text against an erasure on record, each erasure against its `erased` eve
 
 A binding or completion written with salted text commits to sha256(salt || text) and sha256(salt || ids); its
 text row (`request_texts`) must match both, or be absent because `audit erase` removed it, which an `erasures`
-row naming an `erased` event says. The `erased` event counts the requests, prompts and completions it erased and
-digests their audit keys (DIGESTS.md section 4). Rows stream one at a time, so memory stays flat.
+row naming an `erased` event says. The `erased` event counts the requests, prompts and completions it erased (and,
+revision 0016 on, their tools, constraints and tool calls, checked in audit/content_checks.py) and digests their
+audit keys (DIGESTS.md section 4). Rows stream one at a time, so memory stays flat.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, literal, select
 
+from loraledger.audit import content_checks
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, E, R, stream
 from loraledger.audit.results import VerifyResult
@@ -88,6 +90,7 @@ def check_texts(conn: Connection, found: Problems) -> int:
         if not _matches(row):
             found.add(None, f"the text of {where} of {rid!r} in `request_texts` does not match its commitment", rid,
                       table="request_texts", key=key)  # fmt: skip
+    erased += content_checks.check_content(conn, found)
     _check_orphans(conn, found)
     return erased
 
@@ -96,11 +99,12 @@ def _check_orphans(conn: Connection, found: Problems) -> None:
     """Text rows that no commitment vouches for."""
     prompt = and_(T.c.part == PROMPT, T.c.idx == 0, R.c.prompt_token_ids_commitment.is_not(None))
     completion = and_(T.c.part == COMPLETION, C.c.text_commitment.is_not(None))
+    content = [~content_checks.vouched(part) for part in content_checks.PARTS]  # tools, constraint, tool calls
     query = (
         select(T.c.request_id, T.c.part, T.c.idx)
         .select_from(T.outerjoin(R, R.c.request_id == T.c.request_id)
                      .outerjoin(C, and_(C.c.request_id == T.c.request_id, C.c.completion_index == T.c.idx)))
-        .where(~prompt, ~completion)
+        .where(~prompt, ~completion, *content)
         .order_by(T.c.request_id, T.c.part, T.c.idx)
     )  # fmt: skip
     for row in stream(conn, query):
@@ -151,3 +155,9 @@ def check_erasures(conn: Connection, found: Problems) -> None:
             found.add(seq, f"the erased event {seq} counts {payload.get('prompts')!r} prompts and "
                       f"{payload.get('completions')!r} completions, but its requests have {prompts} and {completions}",
                       table="events", key={"seq": seq})  # fmt: skip
+        if "tool_calls" in payload:  # revision 0016 on: the tools, constraints and tool calls it erased
+            has = content_checks.counts(conn, select(X.c.request_id).where(X.c.seq == seq))
+            said = {name: payload.get(name) for name in has}
+            if said != has:
+                found.add(seq, f"the erased event {seq} counts {said} but its requests have {has}", table="events",
+                          key={"seq": seq})  # fmt: skip

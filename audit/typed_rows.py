@@ -41,6 +41,7 @@ def completion_record(row: Any, prefix: str = "") -> CompletionRecord:
         text_commitment=m.get(prefix + "text_commitment"),
         token_ids_commitment=m.get(prefix + "token_ids_commitment"),
         tool_calls=m.get(prefix + "tool_calls"),
+        tool_calls_commitment=m.get(prefix + "tool_calls_commitment"),  # revision 0016 on
     )
 
 

@@ -5,8 +5,9 @@
 1. The writer: group commits of --batch finished requests (the rows and events bench.audit_chain writes)
    with the chain alone, with the Merkle tree, and with the tree and a signed receipt per request,
    alternating rounds on one SQLite file; requests/s of each and the ratio to the chain alone.
-2. Salted text (bench/salted_text.py): the same writer with text inline in the chain-covered rows (before revision
-   0013) vs in `request_texts` under salted commitments, alternating rounds; requests/s and per-round ratios.
+2. Salted text (bench/salted_text.py): the engine's batch-32 tokens/s (unless --skip-engine) and the same writer
+   with text inline in the chain-covered rows (before revision 0013) vs in `request_texts` under salted
+   commitments, alternating rounds; tokens/s or requests/s and per-round ratios.
 3. The tree at --leaves leaves (default 10^6, built in `merkle_nodes` of a fresh SQLite file): the append
    rate of 32-leaf batches at that size, a signed checkpoint's time, and inclusion and consistency proofs:
    size in hashes and bytes, time to read one from the store and to verify it (medians over 200 random ones).
@@ -216,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating writer rounds, median reported (default 3)")
     parser.add_argument("--skip-engine", action="store_true", help="skip the batch-32 engine tokens/s comparison")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the engine comparison (default 2)")
+    parser.add_argument("--salted-only", action="store_true", help="only the salted text vs text inline comparisons")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        if not args.skip_engine:
+        if not args.skip_engine and not args.salted_only:
             tokens = engine_ratio(Path(tmp), args.rounds, args.threads)
             base = tokens["chain only"]
             print(
@@ -228,19 +230,32 @@ def main(argv: list[str] | None = None) -> int:
             for mode, rate in tokens.items():
                 print(f"  {mode:<26} {rate:9.1f} tokens/s  {rate / base:5.2f}x")
             print(f"  per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
-        rates = _writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
-        base = rates["chain only"]
-        print(
-            f"writer, {args.batch} finished requests per group commit (SQLite, median of {args.rounds} alternating rounds)"
-        )
-        for mode, rate in rates.items():
-            print(f"  {mode:<26} {rate:9.0f} requests/s  {rate / base:5.2f}x")
+        if not args.salted_only:
+            rates = _writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
+            base = rates["chain only"]
+            print(
+                f"writer, {args.batch} finished requests per group commit (SQLite, median of {args.rounds} alternating rounds)"
+            )
+            for mode, rate in rates.items():
+                print(f"  {mode:<26} {rate:9.0f} requests/s  {rate / base:5.2f}x")
+        if not args.skip_engine:
+            salted_tokens = salted_text.engine_rounds(Path(tmp), args.rounds, args.threads)
+            ratios = salted_tokens.pop("round ratios")
+            base = salted_tokens["text inline (before)"]
+            print(
+                f"engine, salted text vs text inline (batch 32 x 32 tokens, 8 adapters, {args.rounds} alternating rounds)"
+            )
+            for mode, rate in salted_tokens.items():
+                print(f"  {mode:<26} {rate:9.1f} tokens/s  {rate / base:5.2f}x")
+            print(f"  per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
         salted, ratios = salted_text.writer_rounds(Path(tmp), args.batch, args.seconds, args.rounds)
         base = salted["text inline (before)"]
         print(f"writer, salted text vs text inline ({args.batch} per group commit, SQLite, {args.rounds} rounds)")
         for mode, rate in salted.items():
             print(f"  {mode:<26} {rate:9.0f} requests/s  {rate / base:5.2f}x")
         print(f"  per-round ratios {' '.join(f'{r:.2f}' for r in ratios)}, median {statistics.median(ratios):.2f}x")
+        if args.salted_only:
+            return 0
         url = f"sqlite:///{Path(tmp) / 'tree.sqlite3'}"
         upgrade(url)
         built = _build_tree(url, args.leaves)

@@ -103,8 +103,7 @@ class AsyncEngine:
 
     @property
     def interrupted(self) -> list[str]:
-        """Audit keys of the requests this engine recorded as interrupted: found unfinished at start, or later, of a
-        peer instance (sharing the audit database) whose lease expired."""
+        """Audit keys of the requests this engine recorded as interrupted: at start, or a peer's whose lease expired."""
         return self._recovery.interrupted
 
     @property
@@ -162,8 +161,7 @@ class AsyncEngine:
     @property
     def instance_id(self) -> str | None:
         """This engine's instance id in its audit database (on every requests row and event it writes); None with auditing off."""
-        store = self.store
-        return None if store is None else store.instance_id
+        return None if (store := self.store) is None else store.instance_id
 
     @property
     def tokenizer(self):
@@ -266,6 +264,7 @@ class AsyncEngine:
         audit_id: str | None = None,
         bound_commit: str | None = None,
         tool_calls: object = None,
+        resume_note: str | None = None,
     ) -> MemoryObjectReceiveStream:
         """Admit one request; returns its output channel once the request is accepted, or raises why not.
 
@@ -283,8 +282,8 @@ class AsyncEngine:
         at; the adapter is read at that commit again, wherever its branch is now.
         key_id, user: set by the HTTP server (loraledger serve): the id of the API key that authenticated the caller (the
         binding's key_id; the same key gave `tenant`) and OpenAI's `user` field (in the request_admitted event's payload).
-        tool_calls: the server's loraledger.tool_calls.ToolCallSpec for a request with tools (on record with it).
-        """
+        tool_calls: the server's loraledger.tool_calls.ToolCallSpec for a request with tools (on record with it);
+        resume_note: with resume, why its tool calls cannot be read as before (its request_resumed event says it)."""
         core = self._live()
         if core.fatal is not None:
             raise self._dead_error("the engine has stopped and takes no new requests")
@@ -306,7 +305,8 @@ class AsyncEngine:
             tool_calls=tool_calls,
         )
         send, receive = anyio.create_memory_object_stream[Delivery](self._channel_size(submit.params))
-        msg = msgspec.structs.replace(submit, channel=send, bound_commit=bound_commit if resume else None)
+        resumed = {"bound_commit": bound_commit, "resume_note": resume_note} if resume else {}
+        msg = msgspec.structs.replace(submit, channel=send, **resumed)
         try:
             await self._admission.send(msg)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:

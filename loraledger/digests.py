@@ -247,8 +247,9 @@ def _salt_bytes(salt: str) -> bytes:
 
 
 def text_commitment(salt: str, text: str) -> str:
-    """sha256(salt || utf8(text)): commits to a prompt's or completion's text without revealing it once the
-    salt is gone (salt: 32 hex digits, used as its 16 bytes)."""
+    """sha256(salt || utf8(text)): commits to a prompt's or completion's text (and, revision 0016 on, to tool
+    definitions, a constraint's text, a completion's tool calls) without revealing it once the salt is gone (salt:
+    32 hex digits, used as its 16 bytes)."""
     return bytes_sha256(_salt_bytes(salt) + text.encode("utf-8"))
 
 
@@ -282,7 +283,9 @@ def completion_form(record: msgspec.Struct) -> dict[str, Any]:
     Form v1 (a row without commitments, written before salted text): every field but the commitments.
     Form v2 (`text_commitment` set): the text and token ids are left out, their salted commitments go in.
     In both, `tool_calls` only when it holds calls (completions without, and those before the column, digest as
-    before).
+    before). Form v3 (`tool_calls_commitment` set, revision 0016): the calls are kept apart under a salt, their
+    commitment goes in and `tool_calls` (NULL in the row) stays out; without it the key is left out, so v1 and v2
+    digest as they did.
     """
     out = msgspec.to_builtins(record)
     for name in _COMPLETION_TIMES:
@@ -294,6 +297,8 @@ def completion_form(record: msgspec.Struct) -> dict[str, Any]:
         del out["text"], out["token_ids"]
     if out.get("tool_calls", 0) is None:
         del out["tool_calls"]
+    if out.get("tool_calls_commitment", 0) is None:
+        del out["tool_calls_commitment"]
     return out
 
 

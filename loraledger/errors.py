@@ -168,6 +168,10 @@ class AuditCorruptError(LoraLedgerError, RuntimeError):
     """The audit log holds a row that cannot be read (edited behind the guards, or damaged); `loraledger audit verify` names it."""
 
 
+class RequestErasedError(AuditIntegrityError):
+    """A request whose text `audit erase` removed cannot be resumed or get new kept text."""
+
+
 class InstanceLeaseLostError(AuditIntegrityError):
     """This engine's lease in a shared audit database expired and another instance recovered it: it may write nothing more."""
 

@@ -12,16 +12,18 @@ written before instances existed (revision 0007).
 from __future__ import annotations
 
 import functools
+import json
 from typing import TYPE_CHECKING
 
 import anyio
 import msgspec
 
-from loraledger.errors import AuditUnavailableError, InstanceLeaseLostError, LoraLedgerError
+from loraledger.errors import AuditUnavailableError, InstanceLeaseLostError, LoraLedgerError, RequestErasedError
 from loraledger.logging import get_logger
 from loraledger.lora.request import LoRARequest
 from loraledger.sampling_params import SamplingParams
 from loraledger.structured_outputs import from_canonical
+from loraledger.tool_calls import ToolCallSpec, spec_from_record
 
 if TYPE_CHECKING:
     from loraledger.engine_client import EngineClient
@@ -92,8 +94,9 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
 
     store = engine.store
     payloads = await anyio.to_thread.run_sync(store.admitted_payloads, [r.request_id for r in unfinished])
-    # from revision 0013 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased)
-    kept = await anyio.to_thread.run_sync(texts.kept_prompt_ids, store, [r.request_id for r in unfinished])
+    # from revision 0013 the prompt's token ids are kept in `request_texts`, not in the event (so they can be erased),
+    # and from 0016 its tools and constraint text too
+    kept, erased = await anyio.to_thread.run_sync(texts.kept_for_resume, store, [r.request_id for r in unfinished])
 
     async def one(record) -> None:
         rid = record.request_id
@@ -108,8 +111,15 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
 
     async def run(record) -> None:
         rid = record.request_id
+        if rid in erased:  # an erased request gets no new text: it is not resumed (the erasure says why)
+            results[rid] = RequestErasedError(
+                f"request {rid!r} was interrupted and then erased (event {erased[rid]}): it is not resumed, since it "
+                "would keep new text after its erasure; submit it again as a new request if it must run"
+            )
+            return
         payload = payloads.get(rid) or {}
-        prompt_ids = payload.get("prompt_token_ids", kept.get(rid))
+        prompt_row = kept.get((rid, texts.PROMPT, 0))
+        prompt_ids = payload.get("prompt_token_ids", None if prompt_row is None else list(prompt_row.token_ids))
         if prompt_ids is None:
             results[rid] = LoraLedgerError(
                 f"request {rid!r} cannot be resumed: its prompt was not kept (audit_prompts != 'text')"
@@ -122,12 +132,14 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
             record.sampling_params, SamplingParams, str_keys=True
         )  # logit_bias keys come back as JSON str
         if record.constraint_kind is not None:
-            if record.constraint_text is None:
+            constraint = _kept(kept, rid, texts.CONSTRAINT, record.constraint_text)
+            if constraint is None:
                 results[rid] = LoraLedgerError(
                     f"request {rid!r} cannot be resumed: its constraint's text was not kept (audit_prompts != 'text')"
                 )
                 return
-            params = msgspec.structs.replace(params, structured_outputs=from_canonical(record.constraint_text))
+            params = msgspec.structs.replace(params, structured_outputs=from_canonical(constraint))
+        tool_calls, note = _tool_calls(record, _kept(kept, rid, texts.TOOLS, record.tools_text))
         channel = await engine.submit(
             record.caller_request_id or rid,  # a binding from before revision 0006: its key was the caller's id
             {"prompt_token_ids": prompt_ids},
@@ -138,6 +150,8 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
             bound_fingerprint=record.adapter_fingerprint,
             audit_id=rid,  # it runs under the binding on record, keyed as it was
             bound_commit=record.adapter_commit_sha,  # a Hub adapter: the commit it ran on, though its branch moved
+            tool_calls=tool_calls,  # its calls are read as the first run read them
+            resume_note=note,  # or the request_resumed event says why they cannot be
         )
         async with channel:
             async for delivery in channel:
@@ -151,3 +165,24 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
                 tg.start_soon(one, record)
     finally:
         done.set()
+
+
+def _kept(kept: dict, rid: str, part: str, inline: str | None) -> str | None:
+    """A binding's text kept apart (revision 0016 on), or the one it holds inline (before), or None."""
+    row = kept.get((rid, part, 0))
+    return inline if row is None else row.text
+
+
+def _tool_calls(record, tools_text: str | None) -> tuple[ToolCallSpec | None, str | None]:
+    """How a resumed request's completions read their tool calls, as its binding says: (the spec, None), or (None,
+    why not) for a request with tools whose binding does not say how, or whose tools were not kept."""
+    if record.tools_sha256 is None:
+        return None, None
+    if record.tool_reading is None:
+        return None, "the binding does not say how its calls are read (written before revision 0016)"
+    if tools_text is None:
+        return None, "its tool definitions were not kept (audit_prompts != 'text')"
+    try:
+        return spec_from_record(json.loads(tools_text), record.tool_reading), None
+    except (ValueError, TypeError, msgspec.ValidationError) as exc:
+        return None, f"its tools and tool_reading do not make a reading: {exc}"

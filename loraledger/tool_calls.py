@@ -43,6 +43,42 @@ class ToolCallSpec(msgspec.Struct, frozen=True, kw_only=True):
         return canonical_json(self.tools).decode()
 
 
+def _function_name(tool: Any) -> Any:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    return function.get("name") if isinstance(function, dict) else None
+
+
+def reading_of(spec: ToolCallSpec) -> dict[str, Any]:
+    """How a request's calls are read, as its binding's `tool_reading` records it: mode, parser, parallel, and the
+    named function by its index in the tools (`name_index`; its name is caller content, kept with the tools)."""
+    index = None
+    if spec.mode == "named":
+        index = next((i for i, t in enumerate(spec.tools) if _function_name(t) == spec.name), None)
+    return {"mode": spec.mode, "parser": spec.parser, "parallel": spec.parallel, "name_index": index}
+
+
+def spec_from_record(tools: list[dict[str, Any]], reading: dict[str, Any]) -> ToolCallSpec:
+    """The ToolCallSpec a binding's tools and `tool_reading` describe (a resumed request reads its calls by it);
+    ValueError when they do not make one (a named function whose index is not among the tools)."""
+    name = None
+    if reading.get("mode") == "named":
+        index = reading.get("name_index")
+        if (
+            not isinstance(index, int)
+            or not 0 <= index < len(tools)
+            or not isinstance(_function_name(tools[index]), str)
+        ):
+            raise ValueError(f"tool_reading names function index {index!r}, which is not among the {len(tools)} tools")
+        name = _function_name(tools[index])
+    return ToolCallSpec(
+        tools=tools,
+        mode=reading.get("mode"),
+        name=name,
+        parser=reading.get("parser"),
+        parallel=bool(reading.get("parallel", True)),
+    )
+
+
 def _argument_value(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
@@ -90,3 +126,17 @@ def recorded_calls(spec: ToolCallSpec | None, text: str) -> str | None:
         return canonical_json(calls).decode()
     except (TypeError, ValueError):  # arguments with no canonical form (NaN): kept as the model wrote them
         return canonical_json([{**c, "arguments": json.dumps(c["arguments"])} for c in calls]).decode()
+
+
+def kept_calls(spec: ToolCallSpec | None, request_id: str, texts: list[tuple[int, str]]) -> dict[int, tuple[Any, str]]:
+    """The calls of each completion (index, text) that made any, as kept apart: index -> (its `tool_calls` text row
+    under a fresh salt, the commitment its completions row carries). The arguments are the model's output, caller
+    content that `audit erase` must be able to remove."""
+    from loraledger.store.records import TOOL_CALLS, salted_content
+
+    out = {}
+    for index, text in texts:
+        calls = recorded_calls(spec, text)
+        if calls is not None:
+            out[index] = salted_content(request_id, TOOL_CALLS, index, calls)
+    return out

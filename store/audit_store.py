@@ -217,6 +217,7 @@ def write_batch(
     texts.insert_texts(conn, batch.texts)
     # the chain's turn: from here to the commit, no other writer appends (see store/db.py)
     take_writer_lock(conn)
+    texts.refuse_after_erasure(conn, batch)  # an erase committed before this lock is seen here
     if instance_id is not None:
         instances.ensure_writable(conn, instance_id)
     events = [registration_event(row, at=row["first_seen"].timestamp()) for row in registered]

@@ -2,8 +2,8 @@
 
 Both dialects: UPDATE and DELETE on every audit table raise "audit table X is append-only" (a
 `request_texts` row may be deleted once its request's erasure is on record: `audit erase`),
-and a completion whose adapter_fingerprint differs (NULL-safe) from its request's binding is
-refused. PostgreSQL also refuses TRUNCATE, and every guard is ENABLE ALWAYS, so
+a completion whose adapter_fingerprint differs (NULL-safe) from its request's binding is
+refused, and so is a `request_texts` row for a request whose erasure is on record. PostgreSQL also refuses TRUNCATE, and every guard is ENABLE ALWAYS, so
 `session_replication_role = replica` does not switch it off. SQLite's REPLACE conflict
 resolution (`INSERT OR REPLACE`, `REPLACE`) deletes the old row without firing DELETE triggers,
 so a BEFORE INSERT guard refuses any insert whose key is already taken; the writer therefore
@@ -39,6 +39,9 @@ _KEY_TAKEN = {
     "WHERE request_id = NEW.request_id AND part = NEW.part AND idx = NEW.idx)",
     "erasures": "EXISTS (SELECT 1 FROM erasures WHERE request_id = NEW.request_id)",
 }
+# a text row for a request whose erasure is on record: an erased request never gets new kept text (revision 0016)
+_ERASED_REQUEST = "EXISTS (SELECT 1 FROM erasures WHERE request_id = NEW.request_id)"
+_ERASED_MESSAGE = "request_texts refuses text for a request whose text was erased (its erasures row is on record)"
 # the one way an audit row may go: a text row whose request has an `erasures` row that names an `erased` event,
 # both appended by `audit erase` in the transaction that deletes it (audit/erase.py)
 _ERASURE_ON_RECORD = (
@@ -82,6 +85,14 @@ def _sqlite_guards() -> list[Guard]:
         ]
     guards.append(
         Guard(
+            "request_texts_after_erasure",
+            "request_texts",
+            f"CREATE TRIGGER request_texts_after_erasure BEFORE INSERT ON request_texts WHEN {_ERASED_REQUEST} "
+            f"BEGIN SELECT RAISE(ABORT, '{_ERASED_MESSAGE}'); END",
+        )
+    )
+    guards.append(
+        Guard(
             "completions_binding",
             "completions",
             "CREATE TRIGGER completions_binding BEFORE INSERT ON completions "
@@ -112,6 +123,14 @@ BEGIN
                 || ' has adapter_fingerprint ' || coalesce(NEW.adapter_fingerprint, 'NULL')
                 || ', which differs from the adapter its request is bound to',
             ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+""",
+    "loraledger_refuse_erased_text": f"""
+BEGIN
+    IF {_ERASED_REQUEST} THEN
+        RAISE EXCEPTION USING MESSAGE = '{_ERASED_MESSAGE}', ERRCODE = 'restrict_violation';
     END IF;
     RETURN NEW;
 END
@@ -154,6 +173,16 @@ def _pg_guards() -> list[PgGuard]:
                 function = "loraledger_guard_erasure"
             sql = f"CREATE TRIGGER {name} {on} EXECUTE FUNCTION {function}()"
             guards.append(PgGuard(name, table, sql, function=function, tgtype=tgtype))
+    guards.append(
+        PgGuard(
+            "request_texts_after_erasure",
+            "request_texts",
+            "CREATE TRIGGER request_texts_after_erasure BEFORE INSERT ON request_texts FOR EACH ROW "
+            "EXECUTE FUNCTION loraledger_refuse_erased_text()",
+            function="loraledger_refuse_erased_text",
+            tgtype=_ROW | _BEFORE | _INSERT,
+        )
+    )
     guards.append(
         PgGuard(
             "completions_binding",

@@ -168,6 +168,9 @@ class Request(Base):
     instance that admitted it, see `instances`; NULL for rows written before revision 0007).
     `adapter_repo_id` / `adapter_revision` / `adapter_commit_sha` (revision 0009): the Hub repo, the revision asked
     for and the commit the request's adapter was read from (NULL for the base model and local folders).
+    `tools_commitment` / `constraint_commitment` (revision 0016): sha256(salt || text) of the tool definitions and
+    of the constraint's text, kept in `request_texts` (parts "tools", "constraint"; `tools_text` / `constraint_text`
+    NULL here), and `tool_reading` (JSON: how the completions' calls are read: mode, parser, parallel, name_index).
     """
 
     __tablename__ = "requests"
@@ -206,6 +209,9 @@ class Request(Base):
     prompt_token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
     tools_sha256: Mapped[str | None] = mapped_column(Sha256)
     tools_text: Mapped[str | None]
+    tools_commitment: Mapped[str | None] = mapped_column(Sha256)
+    constraint_commitment: Mapped[str | None] = mapped_column(Sha256)
+    tool_reading: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
     adapter: Mapped[Adapter | None] = relationship(back_populates="requests", lazy="raise")
     completions: Mapped[list[Completion]] = relationship(back_populates="request", lazy="raise")
@@ -224,7 +230,8 @@ class Completion(Base):
     text and token ids live in `request_texts`, `text` is "" and `token_ids` [] here, and these hold sha256(salt ||
     text) and sha256(salt || ids); NULL for rows written before 0013, which keep their text here. `tool_calls`
     (revision 0014: the calls read from the text for a request with tools, canonical JSON `[{"name",
-    "arguments"}]`; NULL without a call).
+    "arguments"}]`; NULL without a call). `tool_calls_commitment` (revision 0016): those calls kept in `request_texts`
+    (part "tool_calls", idx the completion index) under a salt, sha256(salt || text) here and `tool_calls` NULL.
     """
 
     __tablename__ = "completions"
@@ -248,6 +255,7 @@ class Completion(Base):
     text_commitment: Mapped[str | None] = mapped_column(Sha256)
     token_ids_commitment: Mapped[str | None] = mapped_column(Sha256)
     tool_calls: Mapped[str | None]
+    tool_calls_commitment: Mapped[str | None] = mapped_column(Sha256)
 
     request: Mapped[Request] = relationship(back_populates="completions", lazy="raise")
 
@@ -390,7 +398,8 @@ class RequestText(Base):
     """`request_texts`: the text and token ids of a prompt or completion, apart so that `audit erase` can remove them
     (revision 0013). The only audit rows that may be deleted, and only by an erasure on record (store/guards.py).
 
-    Columns: `request_id`, `part` ("prompt" or "completion"), `idx` (0 for the prompt, else the completion index),
+    Columns: `request_id`, `part` ("prompt" or "completion"; from revision 0016 also "tools", "constraint" and
+    "tool_calls", text with `token_ids` []), `idx` (0 for the prompt, tools, constraint, else the completion index),
     `salt` (32 hex digits, random per row), `text` (NULL for a prompt given as token ids), `token_ids` (JSON list).
     The requests / completions row holds the commitments sha256(salt || text) and sha256(salt || ids).
     """

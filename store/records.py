@@ -115,6 +115,13 @@ class RequestRecord(msgspec.Struct, frozen=True, kw_only=True):
     # audit_prompts is "text"; None for requests without tools
     tools_sha256: str | None = None
     tools_text: str | None = None
+    # caller content apart (revision 0016): the tool definitions and the constraint's text go to `request_texts` under
+    # salts like the prompt (tools_text / constraint_text stay None), the binding carrying sha256(salt || text);
+    # tool_reading says how each completion's calls are read ({"mode", "parser", "parallel", "name_index"}: the
+    # named function by its index in the tools), so a resumed request reads them as the first run did
+    tools_commitment: str | None = None
+    constraint_commitment: str | None = None
+    tool_reading: dict | None = None
 
 
 class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,12 +141,16 @@ class CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     text_commitment: str | None = None
     token_ids_commitment: str | None = None
     tool_calls: str | None = None  # revision 0014: the calls read from `text` (canonical JSON); None for none
+    # revision 0016: the calls in `request_texts` (part "tool_calls") under a salt, tool_calls None here; None for none
+    tool_calls_commitment: str | None = None
 
 
 class TextRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A prompt's or completion's text and token ids, kept apart (`request_texts`) so `audit erase` can remove them.
 
-    part: "prompt" (index 0) or "completion" (its index); salt: 32 hex digits, the row's commitments' salt.
+    part: "prompt" (index 0) or "completion" (its index); from revision 0016 also "tools" and "constraint" (index 0,
+    the binding's tool definitions and constraint text) and "tool_calls" (the completion's index), which hold text
+    and no token ids; salt: 32 hex digits, the row's commitments' salt.
     """
 
     request_id: str
@@ -151,6 +162,8 @@ class TextRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 PROMPT, COMPLETION = "prompt", "completion"  # TextRecord.part
+# caller content beside the prompt (revision 0016): text only (token_ids []), one commitment each
+TOOLS, CONSTRAINT, TOOL_CALLS = "tools", "constraint", "tool_calls"
 
 
 def salted_text(request_id: str, part: str, index: int, text: str | None, token_ids: Sequence[int]) -> TextRecord:
@@ -158,6 +171,12 @@ def salted_text(request_id: str, part: str, index: int, text: str | None, token_
     return TextRecord(
         request_id=request_id, part=part, index=index, salt=new_text_salt(), text=text, token_ids=list(token_ids)
     )
+
+
+def salted_content(request_id: str, part: str, index: int, text: str) -> tuple[TextRecord, str]:
+    """Caller content with no token ids (tools, constraint, tool_calls) under a fresh salt, and its commitment."""
+    record = salted_text(request_id, part, index, text, [])
+    return record, text_commitment(record.salt, text)
 
 
 def text_commitments(record: TextRecord) -> tuple[str | None, str]:

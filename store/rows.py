@@ -57,6 +57,9 @@ def request_row(r: RequestRecord) -> dict[str, Any]:
         "prompt_token_ids_commitment": r.prompt_token_ids_commitment,
         "tools_sha256": r.tools_sha256,
         "tools_text": r.tools_text,
+        "tools_commitment": r.tools_commitment,
+        "constraint_commitment": r.constraint_commitment,
+        "tool_reading": None if r.tool_reading is None else json_roundtrip(r.tool_reading),
     }
 
 
@@ -78,6 +81,7 @@ def completion_row(r: CompletionRecord) -> dict[str, Any]:
         "text_commitment": r.text_commitment,
         "token_ids_commitment": r.token_ids_commitment,
         "tool_calls": r.tool_calls,
+        "tool_calls_commitment": r.tool_calls_commitment,
     }
 
 
@@ -129,4 +133,7 @@ def request_record(row: Any) -> RequestRecord:
         prompt_token_ids_commitment=row.prompt_token_ids_commitment,
         tools_sha256=row.tools_sha256,
         tools_text=row.tools_text,
+        tools_commitment=row.tools_commitment,
+        constraint_commitment=row.constraint_commitment,
+        tool_reading=row.tool_reading,
     )

@@ -14,11 +14,39 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, insert, select, tuple_
 
-from loraledger.store.models import RequestText
-from loraledger.store.records import PROMPT, TextRecord
+from loraledger.errors import RequestErasedError
+from loraledger.store.models import Erasure, RequestText
+from loraledger.store.records import (  # the parts, named here too for the readers of text rows
+    COMPLETION,  # noqa: F401
+    CONSTRAINT,  # noqa: F401
+    PROMPT,
+    TOOL_CALLS,  # noqa: F401
+    TOOLS,  # noqa: F401
+    AuditBatch,
+    EventKind,
+    TextRecord,
+)
 
 TEXTS: Table = RequestText.__table__  # type: ignore[assignment]
 _IN_CHUNK = 300
+
+
+def refuse_after_erasure(conn: Connection, batch: AuditBatch) -> None:
+    """Refuse (RequestErasedError) a batch that keeps text for, or resumes, a request whose erasure is on record.
+
+    Called under the writers' lock, which `audit erase` also takes: an erasure either committed before (and is seen
+    here) or comes after this batch, when the request it resumes has not ended and erase passes it by."""
+    ids = {t.request_id for t in batch.texts}
+    ids.update(e.request_id for e in batch.events if e.kind == EventKind.REQUEST_RESUMED and e.request_id is not None)
+    if not ids:
+        return
+    x = Erasure.__table__
+    found = conn.execute(select(x.c.request_id, x.c.seq).where(x.c.request_id.in_(sorted(ids))).limit(1)).first()
+    if found is not None:
+        raise RequestErasedError(
+            f"request {found.request_id!r} was erased (event {found.seq}): it is not resumed and no new text is kept "
+            "for it; submit it again as a new request if it must run"
+        )
 
 
 def text_row(r: TextRecord) -> dict[str, Any]:
@@ -64,3 +92,17 @@ def kept_prompt_ids(store: Any, request_ids: Iterable[str]) -> dict[str, list[in
     """prompt_token_ids read through an open AuditStore (recovery's resume: the prompts to re-run)."""
     with store.engine.connect() as conn:
         return prompt_token_ids(conn, request_ids)
+
+
+def kept_for_resume(store: Any, request_ids: Iterable[str]) -> tuple[dict[tuple[str, str, int], Any], dict[str, int]]:
+    """What recovery's resume reads through an open AuditStore: the text rows of request_ids (prompt, tools,
+    constraint) by (request_id, part, idx), and the seq of the erasure of each that was erased."""
+    ids = sorted(set(request_ids))
+    x = Erasure.__table__
+    with store.engine.connect() as conn:
+        rows = stored(conn, ids)
+        erased = {}
+        for start in range(0, len(ids), _IN_CHUNK):
+            query = select(x.c.request_id, x.c.seq).where(x.c.request_id.in_(ids[start : start + _IN_CHUNK]))
+            erased.update((row.request_id, row.seq) for row in conn.execute(query))
+    return rows, erased

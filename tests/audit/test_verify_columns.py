@@ -134,7 +134,8 @@ def _targets(synth: SynthLog) -> dict[str, dict[str, Any]]:
 
 
 # the columns only a request written with salted text fills (its prompt_text, and its completions' text, are empty)
-SALTED_COLUMNS = {"prompt_commitment", "prompt_token_ids_commitment", "text_commitment", "token_ids_commitment"}
+SALTED_COLUMNS = {"prompt_commitment", "prompt_token_ids_commitment", "text_commitment", "token_ids_commitment",
+                  "tools_commitment", "constraint_commitment", "tool_reading", "tool_calls_commitment"}  # fmt: skip
 SALTED = ["salted-0", "salted-1"]
 
 

@@ -121,10 +121,15 @@ _SALTED = ("text_commitment", "token_ids_commitment")
 
 
 def _completion_form(c: dict[str, Any]) -> dict[str, Any]:
-    """Section 4: form v1 (no text_commitment) without the commitments, form v2 without text and token_ids."""
+    """Section 4: form v1 (no text_commitment) without the commitments, form v2 without text and token_ids; form v3
+    with tool_calls_commitment (and no tool_calls); tool_calls and tool_calls_commitment only where not null."""
     out = {**c, "first_token_at": stored_time(c["first_token_at"]), "finished_at": stored_time(c["finished_at"])}
     drop = _SALTED if c.get("text_commitment") is None else ("text", "token_ids")
-    return {k: v for k, v in out.items() if k not in drop}
+    return {
+        k: v
+        for k, v in out.items()
+        if k not in drop and not (k in ("tool_calls", "tool_calls_commitment") and v is None)
+    }
 
 
 def completions_sha256(completions: list[dict[str, Any]]) -> str:

@@ -76,12 +76,14 @@ def test_binding_sha256():
     v = V["binding_sha256"]
     record = msgspec.convert(v["binding"], RequestRecord)
     assert spec.digest(v["binding"]) == digests.binding_digest(v["binding"]) == v["sha256"]
-    # a binding written today carries the salted-text keys (null where prompts are not kept as text)
-    salted = msgspec.convert(v["salted_binding"], RequestRecord)
-    assert spec.digest(v["salted_binding"]) == digests.binding_digest(salted) == v["salted_sha256"]
-    assert digests.binding_digest(record) == digests.binding_digest(
-        {**v["binding"], "prompt_commitment": None, "prompt_token_ids_commitment": None}
-    )
+    # a binding from revisions 0013-0015 carries the salted-text keys: digested as the payload carries it
+    assert spec.digest(v["salted_binding"]) == digests.binding_digest(v["salted_binding"]) == v["salted_sha256"]
+    # a binding written today carries every key of the record (null where unused), its caller content committed
+    content = msgspec.convert(v["content_binding"], RequestRecord)
+    assert set(msgspec.to_builtins(content)) == set(v["content_binding"]), "the vector misses a key of a binding"
+    assert spec.digest(v["content_binding"]) == digests.binding_digest(content) == v["content_sha256"]
+    unset = {name: None for name in RequestRecord.__struct_fields__}
+    assert digests.binding_digest(record) == digests.binding_digest({**unset, **v["binding"]})
 
 
 def test_completions_sha256():
@@ -94,6 +96,9 @@ def test_completions_sha256():
     assert streamed.hexdigest() == v["sha256"]
     salted = [msgspec.convert(c, CompletionRecord) for c in v["salted_completions"]]
     assert spec.completions_sha256(v["salted_completions"]) == digests.completions_digest(salted) == v["salted_sha256"]
+    content = [msgspec.convert(c, CompletionRecord) for c in v["content_completions"]]  # form v3
+    assert spec.completions_sha256(v["content_completions"]) == digests.completions_digest(content)
+    assert digests.completions_digest(content) == v["content_sha256"]
 
 
 def test_text_commitment():
@@ -108,6 +113,9 @@ def test_text_commitment():
             == digests.token_ids_commitment(salt, ids)
             == part["token_ids_commitment"]
         )
+    for part in v["content"]:  # tools, constraint, tool calls (revision 0016 on): text only
+        assert spec.text_commitment(part["salt"], part["text"]) == digests.text_commitment(part["salt"], part["text"])
+        assert digests.text_commitment(part["salt"], part["text"]) == part["text_commitment"]
     assert spec.digest(sorted(v["erased"])) == digests.erased_requests_digest(v["erased"]) == v["requests_sha256"]
     with pytest.raises(ValueError, match="16 bytes"):
         digests.text_commitment("00ff", "x")

@@ -46,6 +46,11 @@ ADDED_COLUMNS = [
         ("0015_base_quantization", "instances", c)
         for c in ("quantization", "quant_method", "quant_bits", "quant_group_size", "quant_source_fingerprint")
     ),
+    *(
+        ("0016_erasable_caller_content", "requests", c)
+        for c in ("tools_commitment", "constraint_commitment", "tool_reading")
+    ),
+    ("0016_erasable_caller_content", "completions", "tool_calls_commitment"),
 ]
 ADDED_TABLES = [
     ("0007_instances", "instances"),
@@ -69,6 +74,8 @@ def write_as_of(engine, start: str, batch, monkeypatch: pytest.MonkeyPatch) -> N
             from loraledger.evidence import node_store
 
             patch.setattr(node_store, "append_leaves", lambda conn, first_index, hashes: None)
+        if "0013_text_erasure" in _revisions_after(start):  # no erasures table yet: nothing can have been erased
+            patch.setattr(audit_store.texts, "refuse_after_erasure", lambda conn, batch: None)
         for table, current, make_row in (
             ("requests", REQUESTS, "request_row"),
             ("adapters", audit_store.ADAPTERS, "adapter_row"),
