@@ -74,6 +74,9 @@ class LoraMeta:
 
 class Ops(abc.ABC):
     name: str = "abstract"
+    # True: lora_apply takes a fused module's B block-diagonal ([S, out_total, n*R], one expand product), and the
+    # adapter slots are built so (loraledger.lora.device_slots.LoraStack)
+    lora_block_diagonal: bool = False
 
     @abc.abstractmethod
     def rms_norm(
@@ -188,6 +191,9 @@ class Ops(abc.ABC):
         offsets into y [T, out_total] (q/k/v or gate/up fused). Semantics, for slot[t] >= 0 and
         output column j of slice m (slice_offsets[m] <= j < slice_offsets[m+1]):
         `y[t, j] += sum_r h[t, m*R + r] * b_stack[slot[t], j, r]`; rows with slot -1 unchanged.
+        A CPU backend may be given a block-diagonal b_stack [S, out_total, n_slices * R] instead (zeros outside
+        each slice's rank columns, loraledger.lora.device_slots.LoraStack): the same delta as one slice of rank
+        n_slices * R.
         """
 
     def lora_apply(

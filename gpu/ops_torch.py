@@ -16,6 +16,8 @@ _SEGMENT_MIN = 16
 
 class TorchOps(Ops):
     name = "torch"
+    # one expand product per fused module instead of one per slice: fewer small ops where each costs microseconds
+    lora_block_diagonal = True
 
     def __init__(self) -> None:
         self._kv_workspace: torch.Tensor | None = None
@@ -270,6 +272,7 @@ class TorchOps(Ops):
         ex = meta.extra
         if ex["empty"]:
             return
+        slice_offsets = _one_slice_if_block_diagonal(b_stack, h.shape[1], slice_offsets)
         n_slices = len(slice_offsets) - 1
         rank = h.shape[1] // n_slices
         reduced = h.dtype in _REDUCED or y.dtype in _REDUCED
@@ -296,11 +299,13 @@ class TorchOps(Ops):
         """shrink + expand fused: the grouped intermediate stays [G, M, n*R], never scattered to [T, n*R].
 
         At decode (tokens sorted by slot) this is one gather of x (none when the groups are equally
-        wide), one bmm for A, one bmm per slice for B, and plain adds into a row slice of y.
+        wide), one bmm for A, one bmm per slice for B (one in all for a block-diagonal B, see LoraStack),
+        and plain adds into a row slice of y.
         """
         ex = meta.extra
         if ex["empty"]:
             return
+        slice_offsets = _one_slice_if_block_diagonal(b_stack, a_stack.shape[1], slice_offsets)
         n_slices = len(slice_offsets) - 1
         rank = a_stack.shape[1] // n_slices
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
@@ -332,7 +337,7 @@ class TorchOps(Ops):
                 yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
                 self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
         if ex["segments"]:
-            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, reduced)
+            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, reduced and not native)
 
     @staticmethod
     def _scatter_add(y: torch.Tensor, slice_offsets: tuple[int, ...], src: torch.Tensor, delta: torch.Tensor) -> None:
@@ -352,7 +357,10 @@ class TorchOps(Ops):
         rank: int,
         reduced: bool,
     ) -> None:
-        """Long same-adapter runs: plain GEMMs on row views of x and y (prefill chunks)."""
+        """Long same-adapter runs: plain GEMMs on row views of x and y (prefill chunks).
+
+        `reduced`: x or y in a reduced dtype multiplied in fp32 (a CPU without native bf16); with native bf16 the
+        products run in bf16 as they are (fp32 accumulation, h and the delta rounded to bf16, as in PEFT)."""
         for start, end, slot in segments:
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
@@ -424,6 +432,14 @@ def _add_segment_delta(
             y_rows[:, lo:hi] += (hs.float() @ bs.float().t()).to(y_rows.dtype)
         else:
             y_rows[:, lo:hi].addmm_(hs, bs.t())
+
+
+def _one_slice_if_block_diagonal(b_stack: torch.Tensor, n_rank: int, slice_offsets: tuple[int, ...]) -> tuple[int, ...]:
+    """A block-diagonal B ([S, out_total, n*R], see loraledger.lora.device_slots.LoraStack) of a fused module is
+    one slice of rank n*R: its delta is one product over all the module's columns instead of one per slice."""
+    if len(slice_offsets) > 2 and b_stack.shape[-1] == n_rank:
+        return (slice_offsets[0], slice_offsets[-1])
+    return slice_offsets
 
 
 def _native_bf16(*tensors: torch.Tensor) -> bool:

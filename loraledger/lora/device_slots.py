@@ -8,23 +8,47 @@ from dataclasses import dataclass
 import torch
 
 from loraledger.errors import ConfigError
+from loraledger.gpu import cpu_features
 from loraledger.gpu.model_config import ModelConfig
 from loraledger.lora.slot_stacks import FUSED_MODULES, fused_layout, stack_for_slots
 
 
 @dataclass
 class LoraStack:
-    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in)."""
+    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in).
+
+    Block-diagonal (TorchOps' layout for a module of n > 1 slices): B is [L, S, out_total, n*R], slice m's
+    rows hold its B in rank columns m*R..(m+1)*R and zeros elsewhere, so that h [T, n*R] times B^T is the
+    whole fused delta in one product (TorchOps reads it as one slice of rank n*R) instead of one per slice.
+    """
 
     a: torch.Tensor
     b: torch.Tensor
     slice_offsets: tuple[int, ...]
+    block_diagonal: bool = False
+
+    def slice_b(self, m: int) -> torch.Tensor:
+        """Slice m's B [L, S, out_m, R] (a view), whatever the layout."""
+        lo, hi = self.slice_offsets[m], self.slice_offsets[m + 1]
+        if not self.block_diagonal:
+            return self.b[:, :, lo:hi]
+        rank = self.a.shape[2] // (len(self.slice_offsets) - 1)
+        return self.b[:, :, lo:hi, m * rank : (m + 1) * rank]
 
 
 class LoraSlots:
     def __init__(
-        self, config: ModelConfig, max_loras: int, max_lora_rank: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: ModelConfig,
+        max_loras: int,
+        max_lora_rank: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        block_diagonal: bool = False,
     ) -> None:
+        """`block_diagonal`: hold each fused module's B block-diagonal (LoraStack), for ops that expand it in one
+        product (TorchOps.lora_block_diagonal); CUDA's kernels read one B per slice."""
         if max_loras < 1 or max_lora_rank < 1:
             raise ConfigError(f"max_loras ({max_loras}) and max_lora_rank ({max_lora_rank}) must be >= 1")
         self.config = config
@@ -36,10 +60,17 @@ class LoraSlots:
         self.stacks: dict[str, LoraStack] = {}
         for group, modules in FUSED_MODULES.items():
             in_features, offsets = fused_layout(config, group)
+            n = len(modules)
+            diagonal = block_diagonal and n > 1
             self.stacks[group] = LoraStack(
-                a=torch.zeros((layers, max_loras, len(modules) * r, in_features), dtype=dtype, device=self.device),
-                b=torch.zeros((layers, max_loras, offsets[-1], r), dtype=dtype, device=self.device),
+                a=torch.zeros((layers, max_loras, n * r, in_features), dtype=self.dtype, device=self.device),
+                b=torch.zeros(
+                    (layers, max_loras, offsets[-1], n * r if block_diagonal else r),
+                    dtype=self.dtype,
+                    device=self.device,
+                ),
                 slice_offsets=offsets,
+                block_diagonal=diagonal,
             )
         self._targets: list[frozenset[str]] = [frozenset()] * max_loras
         self.fingerprints: list[str | None] = [None] * max_loras
@@ -87,13 +118,14 @@ class LoraSlots:
             else:
                 stack.a[:, slot].copy_(pair[0])
                 scales = stacked.slice_scales.get(group)
-                if scales is None:
+                if scales is None and not stack.block_diagonal:
                     _copy_scaled(stack.b[:, slot], pair[1], stacked.scale)
-                else:  # per-module scales (PEFT alpha_pattern / rank_pattern): each slice its own, per layer
+                else:  # per-module scales (PEFT alpha_pattern / rank_pattern), or a block-diagonal B: slice by slice
                     offsets = stack.slice_offsets
                     for m in range(len(offsets) - 1):
                         lo, hi = offsets[m], offsets[m + 1]
-                        _copy_scaled(stack.b[:, slot, lo:hi], pair[1][:, lo:hi], scales[:, m, None, None])
+                        scale = stacked.scale if scales is None else scales[:, m, None, None]
+                        _copy_scaled(stack.slice_b(m)[:, slot], pair[1][:, lo:hi], scale)
         self._targets[slot] = frozenset(stacked.groups)
         self.fingerprints[slot] = fingerprint if fingerprint is not None else getattr(ckpt, "fingerprint", None)
         rank = getattr(ckpt, "slot_rank", None) or getattr(ckpt, "rank", self.max_lora_rank)
@@ -115,17 +147,19 @@ class LoraSlots:
 
 
 def slot_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The dtype the slots hold adapters in: the model's, except bf16/fp16 on the CPU, where they stay fp32.
+    """The dtype the slots hold adapters in: the model's, except a reduced dtype on a CPU that emulates it.
 
-    The CPU's grouped LoRA bmm at decode shapes ([groups, a few rows, 512] x [groups, 3 x 16, 512]) is about
-    twice as fast in fp32 as in bf16 (oneDNN has no fast reduced-precision path for such small batched
-    products), and the adapters are small: held in fp32 they are multiplied as they are, with only the step's
-    activations (a few rows) converted, never a copy of the adapter weights per step. CUDA keeps the model dtype
-    (its kernels read bf16 stacks).
+    On a CPU that multiplies bf16 natively (cpu_features.native_bf16) bf16 slots stream half the bytes of fp32
+    ones and the grouped products with block-diagonal B run as fast as fp32's (bench/RESULTS.md, "Where a mixed
+    bf16 step goes"). Elsewhere (emulated bf16, and fp16) the CPU's small batched products are about twice as
+    fast in fp32: the adapters stay fp32 and only the step's few activation rows are converted, never a copy of
+    the adapter weights per step. CUDA keeps the model dtype (its kernels read bf16 stacks).
     """
-    if device.type == "cpu" and model_dtype in (torch.bfloat16, torch.float16):
-        return torch.float32
-    return model_dtype
+    if device.type != "cpu" or model_dtype not in (torch.bfloat16, torch.float16):
+        return model_dtype
+    if model_dtype == torch.bfloat16 and cpu_features.native_bf16():
+        return model_dtype
+    return torch.float32
 
 
 def _copy_scaled(dst: torch.Tensor, src: torch.Tensor, scale: float | torch.Tensor) -> None:

@@ -369,3 +369,38 @@ def test_base_rows_take_no_adapter_when_every_slot_is_full(slots, x_dtype, stack
     base = torch.tensor(slots) < 0
     assert torch.equal(y[base], y0[base]), "a base-model row got an adapter's delta"
     assert not torch.equal(y[~base], y0[~base]), "the adapter rows must change (the check would be empty)"
+
+
+def _block_diagonal(b: torch.Tensor, offsets: tuple[int, ...], rank: int) -> torch.Tensor:
+    """b [S, out_total, R] as the CPU slots hold it: [S, out_total, n*R], slice m in rank columns m*R..(m+1)*R."""
+    n = len(offsets) - 1
+    out = b.new_zeros(b.shape[0], b.shape[1], n * rank)
+    for m in range(n):
+        out[:, offsets[m] : offsets[m + 1], m * rank : (m + 1) * rank] = b[:, offsets[m] : offsets[m + 1]]
+    return out
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [2, -1, 0, 2, 1, -1, 0, 2, 2, 3],  # unsorted: gathered, scattered back
+        [-1, -1, 0, 0, 1, 1, 3, 3],  # sorted like decode, equal widths
+        [-1, 0, 0, 0, 1, 2, 2, 3, 3, 3],  # sorted, uneven widths
+        [0, 0, 1, 2, 2] + [-1] * 3 + [3] * 16 + [1, 0],  # a long run beside grouped tokens
+    ],
+)
+def test_block_diagonal_b_gives_the_per_slice_delta(slots):
+    """A fused module's block-diagonal B (the CPU slots' layout: one expand product for all slices) gives the
+    same delta as one B per slice, in lora_apply and lora_expand; base rows stay as they were."""
+    rank, offsets, a, b, x, y0, meta = _qkv_like_case(_gen(13), slots)
+    bd = _block_diagonal(b, offsets, rank)
+    for run in (
+        lambda bs, y: OPS.lora_apply(x, a, bs, meta, offsets, y),
+        lambda bs, y: OPS.lora_expand(OPS.lora_shrink(x, a, meta), bs, meta, offsets, y),
+    ):
+        y_ref, y = y0.clone(), y0.clone()
+        run(b, y_ref)
+        run(bd, y)
+        torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
+        base = torch.tensor(slots) < 0
+        assert torch.equal(y[base], y0[base]), "a base-model row got an adapter's delta"

@@ -26,7 +26,7 @@ def _ckpt(cfg, rank, modules, scale=2.0, layers=None, seed=0):
 
 def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
     cfg = tiny_llama.config
-    slots = LoraSlots(cfg, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    slots = LoraSlots(cfg, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu", block_diagonal=True)
     ckpt = _ckpt(cfg, 4, ["k_proj", "up_proj"], scale=0.5)
     slots.load(1, ckpt)
     a, b, offsets = slots.layer(1, "qkv")
@@ -34,10 +34,15 @@ def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
     ka, kb = ckpt.weights[(1, "k_proj")]
     assert torch.equal(a[1, 8:12], ka) and a[1, 12:16].count_nonzero() == 0  # k slice, rank padded to 8
     assert a[1, :8].count_nonzero() == 0 and a[1, 16:].count_nonzero() == 0  # q and v untouched
-    assert torch.equal(b[1, offsets[1] : offsets[2], :4], kb * 0.5) and b[1, :, 4:].count_nonzero() == 0
+    # a fused module's B block-diagonal (TorchOps' layout): slice m's rows in rank columns m*8..(m+1)*8
+    assert slots.stacks["qkv"].block_diagonal and b.shape[-1] == 3 * 8
+    k_b = slots.stacks["qkv"].slice_b(1)[1, 1]  # layer 1, slot 1
+    assert torch.equal(k_b[:, :4], kb * 0.5) and k_b[:, 4:].count_nonzero() == 0  # rank padded to 8
+    assert b[1].count_nonzero() == kb.count_nonzero()  # q and v, and the off-diagonal blocks, stay zero
     ua, ub = ckpt.weights[(1, "up_proj")]
     ga, gb, goff = slots.layer(1, "gate_up")
-    assert torch.equal(ga[1, 8:12], ua) and torch.equal(gb[1, goff[1] :, :4], ub * 0.5)
+    assert torch.equal(ga[1, 8:12], ua) and torch.equal(slots.stacks["gate_up"].slice_b(1)[1, 1, :, :4], ub * 0.5)
+    assert gb[1].count_nonzero() == ub.count_nonzero()
     assert slots.targets(1) == {"qkv", "gate_up"} and slots.targets(0) == frozenset()
     assert slots.groups_for([0, 1]) == {"qkv", "gate_up"} and slots.fingerprints[1] == "fp"
     for stack in slots.stacks.values():  # the other slots stay zero
@@ -51,12 +56,11 @@ def test_scale_is_applied_in_fp32_then_rounded_once_to_the_slot_dtype(tiny_llama
     scale = 16 / 8**0.5  # not a power of two: scaling after the cast would round twice
     ckpt = _ckpt(cfg, 8, ["q_proj"], scale=scale, seed=3)
     _, qb = ckpt.weights[(0, "q_proj")]
-    for dtype in (torch.bfloat16, torch.float32):
-        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu")
+    for dtype, diagonal in ((torch.bfloat16, True), (torch.float32, True), (torch.float32, False)):
+        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu", block_diagonal=diagonal)
         for source in (ckpt, SimpleNamespace(**{**vars(ckpt), "slot_stacks": stack_for_slots(cfg, 8, ckpt)})):
             slots.load(0, source)
-            _, b, offsets = slots.layer(0, "qkv")
-            assert torch.equal(b[0, : offsets[1]], (qb * scale).to(dtype))
+            assert torch.equal(slots.stacks["qkv"].slice_b(0)[0, 0], (qb * scale).to(slots.dtype))
 
 
 def test_reload_replaces_and_clear_zeroes(tiny_llama):
@@ -85,3 +89,15 @@ def test_errors(tiny_llama):
         slots.load(0, bad)
     with pytest.raises(ConfigError, match="slot 2"):
         slots.load(2, _ckpt(cfg, 2, ["q_proj"]))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_slot_dtype_is_bf16_on_the_cpu_only_where_bf16_is_native(native, monkeypatch):
+    from loraledger.gpu import cpu_features
+    from loraledger.lora.device_slots import slot_dtype
+
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    assert slot_dtype(torch.bfloat16, cpu) == (torch.bfloat16 if native else torch.float32)
+    assert slot_dtype(torch.float16, cpu) == torch.float32 and slot_dtype(torch.float32, cpu) == torch.float32
+    assert slot_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
