@@ -404,3 +404,25 @@ def test_block_diagonal_b_gives_the_per_slice_delta(slots):
         torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
         base = torch.tensor(slots) < 0
         assert torch.equal(y[base], y0[base]), "a base-model row got an adapter's delta"
+
+
+def test_grouped_lora_products_run_on_one_thread_and_the_count_comes_back(monkeypatch):
+    """The decode tokens' small products run on one intra-op thread (a second one waits at every barrier on a
+    shared machine); the caller's thread count is restored afterwards."""
+    seen = []
+    real_bmm = torch.bmm
+
+    def bmm(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real_bmm(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "bmm", bmm)
+    _, offsets, a, b, x, y0, meta = _qkv_like_case(_gen(14), [-1, 0, 0, 1, 2, 2, 3])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        OPS.lora_apply(x, a, b, meta, offsets, y0.clone())
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,290 @@
+"""TorchLoraOps: TorchOps' batched multi-LoRA delta in plain torch (plan, shrink, expand, both fused), for TorchOps."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from loraledger.gpu import cpu_features
+from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
+
+_REDUCED = (torch.bfloat16, torch.float16)
+# a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
+_SEGMENT_MIN = 16
+
+
+class TorchLoraOps(Ops):
+    # one expand product per fused module instead of one per slice: fewer small ops where each costs microseconds
+    lora_block_diagonal = True
+
+    def lora_prepare(self, token_slots: torch.Tensor, num_slots: int) -> LoraMeta:
+        """Plan the step's LoRA work once: long same-adapter runs as segments, the rest grouped by slot.
+
+        A run of at least _SEGMENT_MIN consecutive tokens with one adapter (a prefill chunk, or decode
+        tokens the runner sorted by slot) gets plain GEMMs on views of x and y, SGMV-style: no copies.
+        The remaining adapter tokens are sorted by slot and padded into [G, M] groups for one bmm per
+        slice (BGMV-style): gather [G * M] (token of each padded row; padding repeats a real token of
+        the group, computed and then dropped), src / dest (token and padded row of each real entry),
+        active_slots [G], groups G and width M; `padded` says whether any group is narrower than M,
+        `span` gives (first, end) when src is the contiguous run first..end-1 (decode tokens sorted by
+        slot), so that the deltas are added to a row slice of y instead of scattered.
+
+        The plan is built with numpy on the host (a few dozen tiny ops: numpy's per-call cost is a
+        fraction of torch's), then copied to the device once per tensor.
+        """
+        dev = token_slots.device
+        slots = token_slots.to(device="cpu", dtype=torch.int64).numpy()
+        adapter = slots >= 0
+        if not adapter.any():
+            return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
+        total = slots.shape[0]
+        starts = slot_runs(slots)
+        ends = np.append(starts[1:], total)
+        run_slot = slots[starts]
+        long = (ends - starts >= _SEGMENT_MIN) & (run_slot >= 0)
+        segments = list(zip(starts[long].tolist(), ends[long].tolist(), run_slot[long].tolist()))
+        short = adapter & ~np.repeat(long, ends - starts)
+        src = np.flatnonzero(short)
+        grouped = None
+        if src.size:
+            src = src[np.argsort(slots[src], kind="stable")]
+            # slots[src] is sorted: first occurrences are the group starts
+            active_slots, group_start, counts = np.unique(slots[src], return_index=True, return_counts=True)
+            groups, width = active_slots.shape[0], int(counts.max())
+            group_of = np.repeat(np.arange(groups), counts)
+            dest = group_of * width + (np.arange(src.shape[0]) - group_start[group_of])
+            gather = np.repeat(src[group_start], width)
+            gather[dest] = src
+            first = int(src[0])
+            in_order = bool(np.array_equal(src, np.arange(first, first + src.shape[0])))
+            grouped = {
+                "src": _on(src, dev),
+                "dest": _on(dest, dev),
+                "gather": _on(gather, dev),
+                "active_slots": _on(active_slots, dev),
+                "groups": groups,
+                "width": width,
+                # every group exactly `width` wide: the padded rows are the real rows, no gather/compaction
+                "padded": bool((counts != width).any()),
+                # src is first, first+1, ...: deltas land on contiguous rows y[first:first+len(src)]
+                "span": (first, first + src.shape[0]) if in_order else None,
+            }
+        return LoraMeta(token_slots, num_slots, empty=False, segments=segments, grouped=grouped)
+
+    def lora_shrink(self, x: torch.Tensor, a_stack: torch.Tensor, meta: LoraMeta) -> torch.Tensor:
+        out_cols = a_stack.shape[1]
+        h = x.new_zeros((x.shape[0], out_cols))
+        ex = meta.extra
+        if ex["empty"]:
+            return h
+        reduced = x.dtype in _REDUCED
+        g = ex["grouped"]
+        if g is not None:
+            xg = x.index_select(0, g["gather"]).view(g["groups"], g["width"], x.shape[1])
+            a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
+            if reduced:
+                xg, a = xg.float(), a.float()
+            hg = torch.bmm(xg, a.transpose(1, 2)).view(-1, out_cols)
+            h.index_copy_(0, g["src"], hg.index_select(0, g["dest"]).to(h.dtype))
+        for start, end, slot in ex["segments"]:
+            if reduced:
+                h[start:end] = (x[start:end].float() @ a_stack[slot].float().t()).to(h.dtype)
+            else:
+                torch.mm(x[start:end], a_stack[slot].t(), out=h[start:end])
+        return h
+
+    def lora_expand(
+        self,
+        h: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        ex = meta.extra
+        if ex["empty"]:
+            return
+        slice_offsets = _one_slice_if_block_diagonal(b_stack, h.shape[1], slice_offsets)
+        n_slices = len(slice_offsets) - 1
+        rank = h.shape[1] // n_slices
+        reduced = h.dtype in _REDUCED or y.dtype in _REDUCED
+        g = ex["grouped"]
+        if g is not None:
+            hg = h.index_select(0, g["gather"]).view(g["groups"], g["width"], h.shape[1])
+            b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
+            if reduced:
+                hg, b = hg.float(), b.float()
+            yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
+            self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
+        for start, end, slot in ex["segments"]:
+            _add_segment_delta(h[start:end], b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+    def lora_apply(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        """shrink + expand fused: the grouped intermediate stays [G, M, n*R], never scattered to [T, n*R].
+
+        At decode (tokens sorted by slot) this is one gather of x (none when the groups are equally
+        wide), one bmm for A, one bmm per slice for B (one in all for a block-diagonal B, see LoraStack),
+        and plain adds into a row slice of y.
+        """
+        ex = meta.extra
+        if ex["empty"]:
+            return
+        slice_offsets = _one_slice_if_block_diagonal(b_stack, a_stack.shape[1], slice_offsets)
+        n_slices = len(slice_offsets) - 1
+        rank = a_stack.shape[1] // n_slices
+        reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
+        # bf16 on a CPU with native bf16: oneDNN's bmm accumulates in fp32 and rounds h and the delta to bf16, as
+        # PEFT's bf16 Linear layers do, without copying the adapter stacks to fp32 at every call
+        native = reduced and _native_bf16(x, a_stack, b_stack, y)
+        g = ex["grouped"]
+        if g is not None:
+            with _one_thread():
+                self._grouped(x, a_stack, b_stack, meta, g, slice_offsets, y, rank, reduced, native)
+        if ex["segments"]:
+            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, reduced and not native)
+
+    def _grouped(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        g: dict,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+        rank: int,
+        reduced: bool,
+        native: bool,
+    ) -> None:
+        """The grouped tokens (decode): one gather of x, one bmm for A, one per slice for B, adds into y."""
+        groups, width, span = g["groups"], g["width"], g["span"]
+        if span is not None and not g["padded"]:
+            xg = x[span[0] : span[1]].view(groups, width, x.shape[1])
+        else:
+            xg = x.index_select(0, g["gather"]).view(groups, width, x.shape[1])
+        a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
+        b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
+        if reduced and not native:
+            xg, a, b = xg.float(), a.float(), b.float()
+        hg = torch.bmm(xg, a.transpose(1, 2))
+        if reduced and not native:
+            hg = hg.to(x.dtype).float()  # h rounded to the model dtype between A and B, as in lora_shrink and PEFT
+        if span is not None:
+            rows = y[span[0] : span[1]]
+            for (lo, hi), d in zip(_bounds(slice_offsets), _expand_slices(hg, b, slice_offsets, rank)):
+                d = d.view(-1, hi - lo)
+                if g["padded"]:
+                    d = d.index_select(0, g["dest"])
+                rows[:, lo:hi] += d.to(y.dtype)
+        else:
+            yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
+            self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
+
+    @staticmethod
+    def _scatter_add(y: torch.Tensor, slice_offsets: tuple[int, ...], src: torch.Tensor, delta: torch.Tensor) -> None:
+        # index_add_ is fast over whole contiguous rows and very slow into a column slice
+        whole = slice_offsets[0] == 0 and slice_offsets[-1] == y.shape[1]
+        target = y if whole else y[:, slice_offsets[0] : slice_offsets[-1]]
+        target.index_add_(0, src, delta.to(y.dtype))
+
+    @staticmethod
+    def _segments(
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        segments: list[tuple[int, int, int]],
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+        rank: int,
+        reduced: bool,
+    ) -> None:
+        """Long same-adapter runs: plain GEMMs on row views of x and y (prefill chunks).
+
+        `reduced`: x or y in a reduced dtype multiplied in fp32 (a CPU without native bf16); with native bf16 the
+        products run in bf16 as they are (fp32 accumulation, h and the delta rounded to bf16, as in PEFT)."""
+        for start, end, slot in segments:
+            xs, a = x[start:end], a_stack[slot]
+            h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
+            _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host numpy array as a tensor on `device` (shares memory on the CPU)."""
+    return torch.from_numpy(a).to(device)
+
+
+def _bounds(slice_offsets: tuple[int, ...]) -> list[tuple[int, int]]:
+    """(lo, hi) column range of each slice of a fused module."""
+    return list(zip(slice_offsets[:-1], slice_offsets[1:]))
+
+
+def _add_segment_delta(
+    h: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int, y_rows: torch.Tensor, reduced: bool
+) -> None:
+    """One adapter's run of tokens: y_rows[:, slice m] += h[:, m-th rank block] @ b[slice m]^T (fp32 when reduced)."""
+    for m, (lo, hi) in enumerate(_bounds(slice_offsets)):
+        hs, bs = h[:, m * rank : (m + 1) * rank], b[lo:hi]
+        if reduced:
+            y_rows[:, lo:hi] += (hs.float() @ bs.float().t()).to(y_rows.dtype)
+        else:
+            y_rows[:, lo:hi].addmm_(hs, bs.t())
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Run the enclosed torch ops on one intra-op thread, then restore the count.
+
+    The grouped LoRA products are a few rows each: a second thread gains ~10% on an idle machine, and on a
+    shared one each product waits at its barrier until the other thread is scheduled again (a [6, 4, 512] x
+    [6, 512, 48] bf16 bmm: 44-57 us on 1 thread, 0.8-2.2 ms on 2 at load 4). Setting the count costs < 1 us.
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _one_slice_if_block_diagonal(b_stack: torch.Tensor, n_rank: int, slice_offsets: tuple[int, ...]) -> tuple[int, ...]:
+    """A block-diagonal B ([S, out_total, n*R], see loraledger.lora.device_slots.LoraStack) of a fused module is
+    one slice of rank n*R: its delta is one product over all the module's columns instead of one per slice."""
+    if len(slice_offsets) > 2 and b_stack.shape[-1] == n_rank:
+        return (slice_offsets[0], slice_offsets[-1])
+    return slice_offsets
+
+
+def _native_bf16(*tensors: torch.Tensor) -> bool:
+    """All bf16 on a CPU that multiplies bf16 natively (see cpu_features)."""
+    return all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors) and cpu_features.native_bf16()
+
+
+def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...], rank: int) -> list[torch.Tensor]:
+    """[G, M, n*R] grouped h times each slice's B ([G, out_total, R]): one [G, M, width_m] tensor per slice."""
+    return [
+        torch.bmm(hg[:, :, m * rank : (m + 1) * rank], b[:, lo:hi].transpose(1, 2))
+        for m, (lo, hi) in enumerate(_bounds(slice_offsets))
+    ]
+
+
+def _cat_columns(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _select_slots(stack: torch.Tensor, active_slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    if active_slots.shape[0] == stack.shape[0] == num_slots:
+        return stack  # every slot active: the sorted unique slots are 0..S-1 already
+    return stack.index_select(0, active_slots)
