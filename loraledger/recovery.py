@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 from typing import TYPE_CHECKING
 
 import anyio
@@ -142,7 +143,7 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
         tool_calls, note = _tool_calls(record, _kept(kept, rid, texts.TOOLS, record.tools_text))
         channel = await engine.submit(
             record.caller_request_id or rid,  # a binding from before revision 0006: its key was the caller's id
-            {"prompt_token_ids": prompt_ids},
+            {"prompt_token_ids": prompt_ids, "cache_salt": _private_salt(rid)},
             params,
             lora,
             tenant=record.tenant,
@@ -165,6 +166,12 @@ async def resume(engine: EngineClient, unfinished: list, results: dict, done: an
                 tg.start_soon(one, record)
     finally:
         done.set()
+
+
+def _private_salt(rid: str) -> str:
+    """A resumed request's prefix-cache salt, its own and no one else's: the caller's cache_salt is not on record, so
+    the request may have had one, and its KV blocks must not answer (or be answered by) another request's prefix."""
+    return f"resumed {rid} {secrets.token_hex(16)}"
 
 
 def _kept(kept: dict, rid: str, part: str, inline: str | None) -> str | None:

@@ -35,7 +35,7 @@ def _peer_admits(
     so = StructuredOutputsParams(choice=CHOICES)
     constraint = canonical_constraint(so)
     params = msgspec.to_builtins(SamplingParams(temperature=0, max_tokens=8))
-    prompt = "the quick brown fox"
+    prompt = "the quick brown fox jumps over the lazy dog, then the quick brown fox jumps over it again"
     ids = tokenizer.encode(prompt)
     key = new_audit_id()
     a = adapter
@@ -72,7 +72,17 @@ async def test_a_dead_peers_constrained_request_is_resumed_with_its_key_caller_i
     async with AsyncEngine(args) as engine:
         with anyio.fail_after(120):
             resumed = await engine.wait_resumed()
+        # its cache_salt is not on record: the resumed request's KV blocks are its own, never another's prefix
+        ids = tokenizer.encode(
+            "the quick brown fox jumps over the lazy dog, then the quick brown fox jumps over it again"
+        )
+        assert len(ids) > 8
+        greedy = SamplingParams(temperature=0, max_tokens=1)
+        after = [o async for o in engine.generate({"prompt_token_ids": ids}, greedy)][-1]
+        again = [o async for o in engine.generate({"prompt_token_ids": ids}, greedy)][-1]
         me = engine.instance_id
+    assert after.num_cached_tokens == 0, "a resumed request's cached blocks served another request"
+    assert again.num_cached_tokens > 0  # the prompt is long enough to be cached at all
     out = resumed[key]
     assert isinstance(out, RequestOutput) and out.finished, out
     assert (out.request_id, out.audit_id) == ("job-7", key)
