@@ -11,6 +11,9 @@ Face's order (a row permutation, exact on quantized rows too).
 
 from __future__ import annotations
 
+import copy
+import functools
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,13 +53,31 @@ def gguf_reader(path: str | Path):
         raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
 
 
+def _file_identity(path: str | Path) -> tuple[str, int, int]:
+    """The file as the metadata caches know it: a file rewritten in place is read again."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
+    return str(Path(path).resolve()), st.st_mtime_ns, st.st_size
+
+
 def gguf_config_dict(path: str | Path) -> dict[str, Any]:
     """The Hugging Face config.json the file's metadata describes (transformers' own GGUF mapping)."""
+    return copy.deepcopy(_config_dict(_file_identity(path)))
+
+
+# Parsing a file's metadata reads every key, the tokenizer's vocabulary and merges included, in Python: 5-10 s for
+# SmolLM2-135M's. An engine start asks for the config, the quantization and the fingerprint, each of which needs
+# it: it is parsed once per file and process.
+@functools.lru_cache(maxsize=8)
+def _config_dict(identity: tuple[str, int, int]) -> dict[str, Any]:
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    path = identity[0]
     try:
-        parsed = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        parsed = load_gguf_checkpoint(path, return_tensors=False)["config"]
         model_type = parsed.pop("model_type")
         config = AutoConfig.for_model(model_type, **parsed).to_dict()
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -72,7 +93,7 @@ def gguf_model_config(path: str | Path) -> ModelConfig:
 
 def gguf_quantization(path: str | Path) -> QuantScheme:
     """What the file's projections are stored as, for the record: their GGUF types ("Q4_K+Q6_K" for a mixed file)."""
-    types = sorted({t.tensor_type.name for t in gguf_reader(path).tensors if is_projection_name(t.name)})
+    types = sorted(_projection_types(_file_identity(path)))
     quantized = [t for t in types if t not in _FLOAT_TYPES]
     if not quantized:
         raise QuantizationError(f"{path}: no projection is quantized (types {types}); serve the float checkpoint")
@@ -83,6 +104,11 @@ def gguf_quantization(path: str | Path) -> QuantScheme:
         symmetric=all(t in ("Q4_0", "Q8_0") for t in quantized),
         weight_type="+".join(quantized),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _projection_types(identity: tuple[str, int, int]) -> frozenset[str]:
+    return frozenset(t.tensor_type.name for t in gguf_reader(identity[0]).tensors if is_projection_name(t.name))
 
 
 def is_projection_name(name: str) -> bool:
