@@ -22,6 +22,25 @@ from safetensors.torch import load_file, save_file
 from loraledger.quantization.nf4 import LEVELS
 from loraledger.quantization.packing import AWQ_ORDER, pack_int32, pack_int32_padded
 
+# Every format the tests write the tiny Llama in, under one name each: name -> (method, write_quantized arguments).
+# Each test module serves the ones it needs (tests/quantization/test_quantized_engine.py, tests/gpu/conftest.py,
+# tests/gpu/test_quant_cuda_engine.py); GGUF files are named by their tensor type.
+QUANTIZED_FORMATS: dict[str, tuple[str, dict]] = {
+    "ct-w4-g32-sym": ("compressed-tensors", dict(bits=4, group=32, sym=True)),
+    "ct-w4-g32-asym": ("compressed-tensors", dict(bits=4, group=32, sym=False)),
+    "ct-w4-g64-sym": ("compressed-tensors", dict(bits=4, group=64, sym=True)),
+    "ct-w4-g64-asym": ("compressed-tensors", dict(bits=4, group=64, sym=False)),
+    "ct-w8-channel": ("compressed-tensors", dict(bits=8, group=None, sym=True)),
+    "gptq-g_idx": ("gptq", dict(bits=4, group=32, sym=False, desc_act=True)),
+    "gptq-w8a16-g64": ("gptq", dict(bits=8, group=64, sym=True)),
+    "awq": ("awq", dict(bits=4, group=64, sym=False)),
+    "bnb-int8": ("bitsandbytes", dict(bits=8, group=None, sym=True)),
+    "nf4": ("bitsandbytes", dict(bits=4, group=64, sym=True)),
+    "nf4-double-quant": ("bitsandbytes", dict(bits=4, group=64, sym=True, desc_act=True)),  # nested absmax
+}
+GGUF_KINDS = ("Q4_0", "Q4_1", "Q8_0")
+
+
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
