@@ -103,3 +103,26 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor
         _dequantize_into(packed, scales_and_zeros, group, n0, n1, k, w_t)
         parts.append(torch.mm(x, w_t))
     return torch.cat(parts, dim=1)
+
+
+def read_rows(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, n: int, k: int, index: torch.Tensor):
+    """fp32 rows W[index] [len(index), k] of the packed weight, without touching the others (an embedding lookup)."""
+    block = 64 if layout() == "split64" else 32
+    full = n // block * block
+    r = index.to(torch.int64)
+    in_block = r < full
+    j = torch.where(in_block, r % block, r - full)
+    if layout() == "split64":  # byte [k, j % 32], the high nibble for j >= 32
+        base_full, shift_full, stride_full = (r // block) * (block * k // 2) + j % 32, 4 * (j // 32), block // 2
+    else:  # byte [k, j // 2], the high nibble for odd j
+        base_full, shift_full, stride_full = (r // block) * (block * k // 2) + j // 2, 4 * (j % 2), block // 2
+    tail = max(n - full, 2)
+    base = torch.where(in_block, base_full, full * k // 2 + j // 2)
+    shift = torch.where(in_block, shift_full, 4 * (j % 2))
+    stride = torch.where(in_block, torch.full_like(r, stride_full), torch.full_like(r, tail // 2))
+    cols = torch.arange(k, dtype=torch.int64)
+    raw = packed.reshape(-1)[base[:, None] + cols[None, :] * stride[:, None]].to(torch.int32)
+    q = ((raw >> shift[:, None].to(torch.int32)) & 15).to(torch.float32)
+    sz = scales_and_zeros[:, r].float()  # [groups, rows, 2]
+    scale, bias = sz[..., 0].t()[..., None], sz[..., 1].t()[..., None]  # [rows, groups, 1]
+    return ((q.view(len(r), -1, group) - 8.0) * scale + bias).view(len(r), k)

@@ -104,6 +104,18 @@ class QuantizedLinear:
             self._packed, self._scales_and_zeros, self.group_size, self.out_features, self.in_features
         )
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """fp32 rows W[index] of the weight, read without dequantizing the others (an embedding lookup)."""
+        if self.path == "int4pack" and int4pack_dense.layout() is not None:
+            return int4pack_dense.read_rows(
+                self._packed, self._scales_and_zeros, self.group_size, self.out_features, self.in_features, index
+            )
+        if self.path == "int8pack":
+            return self._int8[index].float() * self._scales[index].float()[:, None]
+        if self.path == "dequantized" and self.perm is None:
+            return self._dense[index].float()
+        return self.dequantized()[index]
+
     def resident_bytes(self) -> int:
         if self.path == "int4pack":
             return self._packed.nbytes + self._scales_and_zeros.nbytes
