@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import random
 import shutil
 import time
@@ -98,6 +99,17 @@ def resident_bytes(model: Path, dtype: torch.dtype) -> dict[str, int]:
     m = Model(config, base_model.load_base(model, config, dtype=dtype, device=device, quantization=scheme), ops)
     projections = sum(p.resident_bytes() for lw in m.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down))
     return {"all": m.resident_weight_bytes(), "projections": projections}
+
+
+def bf16_bytes(model_dir: Path) -> int:
+    """The float checkpoint's tensors at 2 bytes an element: the model's bf16 size (a tied lm_head is not stored)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            total += sum(2 * math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,14 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, (path, dtype) in models.items():  # one model in memory at a time
         memory[name] = resident_bytes(path, getattr(torch, dtype))
         gc.collect()
-    report["memory"] = memory
+    nominal = bf16_bytes(float_dir)
+    report["memory"], report["bf16_nominal"] = memory, nominal
     bf16 = memory["bf16"]
-    print("| weights | resident MiB (all) | vs bf16 | projections MiB | vs bf16 |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"bf16 size of the float checkpoint's tensors (tied counted once): {nominal / 2**20:.1f} MiB")
+    print("| weights | resident MiB (all) | vs bf16 engine | vs bf16 size | projections MiB | vs bf16 |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in ENGINES:
         m = memory[name]
-        print(f"| {name} | {m['all'] / 2**20:.1f} | {m['all'] / bf16['all']:.3f}x | {m['projections'] / 2**20:.1f} "
-              f"| {m['projections'] / bf16['projections']:.3f}x |")  # fmt: skip
+        print(f"| {name} | {m['all'] / 2**20:.1f} | {m['all'] / bf16['all']:.3f}x | {m['all'] / nominal:.3f}x "
+              f"| {m['projections'] / 2**20:.1f} | {m['projections'] / bf16['projections']:.3f}x |")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
