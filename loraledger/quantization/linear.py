@@ -8,8 +8,10 @@ once, at construction, to a dense weight (path "dequantized"). The path taken is
 
 The int4 kernel's time grows with the rows; from LARGE_STEP_ROWS rows (prefill) an int4pack layer dequantizes its
 packed weight into a reused per-thread bf16 scratch and runs one dense product instead (int4pack_dense.py), so the
-resident weight stays packed. The threshold is where the two met on an AMD EPYC with AVX512-BF16 (no AMX), 2 threads:
-the bench model's and SmolLM2's projections, `python -m bench.run --only quant-linear` (bench/RESULTS.md).
+resident weight stays packed. Measured on an AMD EPYC with AVX512-BF16 (no AMX), 2 threads, the bench model's and
+SmolLM2's projections (`python -m bench.run --only quant-linear`, bench/RESULTS.md): the two meet at 96-128 rows at load
+average 3.5 and at about 256 at load 6-7 (the dequantization moves memory); from 256 the dense product is never the
+slower, below 64 it always is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from loraledger.errors import QuantizationError
 from loraledger.quantization import int4pack_dense
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
-LARGE_STEP_ROWS = 128
+LARGE_STEP_ROWS = 256  # measured: see the docstring
 
 
 class QuantizedLinear:
