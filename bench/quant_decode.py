@@ -13,7 +13,8 @@ in the same alternating order; `--no-vllm` leaves it out), and the greedy ids of
 float32 reference: our engine on the same quantized checkpoint, dequantized exactly at load.
 
 `--model smollm2`: SmolLM2-135M-Instruct instead, its Q4_1 GGUF (the demo's, fetched and converted once into
---demo-cache) served as the GGUF file against its float conversion in bf16 and fp32, with 6 random rank-16 adapters.
+--demo-cache) served as the GGUF file against its float conversion in bf16 and fp32, with 6 random rank-16 adapters;
+no vLLM column there (vLLM 0.32 has no GGUF loader).
 """
 
 from __future__ import annotations
