@@ -71,3 +71,29 @@ def test_the_resident_weight_stays_packed():
     before = layer.resident_bytes()
     layer(torch.randn(LARGE_STEP_ROWS, 512).to(torch.bfloat16))
     assert layer.resident_bytes() == before <= 0.35 * 512 * 512 * 2
+
+
+def _pack_pairs32(q: torch.Tensor) -> torch.Tensor:
+    """torch's int4pack bytes as its non-AVX512 kernels write them: blocks of 32 rows, byte [k, j] = rows 2j, 2j + 1."""
+    n, k = q.shape
+    out = []
+    for start in range(0, n, 32):
+        block = q[start : start + 32].to(torch.uint8)  # [nb, k]
+        pairs = block[0::2] | (block[1::2] << 4)  # [nb / 2, k]
+        out.append(pairs.t().reshape(-1))
+    return torch.cat(out).view(n, k // 2)
+
+
+def test_the_other_layout_reads_back_too(monkeypatch):
+    """The AVX2 / default layout, written here by hand, through the same reader and row lookup."""
+    out, k, group = 80, 64, 32  # two 32-row blocks and a 16-row tail
+    q, scale, offset = _weights(out, k, group, seed=4)
+    layer = QuantizedLinear.from_affine(q, scale, offset, 4)
+    monkeypatch.setattr(int4pack_dense, "layout", lambda: "pairs32")
+    packed = _pack_pairs32(q)
+    want = _twin_weight(layer, q)
+    got = int4pack_dense.dense_weight(packed, layer._scales_and_zeros, group, out, k)
+    assert torch.equal(got, want)
+    rows = torch.tensor([0, 1, 31, 32, 63, 64, 79])
+    read = int4pack_dense.read_rows(packed, layer._scales_and_zeros, group, out, k, rows)
+    assert torch.equal(read.to(torch.bfloat16), want[rows])
