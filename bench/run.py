@@ -183,6 +183,13 @@ CATALOGUE = (
         "bench.quant_decode",
         "--rounds 3",
     ),
+    Benchmark(
+        "quant-prefill",
+        "CPU: prefill through a W4A16 base, the large-step path (dequantized dense product) vs the int4 kernel alone",
+        "~1 min",
+        "bench.quant_prefill",
+        "--rounds 5",
+    ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}
 
