@@ -4,8 +4,10 @@ The config comes from the file's metadata through transformers' GGUF support (th
 load it); the tensors are read with the `gguf` package. Q4_0, Q4_1, Q8_0 and Q4_K projections are decoded exactly into
 AffineWeights (loraledger.quantization.gguf_blocks) and stay packed for torch's CPU kernels where the engine keeps
 weights packed, or in the GPU's layout on CUDA (all four exactly: gpu/quant_projection.py); any other type (Q6_K,
-Q5_K, ...) and the embedding and norms are dequantized once by the `gguf` package, a projection among them named in
-ModelWeights.dequantized. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
+Q5_K, ...) and the norms are dequantized once by the `gguf` package, a projection among them named in
+ModelWeights.dequantized. Where projections stay packed on the CPU, a token embedding (and an lm_head) of those four
+types stays quantized too (QuantizedEmbedding: rows dequantized as they are looked up, a tied lm_head run from the same
+bytes on the int4 kernel); elsewhere it is dequantized once. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
 Face's order (a row permutation, exact on quantized rows too).
 """
 
@@ -34,6 +36,7 @@ from loraledger.gpu.weights import (
 )
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.gguf_blocks import BLOCKS, decode
+from loraledger.quantization.quantized_embedding import QuantizedEmbedding
 from loraledger.quantization.scheme import QuantScheme
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -167,6 +170,15 @@ def load_gguf_weights(
             w = w.rows(index) if isinstance(w, AffineWeight) else w[index]
         return w
 
+    def embedding(name: str) -> torch.Tensor | QuantizedEmbedding:
+        t = tensor(name)
+        if keeps_packed(dtype, device) and not layout and t.tensor_type.name in BLOCKS:
+            q, scale, offset, bits = decode(np.asarray(t.data), t.tensor_type.name, int(t.shape[1]), int(t.shape[0]))
+            quantized = QuantizedEmbedding(AffineWeight(q, scale, offset, bits), dtype=dtype)
+            if set(quantized.paths) == {"int4pack"}:  # else a shape the kernel refuses: one dense copy, not two
+                return quantized
+        return dense(name)
+
     def fused(names: list[tuple[str, int | None]]) -> Projection:
         parts = [part(n, h) for n, h in names]
         return fuse_parts(parts, packed, dtype, device, device_layout=layout, name=names[0][0], record=record)
@@ -191,8 +203,8 @@ def load_gguf_weights(
                 down=fused([(f"{b}ffn_down.weight", None)]),
             )
         )
-    embed = dense("token_embd.weight")
-    lm_head = embed if config.tie_word_embeddings or "output.weight" not in tensors else dense("output.weight")
+    embed = embedding("token_embd.weight")
+    lm_head = embed if config.tie_word_embeddings or "output.weight" not in tensors else embedding("output.weight")
     weights = ModelWeights(
         embed=embed, layers=layers, norm=dense("output_norm.weight"), lm_head=lm_head, dequantized=record
     )

@@ -225,8 +225,9 @@ def encode_q4_k(w: np.ndarray) -> np.ndarray:
     return np.concatenate([head, scales, qs], axis=-1).reshape(rows, -1)
 
 
-def write_gguf(src: Path, path: Path, kind: str) -> Path:
-    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1, Q8_0 or Q4_K; the rest F32)."""
+def write_gguf(src: Path, path: Path, kind: str, embedding: str | None = None, tied: bool = False) -> Path:
+    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1, Q8_0 or Q4_K; the rest F32), its
+    token embedding and output `embedding` (a GGUF type; None: F32); `tied` leaves the output out (llama.cpp's tie)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quants
 
     config = json.loads((src / "config.json").read_text())
@@ -250,12 +251,18 @@ def write_gguf(src: Path, path: Path, kind: str) -> Path:
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
     for key, w in weights.items():
-        if key == "model.embed_tokens.weight":
-            writer.add_tensor("token_embd.weight", w)
+        if key in ("model.embed_tokens.weight", "lm_head.weight"):
+            name = "token_embd.weight" if key == "model.embed_tokens.weight" else "output.weight"
+            if key == "lm_head.weight" and tied:
+                continue
+            if embedding is None:
+                writer.add_tensor(name, w)
+            else:
+                writer.add_tensor(
+                    name, quants.quantize(w, GGMLQuantizationType[embedding]), raw_dtype=GGMLQuantizationType[embedding]
+                )
         elif key == "model.norm.weight":
             writer.add_tensor("output_norm.weight", w)
-        elif key == "lm_head.weight":
-            writer.add_tensor("output.weight", w)
         else:
             layer, module = key.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
             name = f"blk.{layer}.{names[module]}.weight"

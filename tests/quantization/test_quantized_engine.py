@@ -55,7 +55,7 @@ def transformers_gguf_copy(path, tokenizer_dir, dest):
     shutil.copytree(tokenizer_dir, dest, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
     config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
     (dest / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dest / "model.safetensors"))
+    save_file({k: v.clone() for k, v in model.state_dict().items()}, str(dest / "model.safetensors"))  # tied: apart
     return dest
 
 
