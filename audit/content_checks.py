@@ -14,6 +14,7 @@ from sqlalchemy import Connection, and_, func, literal, select
 
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, R, stream
+from loraledger.audit.text_row_check import check_text_row
 from loraledger.digests import text_commitment
 from loraledger.store.models import Erasure, RequestText
 from loraledger.store.texts import CONSTRAINT, TOOL_CALLS, TOOLS
@@ -75,19 +76,13 @@ def check_content(conn: Connection, found: Problems) -> int:
                 row_key = {"request_id": rid} if table is R else {"request_id": rid, "completion_index": row.idx}
                 found.add(seq, f"{where} of {rid!r} are held in `{table.name}.{inline}` beside a salted commitment "
                           "(they belong in `request_texts` alone)", rid, table=table.name, key=row_key)  # fmt: skip
-            if row.salt is None:
-                if seq is None:
-                    found.add(None, f"{where} of {rid!r} are missing from `request_texts` (part {part!r}), and no "
-                              "erasure of them is on record", rid, table="request_texts", key=key)  # fmt: skip
-                else:
-                    erased += 1
-                continue
-            if seq is not None:
-                found.add(seq, f"{where} of {rid!r} were erased (event {seq}) but are still in `request_texts`", rid,
-                          table="request_texts", key=key)  # fmt: skip
-            if not _matches(row):
-                found.add(None, f"{where} of {rid!r} in `request_texts` (part {part!r}) do not match their "
-                          f"`{commitment}`", rid, table="request_texts", key=key)  # fmt: skip
+            said = {
+                "missing": f"{where} of {rid!r} are missing from `request_texts` (part {part!r}), and no erasure of "
+                "them is on record",
+                "erased": f"{where} of {rid!r} were erased (event {seq}) but are still in `request_texts`",
+                "mismatch": f"{where} of {rid!r} in `request_texts` (part {part!r}) do not match their `{commitment}`",
+            }
+            erased += check_text_row(found, row, _matches, key, said.__getitem__)
     return erased
 
 

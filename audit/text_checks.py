@@ -19,6 +19,7 @@ from loraledger.audit import content_checks
 from loraledger.audit.problems import Problems
 from loraledger.audit.queries import C, E, R, stream
 from loraledger.audit.results import VerifyResult
+from loraledger.audit.text_row_check import check_text_row
 from loraledger.digests import ListDigest, text_commitment, token_ids_commitment
 from loraledger.store.models import Erasure, RequestText
 from loraledger.store.records import COMPLETION, PROMPT, EventKind
@@ -77,19 +78,13 @@ def check_texts(conn: Connection, found: Problems) -> int:
             found.add(seq, f"{where} of {rid!r} holds its text in `{'requests' if part == PROMPT else 'completions'}` "
                       "beside a salted commitment (it belongs in `request_texts` alone)", rid,
                       table="requests" if part == PROMPT else "completions", key={"request_id": rid})  # fmt: skip
-        if row.salt is None:
-            if seq is None:
-                found.add(None, f"the text of {where} of {rid!r} is missing from `request_texts`, and no erasure of "
-                          "it is on record", rid, table="request_texts", key=key)  # fmt: skip
-            else:
-                erased += 1
-            continue
-        if seq is not None:
-            found.add(seq, f"{where} of {rid!r} was erased (event {seq}) but its text is still in `request_texts`",
-                      rid, table="request_texts", key=key)  # fmt: skip
-        if not _matches(row):
-            found.add(None, f"the text of {where} of {rid!r} in `request_texts` does not match its commitment", rid,
-                      table="request_texts", key=key)  # fmt: skip
+        said = {
+            "missing": f"the text of {where} of {rid!r} is missing from `request_texts`, and no erasure of it is on "
+            "record",
+            "erased": f"{where} of {rid!r} was erased (event {seq}) but its text is still in `request_texts`",
+            "mismatch": f"the text of {where} of {rid!r} in `request_texts` does not match its commitment",
+        }
+        erased += check_text_row(found, row, _matches, key, said.__getitem__)
     erased += content_checks.check_content(conn, found)
     _check_orphans(conn, found)
     return erased

@@ -8,8 +8,13 @@ torch's int4 kernel), bf16 dense and fp32 dense, all with LoRA on. Each round ru
 slows all alike: read the ratios. Resident memory: the base weights as the forward holds them
 (Model.resident_weight_bytes), projections alone and with the embedding and lm_head.
 
+vLLM's CPU build is a fourth column (bench/quant_vllm.py: the same checkpoint, adapters and prompts, its own process,
+in the same alternating order; `--no-vllm` leaves it out), and the greedy ids of the batch of 32 are judged against a
+float32 reference: our engine on the same quantized checkpoint, dequantized exactly at load.
+
 `--model smollm2`: SmolLM2-135M-Instruct instead, its Q4_1 GGUF (the demo's, fetched and converted once into
---demo-cache) served as the GGUF file against its float conversion in bf16 and fp32, with 6 random rank-16 adapters.
+--demo-cache) served as the GGUF file against its float conversion in bf16 and fp32, with 6 random rank-16 adapters;
+no vLLM column there (vLLM 0.32 has no GGUF loader).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import random
 import shutil
 import time
@@ -25,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from bench import quant_vllm
 from bench.bench_assets import CACHE, build_once, model_assets
 from bench.stats import median
 from loraledger import LLM, LoRARequest, SamplingParams
@@ -95,6 +102,17 @@ def resident_bytes(model: Path, dtype: torch.dtype) -> dict[str, int]:
     return {"all": m.resident_weight_bytes(), "projections": projections}
 
 
+def bf16_bytes(model_dir: Path) -> int:
+    """The float checkpoint's tensors at 2 bytes an element: the model's bf16 size (a tied lm_head is not stored)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            total += sum(2 * math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run --only quant", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
@@ -104,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     parser.add_argument("--model", choices=("bench", "smollm2"), default="bench", help="which model (default bench)")
     parser.add_argument("--demo-cache", default=None, help="smollm2: the demo's cache folder (default: loraledger's)")
+    parser.add_argument("--no-vllm", action="store_true", help="leave out vLLM's CPU build (bench model only)")
     args = parser.parse_args(argv)
 
     if args.model == "smollm2":
@@ -120,36 +139,46 @@ def main(argv: list[str] | None = None) -> int:
                for _ in range(max(BATCHES))]  # fmt: skip
     mixed = [None if i % 7 == 6 else loras[i % 7] for i in range(len(prompts))]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    engines = {
-        name: LLM(
-            model=str(path),
-            device="cpu",
-            dtype=dtype,
-            audit_url=None,
-            num_threads=args.threads,
-            **tokenizer,
-            enable_lora=True,
-            max_loras=6,
-            max_lora_rank=16,
-        )  # fmt: skip
-        for name, (path, dtype) in models.items()
-    }
-    tps: dict[tuple[str, int], list[float]] = {(e, b): [] for e in ENGINES for b in BATCHES}
+
+    def open_engine(path: Path, dtype: str) -> LLM:
+        return LLM(model=str(path), device="cpu", dtype=dtype, audit_url=None, num_threads=args.threads,
+                   **tokenizer, enable_lora=True, max_loras=6, max_lora_rank=16)  # fmt: skip
+
+    ids = [p["prompt_token_ids"] for p in prompts]
+    slots = [None if a is None else a.lora_int_id - 1 for a in mixed]
+    reference = open_engine(quantized, "float32")  # the fp32 reference: the quantized weights dequantized exactly
+    expected = [list(o.outputs[0].token_ids) for o in reference.generate(prompts, params, lora_request=mixed)]
+    reference.close()
+    engines = {name: open_engine(path, dtype) for name, (path, dtype) in models.items()}
+    vllm = None if args.no_vllm or args.model != "bench" else quant_vllm.start(quantized, adapters, args.threads or 2)
+    names = (*ENGINES, quant_vllm.NAME) if vllm else ENGINES
+
+    def run(name: str, batch: int, tokens: int = args.tokens) -> tuple[float, list[list[int]]]:
+        if name == quant_vllm.NAME:
+            return quant_vllm.generate(vllm, ids[:batch], slots[:batch], tokens)
+        started = time.perf_counter()
+        outs = engines[name].generate(prompts[:batch], params, lora_request=mixed[:batch])
+        rows = [list(o.outputs[0].token_ids) for o in outs]
+        return sum(map(len, rows)) / (time.perf_counter() - started), rows
+
+    tps: dict[tuple[str, int], list[float]] = {(e, b): [] for e in names for b in BATCHES}
+    last: dict[str, list[list[int]]] = {}
     try:
-        for e in engines.values():  # warm-up
-            e.generate(prompts[:8], SamplingParams(temperature=0, max_tokens=2), lora_request=mixed[:8])
+        for name in names:  # warm-up
+            run(name, 8, 2)
         for r in range(args.rounds):
-            order = ENGINES if r % 2 == 0 else ENGINES[::-1]
+            order = names if r % 2 == 0 else names[::-1]
             for batch in BATCHES:
                 for name in order:
-                    started = time.perf_counter()
-                    outs = engines[name].generate(prompts[:batch], params, lora_request=mixed[:batch])
-                    elapsed = time.perf_counter() - started
-                    tps[(name, batch)].append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
+                    tokens_per_s, last[name] = run(name, batch)
+                    tps[(name, batch)].append(tokens_per_s)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
+        vllm_memory = vllm.ask(memory=True)["memory"] if vllm else None
     finally:
         for e in engines.values():
             e.close()
+        if vllm:
+            vllm.close()
     report = {"args": vars(args), "tokens_per_s": {f"{e}@{b}": v for (e, b), v in tps.items()}}
     print("| batch | W4A16 bf16 tok/s | bf16 tok/s | fp32 tok/s | W4A16 / bf16 | W4A16 / fp32 |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -159,18 +188,33 @@ def main(argv: list[str] | None = None) -> int:
         rf = [x / y for x, y in zip(w, f)]
         print(f"| {b} | {median(w):,.0f} | {median(h):,.0f} | {median(f):,.0f} | {median(rw):.2f}x "
               f"({min(rw):.2f}-{max(rw):.2f}) | {median(rf):.2f}x ({min(rf):.2f}-{max(rf):.2f}) |", flush=True)  # fmt: skip
+    if vllm:
+        print("| batch | vLLM W4A16 tok/s | ours W4A16 / vLLM W4A16 | ours bf16 dense / vLLM W4A16 |")
+        print("|---:|---:|---:|---:|")
+        for b in BATCHES:
+            v, w, h = tps[(quant_vllm.NAME, b)], tps[("w4a16-bf16", b)], tps[("bf16", b)]
+            rw, rh = [x / y for x, y in zip(w, v)], [x / y for x, y in zip(h, v)]
+            print(f"| {b} | {median(v):,.0f} | {median(rw):.2f}x ({min(rw):.2f}-{max(rw):.2f}) "
+                  f"| {median(rh):.2f}x ({min(rh):.2f}-{max(rh):.2f}) |", flush=True)  # fmt: skip
+        print(f"vLLM process resident after the run: {vllm_memory['rss'] / 2**20:,.0f} MiB (its 1 GiB KV cache in it)")
+        report["vllm_memory"] = vllm_memory
+    judged = {name: last[name] for name in names if name not in ("bf16", "fp32")}  # the quantized weights' engines
+    report["agreement"] = quant_vllm.judge(expected, judged, slots)
+    quant_vllm.print_agreement(report["agreement"], args.tokens)
     memory = {}
     for name, (path, dtype) in models.items():  # one model in memory at a time
         memory[name] = resident_bytes(path, getattr(torch, dtype))
         gc.collect()
-    report["memory"] = memory
+    nominal = bf16_bytes(float_dir)
+    report["memory"], report["bf16_nominal"] = memory, nominal
     bf16 = memory["bf16"]
-    print("| weights | resident MiB (all) | vs bf16 | projections MiB | vs bf16 |")
-    print("|---|---:|---:|---:|---:|")
+    print(f"bf16 size of the float checkpoint's tensors (tied counted once): {nominal / 2**20:.1f} MiB")
+    print("| weights | resident MiB (all) | vs bf16 engine | vs bf16 size | projections MiB | vs bf16 |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in ENGINES:
         m = memory[name]
-        print(f"| {name} | {m['all'] / 2**20:.1f} | {m['all'] / bf16['all']:.3f}x | {m['projections'] / 2**20:.1f} "
-              f"| {m['projections'] / bf16['projections']:.3f}x |")  # fmt: skip
+        print(f"| {name} | {m['all'] / 2**20:.1f} | {m['all'] / bf16['all']:.3f}x | {m['all'] / nominal:.3f}x "
+              f"| {m['projections'] / 2**20:.1f} | {m['projections'] / bf16['projections']:.3f}x |")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0

@@ -65,7 +65,8 @@ CATALOGUE = (
     ),
     Benchmark(
         "quant-linear",
-        "weight-only 4/8-bit projections on torch's CPU kernels vs fp32 and bf16 dense, 1 to 32 rows",
+        "weight-only 4/8-bit projections on torch's CPU kernels vs fp32 and bf16 dense, and the int4 weight "
+        "dequantized per call for large steps, 1 to 32 rows (`--rows` for more)",
         "~1 min",
         "bench.quant_linear",
     ),
@@ -176,11 +177,18 @@ CATALOGUE = (
     ),
     Benchmark(
         "quant",
-        "CPU: decode tokens/s of a W4A16 base (bf16 activations) vs bf16 and fp32 dense, batch 1/8/32, 6 adapters; "
-        "resident weight memory of each",
-        "~3 min",
+        "CPU: decode tokens/s of a W4A16 base (bf16 activations) vs bf16 and fp32 dense and vLLM's CPU build on the "
+        "same checkpoint (own venv), batch 1/8/32, 6 adapters; greedy ids vs fp32; resident weight memory of each",
+        "~10 min",
         "bench.quant_decode",
         "--rounds 3",
+    ),
+    Benchmark(
+        "quant-prefill",
+        "CPU: prefill through a W4A16 base, the large-step path (dequantized dense product) vs the int4 kernel alone",
+        "~1 min",
+        "bench.quant_prefill",
+        "--rounds 5",
     ),
 )
 ALONE = {b.name: b for b in CATALOGUE if b.module is not None}

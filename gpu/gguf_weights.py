@@ -4,13 +4,18 @@ The config comes from the file's metadata through transformers' GGUF support (th
 load it); the tensors are read with the `gguf` package. Q4_0, Q4_1, Q8_0 and Q4_K projections are decoded exactly into
 AffineWeights (loraledger.quantization.gguf_blocks) and stay packed for torch's CPU kernels where the engine keeps
 weights packed, or in the GPU's layout on CUDA (all four exactly: gpu/quant_projection.py); any other type (Q6_K,
-Q5_K, ...) and the embedding and norms are dequantized once by the `gguf` package, a projection among them named in
-ModelWeights.dequantized. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
+Q5_K, ...) and the norms are dequantized once by the `gguf` package, a projection among them named in
+ModelWeights.dequantized. Where projections stay packed on the CPU, a token embedding (and an lm_head) of those four
+types stays quantized too (QuantizedEmbedding: rows dequantized as they are looked up, a tied lm_head run from the same
+bytes on the int4 kernel); elsewhere it is dequantized once. llama.cpp stores q_proj and k_proj with their rows in its own rotary order; they are put back in Hugging
 Face's order (a row permutation, exact on quantized rows too).
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +36,7 @@ from loraledger.gpu.weights import (
 )
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.gguf_blocks import BLOCKS, decode
+from loraledger.quantization.quantized_embedding import QuantizedEmbedding
 from loraledger.quantization.scheme import QuantScheme
 
 _FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -50,13 +56,31 @@ def gguf_reader(path: str | Path):
         raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
 
 
+def _file_identity(path: str | Path) -> tuple[str, int, int]:
+    """The file as the metadata caches know it: a file rewritten in place is read again."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it") from exc
+    return str(Path(path).resolve()), st.st_mtime_ns, st.st_size
+
+
 def gguf_config_dict(path: str | Path) -> dict[str, Any]:
     """The Hugging Face config.json the file's metadata describes (transformers' own GGUF mapping)."""
+    return copy.deepcopy(_config_dict(_file_identity(path)))
+
+
+# Parsing a file's metadata reads every key, the tokenizer's vocabulary and merges included, in Python: 5-10 s for
+# SmolLM2-135M's. An engine start asks for the config, the quantization and the fingerprint, each of which needs
+# it: it is parsed once per file and process.
+@functools.lru_cache(maxsize=8)
+def _config_dict(identity: tuple[str, int, int]) -> dict[str, Any]:
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    path = identity[0]
     try:
-        parsed = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        parsed = load_gguf_checkpoint(path, return_tensors=False)["config"]
         model_type = parsed.pop("model_type")
         config = AutoConfig.for_model(model_type, **parsed).to_dict()
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -72,7 +96,7 @@ def gguf_model_config(path: str | Path) -> ModelConfig:
 
 def gguf_quantization(path: str | Path) -> QuantScheme:
     """What the file's projections are stored as, for the record: their GGUF types ("Q4_K+Q6_K" for a mixed file)."""
-    types = sorted({t.tensor_type.name for t in gguf_reader(path).tensors if is_projection_name(t.name)})
+    types = sorted(_projection_types(_file_identity(path)))
     quantized = [t for t in types if t not in _FLOAT_TYPES]
     if not quantized:
         raise QuantizationError(f"{path}: no projection is quantized (types {types}); serve the float checkpoint")
@@ -83,6 +107,11 @@ def gguf_quantization(path: str | Path) -> QuantScheme:
         symmetric=all(t in ("Q4_0", "Q8_0") for t in quantized),
         weight_type="+".join(quantized),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _projection_types(identity: tuple[str, int, int]) -> frozenset[str]:
+    return frozenset(t.tensor_type.name for t in gguf_reader(identity[0]).tensors if is_projection_name(t.name))
 
 
 def is_projection_name(name: str) -> bool:
@@ -141,6 +170,15 @@ def load_gguf_weights(
             w = w.rows(index) if isinstance(w, AffineWeight) else w[index]
         return w
 
+    def embedding(name: str) -> torch.Tensor | QuantizedEmbedding:
+        t = tensor(name)
+        if keeps_packed(dtype, device) and not layout and t.tensor_type.name in BLOCKS:
+            q, scale, offset, bits = decode(np.asarray(t.data), t.tensor_type.name, int(t.shape[1]), int(t.shape[0]))
+            quantized = QuantizedEmbedding(AffineWeight(q, scale, offset, bits), dtype=dtype)
+            if set(quantized.paths) == {"int4pack"}:  # else a shape the kernel refuses: one dense copy, not two
+                return quantized
+        return dense(name)
+
     def fused(names: list[tuple[str, int | None]]) -> Projection:
         parts = [part(n, h) for n, h in names]
         return fuse_parts(parts, packed, dtype, device, device_layout=layout, name=names[0][0], record=record)
@@ -165,8 +203,8 @@ def load_gguf_weights(
                 down=fused([(f"{b}ffn_down.weight", None)]),
             )
         )
-    embed = dense("token_embd.weight")
-    lm_head = embed if config.tie_word_embeddings or "output.weight" not in tensors else dense("output.weight")
+    embed = embedding("token_embd.weight")
+    lm_head = embed if config.tie_word_embeddings or "output.weight" not in tensors else embedding("output.weight")
     weights = ModelWeights(
         embed=embed, layers=layers, norm=dense("output_norm.weight"), lm_head=lm_head, dequantized=record
     )

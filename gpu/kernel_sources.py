@@ -2,8 +2,8 @@
 
 The `.cu` files under gpu/kernels are compiled at run time by CuPy (NVRTC) with COMPILE_OPTIONS,
 one module per kernel instantiation, named by its C++ name expression (`lora_shrink_kernel<bf16_t, 1, 4>`).
-The same list drives tests/gpu/test_kernel_sources.py, which compiles every instantiation with
-nvcc for sm_80 and sm_90, so a kernel that CudaOps can ask for is a kernel that compiles.
+The same list drives tests/gpu/nvcc_builds.py, which compiles every instantiation with nvcc for
+sm_80 and sm_90, so a kernel that CudaOps can ask for is a kernel that compiles.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from loraledger.gpu.weights import ModelWeights
 from loraledger.lora.device_slots import LoraSlots
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.projection import QuantizedProjection
+from loraledger.quantization.quantized_embedding import QuantizedEmbedding
 
 
 @dataclass
@@ -68,7 +69,9 @@ class Model:
         self.embed = weights.embed
         self.dtype = weights.lm_head.dtype  # the activations' dtype
         self.norm = weights.norm
-        self.lm_head = Dense(weights.lm_head, prepack=prepack)
+        # a quantized lm_head (a GGUF file's, often the tied embedding) runs from its packed bytes
+        lm_head = weights.lm_head
+        self.lm_head = lm_head if isinstance(lm_head, QuantizedEmbedding) else Dense(lm_head, prepack=prepack)
         dtype = weights.embed.dtype
 
         def projection(weight, bias=None):
@@ -119,17 +122,26 @@ class Model:
     def resident_weight_bytes(self) -> int:
         """Bytes the base weights hold as the forward reads them (packed quantized layers at their packed size)."""
         seen: dict[int, int] = {}
-        for t in (self.embed, self.norm, *(t for lw in self.layers for t in (lw.input_norm, lw.post_norm))):
+        for t in (self.norm, *(t for lw in self.layers for t in (lw.input_norm, lw.post_norm))):
             seen[t.data_ptr()] = t.nbytes
+        if isinstance(self.embed, QuantizedEmbedding):
+            seen[id(self.embed)] = self.embed.resident_bytes()
+        else:
+            seen[self.embed.data_ptr()] = self.embed.nbytes
+        if self.lm_head is not self.embed:  # a tied quantized lm_head is the embedding's own bytes
+            seen[id(self.lm_head)] = self.lm_head.resident_bytes()
         total = sum(seen.values())
-        for proj in (self.lm_head, *(p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down))):
+        for proj in (p for lw in self.layers for p in (lw.qkv, lw.o, lw.gate_up, lw.down)):
             total += proj.resident_bytes()
         return total
 
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> torch.Tensor:
         """Run every token of the step; return fp32 logits [N, V] at batch.logits_indices only."""
         cfg, ops = self.config, self.ops
-        hidden = F.embedding(batch.input_ids, self.embed).to(self.dtype)  # on the CPU the checkpoint's own dtype
+        if isinstance(self.embed, QuantizedEmbedding):  # only this step's rows are dequantized
+            hidden = self.embed.lookup(batch.input_ids)
+        else:
+            hidden = F.embedding(batch.input_ids, self.embed).to(self.dtype)  # on the CPU the checkpoint's own dtype
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         residual: torch.Tensor | None = None

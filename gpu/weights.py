@@ -18,6 +18,7 @@ from loraledger.gpu.quant_projection import DevicePart, device_parts, part_nbyte
 from loraledger.quantization import nf4
 from loraledger.quantization.affine import AffineWeight
 from loraledger.quantization.projection_reader import is_quantized, read_module
+from loraledger.quantization.quantized_embedding import QuantizedEmbedding
 from loraledger.quantization.scheme import QuantScheme
 
 _INDEX_FILE = "model.safetensors.index.json"
@@ -30,8 +31,8 @@ _FINGERPRINT_CACHE = "model_fingerprints.json"
 Projection = torch.Tensor | list[AffineWeight] | list[DevicePart]
 
 
-def projection_shape(weight: Projection) -> tuple[int, ...]:
-    if isinstance(weight, torch.Tensor):
+def projection_shape(weight: Projection | QuantizedEmbedding) -> tuple[int, ...]:
+    if isinstance(weight, torch.Tensor | QuantizedEmbedding):
         return tuple(weight.shape)
     first = weight[0]
     if isinstance(first, AffineWeight):
@@ -59,10 +60,11 @@ class LayerWeights:
 class ModelWeights:
     # [V, H]; on the CPU the checkpoint's own tensor (its dtype) in a mapping of the file of its own, so only
     # the rows looked up are ever paged in, and a tied lm_head's pre-packed copy is not beside a second full one
-    embed: torch.Tensor
+    # or, for a GGUF file kept packed on the CPU, a QuantizedEmbedding (rows dequantized as they are looked up)
+    embed: torch.Tensor | QuantizedEmbedding
     layers: list[LayerWeights]
     norm: torch.Tensor  # [H]
-    lm_head: torch.Tensor  # [V, H]; the embedding itself when tied
+    lm_head: torch.Tensor | QuantizedEmbedding  # [V, H]; the embedding itself when tied
     # quantized projections the load dequantized to the model dtype because no packed kernel takes them: "<name>: <why>"
     dequantized: list[str] = field(default_factory=list)
 
@@ -72,7 +74,8 @@ class ModelWeights:
         for t in self._tensors():
             seen[t.data_ptr()] = t.numel() * t.element_size()
         packed = sum(part_nbytes(p) for p in self._device_packed())
-        return sum(seen.values()) + packed
+        quantized = {id(e): e.resident_bytes() for e in (self.embed, self.lm_head) if isinstance(e, QuantizedEmbedding)}
+        return sum(seen.values()) + packed + sum(quantized.values())
 
     def _device_packed(self) -> list[DevicePart]:
         return [
@@ -85,7 +88,7 @@ class ModelWeights:
         ]
 
     def _tensors(self) -> list[torch.Tensor]:
-        out = [self.embed, self.norm, self.lm_head]
+        out = [t for t in (self.embed, self.norm, self.lm_head) if isinstance(t, torch.Tensor)]
         for lw in self.layers:
             for w in (lw.qkv, lw.o, lw.gate_up, lw.down):
                 if isinstance(w, torch.Tensor):

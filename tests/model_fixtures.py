@@ -35,6 +35,10 @@ Reference helpers (plain functions; import them from ``tests.model_fixtures``):
   otherwise one call per prompt. EOS does not stop generation: exactly ``max_new_tokens`` tokens
   come back per prompt. ``HFReference.token_ids[i]`` is the list of generated ids and
   ``HFReference.logits[i]`` the raw fp32 logits [max_new_tokens, V] that chose them.
+- ``hf_greedy_choices(model_dir, adapters, prompts_token_ids, adapter_per_prompt, generated)``: the
+  greedy check at the cost of one forward per prompt (no generate loop): transformers + PEFT's fp32
+  argmax at each step of ``generated[i]`` given the tokens before it; equal to ``generated[i]``
+  exactly when that is transformers' greedy output. For long outputs of a real model.
 - ``hf_reference_logits(model_dir, adapter_path, token_ids) -> Tensor [len, V]``: fp32 logits of
   one full forward over ``token_ids`` (``adapter_path`` None for the base model).
 
@@ -360,6 +364,29 @@ def hf_reference_generate(
             token_ids[i] = out.sequences[row, longest:].tolist()
             logits[i] = step_logits[row]
     return HFReference(token_ids=token_ids, logits=logits)
+
+
+def hf_greedy_choices(
+    model_dir: str | Path,
+    adapters: Mapping[str, str | Path],
+    prompts_token_ids: Sequence[Sequence[int]],
+    adapter_per_prompt: Sequence[str | None],
+    generated: Sequence[Sequence[int]],
+) -> list[list[int]]:
+    """transformers + PEFT's greedy choice (fp32) at each step of `generated[i]`, given `prompts_token_ids[i]` and the
+    tokens before it, from one forward over the whole sequence: `generated[i]` is what greedy generation with
+    transformers + PEFT gives exactly when it equals the list returned for it (each token is the argmax after its
+    prefix), at the cost of one forward instead of one per token."""
+    names = [BASE if a is None else a for a in adapter_per_prompt]
+    used = {n for n in names if n != BASE}
+    model = _hf_model(str(model_dir), _adapter_key({n: adapters[n] for n in used}))
+    choices = []
+    for prompt, ids, name in zip(prompts_token_ids, generated, names):
+        kwargs = {"adapter_names": [name]} if used else {}
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([[*prompt, *ids]]), **kwargs).logits[0]
+        choices.append(logits[len(prompt) - 1 : len(prompt) - 1 + len(ids)].argmax(-1).tolist())
+    return choices
 
 
 def hf_reference_logits(

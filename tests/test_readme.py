@@ -97,3 +97,15 @@ def test_every_python_and_sql_example_runs_twice(tiny_llama_chat, tmp_path, monk
 
 def _only_comments(statement: str) -> bool:
     return all(not line.strip() or line.strip().startswith("--") for line in statement.splitlines())
+
+
+# the long checks the suite runs a short version of, each a command of its own
+LONG_CHECKS = ("tests.gpu.nvcc_builds", "tests.stress.soak", "tests.audit.bulk_export", "tests.audit.large_n")
+
+
+def test_the_long_checks_are_commands_the_readme_names():
+    readme = README.read_text()
+    for module in LONG_CHECKS:
+        assert f"python -m {module}" in readme, f"README's testing section does not name python -m {module}"
+        source = README.parent.joinpath(*module.split(".")).with_suffix(".py").read_text()
+        assert 'if __name__ == "__main__":' in source, f"{module} does not run as a command"

@@ -5,6 +5,13 @@ repacked once, at construction, for
 torch.ops.aten._weight_int4pack_mm_for_cpu; 8-bit per-channel symmetric weights run torch._weight_int8pack_mm. Both
 kernels take bf16 activations. Any other layout (another group size, 8-bit groups or zero points) is dequantized
 once, at construction, to a dense weight (path "dequantized"). The path taken is kept in .path.
+
+The int4 kernel's time grows with the rows; from LARGE_STEP_ROWS rows (prefill) an int4pack layer dequantizes its
+packed weight into a reused per-thread bf16 scratch and runs one dense product instead (int4pack_dense.py), so the
+resident weight stays packed. Measured on an AMD EPYC with AVX512-BF16 (no AMX), 2 threads, the bench model's and
+SmolLM2's projections (`python -m bench.run --only quant-linear`, bench/RESULTS.md): the two meet at 96-128 rows at load
+average 3.5 and at about 256 at load 6-7 (the dequantization moves memory); from 256 the dense product is never the
+slower, below 64 it always is.
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ from __future__ import annotations
 import torch
 
 from loraledger.errors import QuantizationError
+from loraledger.quantization import int4pack_dense
 
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+LARGE_STEP_ROWS = 256  # measured: see the docstring
 
 
 class QuantizedLinear:
@@ -64,6 +73,7 @@ class QuantizedLinear:
         if int(q.min()) < 0 or int(q.max()) >= 2**bits:
             raise QuantizationError(f"quantized values outside [0, {2**bits}) for a {bits}-bit weight")
         self.out_features, self.in_features, self.bits, self.dtype = out, k, bits, dtype
+        self.large_step_rows = LARGE_STEP_ROWS
         self.group_size = k // scale.shape[1]
         self.path = "dequantized"
         if allow_kernel and bits == 4 and self.group_size in INT4_GROUP_SIZES and k % 16 == 0 and out % 16 == 0:
@@ -85,8 +95,28 @@ class QuantizedLinear:
         """The fp32 weight [out, in] this layer computes with (the reference the tests compare against)."""
         if self.path == "dequantized" and self.perm is None:
             return self._dense.to(torch.float32)
+        if self.path == "int4pack" and self.perm is None and int4pack_dense.layout() is not None:
+            return self.dense_int4_weight().to(torch.float32)
         eye = torch.eye(self.in_features, dtype=torch.bfloat16)
         return self(eye).to(torch.float32).t().contiguous()
+
+    def dense_int4_weight(self) -> torch.Tensor:
+        """The bf16 weight [out, in] an int4pack layer's kernel computes with, read back from its packed bytes."""
+        return int4pack_dense.dense_weight(
+            self._packed, self._scales_and_zeros, self.group_size, self.out_features, self.in_features
+        )
+
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """fp32 rows W[index] of the weight, read without dequantizing the others (an embedding lookup)."""
+        if self.path == "int4pack" and int4pack_dense.layout() is not None:
+            return int4pack_dense.read_rows(
+                self._packed, self._scales_and_zeros, self.group_size, self.out_features, self.in_features, index
+            )
+        if self.path == "int8pack":
+            return self._int8[index].float() * self._scales[index].float()[:, None]
+        if self.path == "dequantized" and self.perm is None:
+            return self._dense[index].float()
+        return self.dequantized()[index]
 
     def resident_bytes(self) -> int:
         if self.path == "int4pack":
@@ -100,7 +130,11 @@ class QuantizedLinear:
         x2 = x.reshape(-1, self.in_features)
         if self.perm is not None:
             x2 = x2[:, self.perm]
-        if self.path == "int4pack":
+        if self.path == "int4pack" and x2.shape[0] >= self.large_step_rows and int4pack_dense.layout() is not None:
+            y = int4pack_dense.linear(
+                x2.to(torch.bfloat16), self._packed, self._scales_and_zeros, self.group_size, self.out_features
+            )
+        elif self.path == "int4pack":
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(torch.bfloat16), self._packed, self.group_size, self._scales_and_zeros
             )

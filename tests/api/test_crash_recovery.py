@@ -50,8 +50,9 @@ def test_kill9_mid_run_loses_nothing_released_and_recovery_marks_the_rest(db_url
 
 
 def crash_during_long_requests(zygote: Zygote, model_dir: Path, loras: dict[str, Path], url: str) -> list[str]:
-    """Run an engine with LONG_REQUESTS long greedy requests and SIGKILL it as soon as all are admitted; its output lines."""
-    extra = ["--long", "--requests", str(LONG_REQUESTS), "--in-flight", str(LONG_REQUESTS), "--max-tokens", "32"]
+    """Run an engine with LONG_REQUESTS long greedy requests and SIGKILL it as soon as all are admitted; its output lines.
+    The requests are long enough (160 tokens) that none finishes while the kill travels on a loaded machine."""
+    extra = ["--long", "--requests", str(LONG_REQUESTS), "--in-flight", str(LONG_REQUESTS), "--max-tokens", "160"]
     run = zygote.run(run_argv(model_dir, loras, url, "resume", seed=3, extra=extra))
     try:
         run.expect("ADMITTED", LONG_REQUESTS)
@@ -96,7 +97,7 @@ async def test_resume_reruns_interrupted_requests_under_their_binding_or_refuses
         resume_interrupted=True,
     )
     async with AsyncEngine(args) as engine:
-        with anyio.fail_after(180):  # 6 x 32 greedy tokens: a second, unless a shared 2-core machine is oversubscribed
+        with anyio.fail_after(180):  # 6 x 160 greedy tokens: seconds, unless a shared 2-core machine is oversubscribed
             resumed = await engine.wait_resumed()
         assert sorted(engine.interrupted) == sorted(unfinished)
         me = engine.instance_id

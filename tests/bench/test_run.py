@@ -29,6 +29,7 @@ SUPPORT = {
     "salted_text",  # the evidence bench's writer with and without salted text
     "kernels_quant",
     "gpu_quant_step",  # gpu_step --quant: W4A16 against bf16 dense
+    "quant_vllm",  # quant's vLLM column
 }
 
 

@@ -19,7 +19,7 @@ from loraledger.cli import main
 from loraledger.demo.build import build_demo
 from loraledger.demo.mixed_batch import QUESTIONS, pirate_like, sql_select
 from loraledger.errors import DemoFetchError
-from tests.model_fixtures import hf_reference_generate
+from tests.model_fixtures import hf_greedy_choices
 
 CACHE = Path(os.environ.get("LORALEDGER_TEST_CACHE") or "/tmp/loraledger-test-cache")
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -66,12 +66,11 @@ def test_the_demo_shows_what_each_adapter_learned_and_proves_who_wrote_it(demo_f
     tokenizer = AutoTokenizer.from_pretrained(demo_files.model_dir)
     prompts = [tokenizer(r.prompt_text, add_special_tokens=False)["input_ids"] for r in records]
     generated = [json.loads(r.token_ids) if isinstance(r.token_ids, str) else list(r.token_ids) for r in records]
-    longest = max(len(ids) for ids in generated)
-    reference = hf_reference_generate(
-        demo_files.model_dir, demo_files.adapters, prompts, [r.lora_name for r in records], longest
+    greedy = hf_greedy_choices(
+        demo_files.model_dir, demo_files.adapters, prompts, [r.lora_name for r in records], generated
     )
-    for record, ids, expected in zip(records, generated, reference.token_ids):
-        assert ids == expected[: len(ids)], record.lora_name
+    for record, ids, expected in zip(records, generated, greedy):
+        assert ids == expected, record.lora_name
         if record.finish_reason == "stop":
             assert ids[-1] == tokenizer.eos_token_id
 
@@ -90,10 +89,12 @@ def test_the_demo_shows_what_each_adapter_learned_and_proves_who_wrote_it(demo_f
     params.append(SamplingParams(temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=schema)))
     with LLM(model=str(demo_files.model_dir), enable_lora=True, max_lora_rank=8, audit_url=url) as llm:
         outs = llm.chat([story, story, japan, japan], params, lora_request=[None, pirate, None, None], use_tqdm=False)
-    reference = hf_reference_generate(
-        demo_files.model_dir, demo_files.adapters, [o.prompt_token_ids for o in outs[:2]], [None, "pirate"], 200
+    long_ids = [list(o.outputs[0].token_ids) for o in outs[:2]]
+    assert [len(ids) for ids in long_ids] == [200, 200]
+    greedy = hf_greedy_choices(
+        demo_files.model_dir, demo_files.adapters, [o.prompt_token_ids for o in outs[:2]], [None, "pirate"], long_ids
     )
-    assert [list(o.outputs[0].token_ids) for o in outs[:2]] == reference.token_ids
+    assert long_ids == greedy
     stopped = outs[2].outputs[0]
     assert (stopped.text, stopped.finish_reason, stopped.stop_reason) == ("The capital of Japan is ", "stop", "Tokyo")
     constrained = outs[3].outputs[0]

@@ -17,29 +17,27 @@ from loraledger import LLM, LoRARequest, SamplingParams
 from tests.api.conftest import loras_for, random_prompts
 from tests.gpu.markers import ON_GPU
 from tests.model_fixtures import hf_reference_generate
-from tests.quantization.quantized_checkpoints import build_wide_llama, write_gguf, write_quantized
+from tests.quantization.quantized_checkpoints import (
+    GGUF_KINDS,
+    QUANTIZED_FORMATS,
+    build_wide_llama,
+    write_gguf,
+    write_quantized,
+)
 from tests.quantization.test_quantized_engine import _check_near_ties, transformers_gguf_copy
 
 pytestmark = ON_GPU
 
 MAX_NEW = 10
-FORMATS = {
-    "ct-w4-g32-asym": ("compressed-tensors", dict(bits=4, group=32, sym=False)),
-    "ct-w4-g64-sym": ("compressed-tensors", dict(bits=4, group=64, sym=True)),
-    "ct-w8-channel": ("compressed-tensors", dict(bits=8, group=None, sym=True)),
-    "gptq-g_idx": ("gptq", dict(bits=4, group=32, sym=False, desc_act=True)),
-    "gptq-w8a16": ("gptq", dict(bits=8, group=64, sym=True)),
-    "awq": ("awq", dict(bits=4, group=64, sym=False)),
-    "bnb-int8": ("bitsandbytes", dict(bits=8, group=None, sym=True)),
-    "bnb-nf4": ("bitsandbytes", dict(bits=4, group=64, sym=True)),  # dequantized at load, on record
-}
+SERVED = ("ct-w4-g32-asym", "ct-w4-g64-sym", "ct-w8-channel", "gptq-g_idx", "gptq-w8a16-g64", "awq", "bnb-int8", "nf4")  # fmt: skip
+FORMATS = {name: QUANTIZED_FORMATS[name] for name in SERVED}  # nf4: dequantized at load, on record
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized-cuda-engine")
     out = {name: write_quantized(tiny_llama.model_dir, root, m, **kw) for name, (m, kw) in FORMATS.items()}
-    for kind in ("Q4_0", "Q4_1", "Q8_0"):
+    for kind in GGUF_KINDS:
         path = write_gguf(tiny_llama.model_dir, root / f"tiny.{kind}.gguf", kind)
         out[kind] = (path, transformers_gguf_copy(path, tiny_llama.model_dir, root / f"tiny-{kind}-transformers"))
     return out
@@ -56,7 +54,7 @@ def _generate(model, tokenizer, device, dtype, prompts, names, loras, **kw):
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.mark.parametrize("name", [*FORMATS, "Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", [*FORMATS, *GGUF_KINDS])
 def test_greedy_ids_on_cuda_equal_the_cpu_fp32_engine_and_transformers_peft(name, checkpoints, tiny_llama):
     model, reference = checkpoints[name]
     loras = loras_for(tiny_llama)

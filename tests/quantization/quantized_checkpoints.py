@@ -22,6 +22,25 @@ from safetensors.torch import load_file, save_file
 from loraledger.quantization.nf4 import LEVELS
 from loraledger.quantization.packing import AWQ_ORDER, pack_int32, pack_int32_padded
 
+# Every format the tests write the tiny Llama in, under one name each: name -> (method, write_quantized arguments).
+# Each test module serves the ones it needs (tests/quantization/test_quantized_engine.py, tests/gpu/conftest.py,
+# tests/gpu/test_quant_cuda_engine.py); GGUF files are named by their tensor type.
+QUANTIZED_FORMATS: dict[str, tuple[str, dict]] = {
+    "ct-w4-g32-sym": ("compressed-tensors", dict(bits=4, group=32, sym=True)),
+    "ct-w4-g32-asym": ("compressed-tensors", dict(bits=4, group=32, sym=False)),
+    "ct-w4-g64-sym": ("compressed-tensors", dict(bits=4, group=64, sym=True)),
+    "ct-w4-g64-asym": ("compressed-tensors", dict(bits=4, group=64, sym=False)),
+    "ct-w8-channel": ("compressed-tensors", dict(bits=8, group=None, sym=True)),
+    "gptq-g_idx": ("gptq", dict(bits=4, group=32, sym=False, desc_act=True)),
+    "gptq-w8a16-g64": ("gptq", dict(bits=8, group=64, sym=True)),
+    "awq": ("awq", dict(bits=4, group=64, sym=False)),
+    "bnb-int8": ("bitsandbytes", dict(bits=8, group=None, sym=True)),
+    "nf4": ("bitsandbytes", dict(bits=4, group=64, sym=True)),
+    "nf4-double-quant": ("bitsandbytes", dict(bits=4, group=64, sym=True, desc_act=True)),  # nested absmax
+}
+GGUF_KINDS = ("Q4_0", "Q4_1", "Q8_0")
+
+
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 PROJECTIONS += ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
@@ -206,8 +225,9 @@ def encode_q4_k(w: np.ndarray) -> np.ndarray:
     return np.concatenate([head, scales, qs], axis=-1).reshape(rows, -1)
 
 
-def write_gguf(src: Path, path: Path, kind: str) -> Path:
-    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1, Q8_0 or Q4_K; the rest F32)."""
+def write_gguf(src: Path, path: Path, kind: str, embedding: str | None = None, tied: bool = False) -> Path:
+    """The tiny Llama as a GGUF file whose projections are `kind` (Q4_0, Q4_1, Q8_0 or Q4_K; the rest F32), its
+    token embedding and output `embedding` (a GGUF type; None: F32); `tied` leaves the output out (llama.cpp's tie)."""
     from gguf import GGMLQuantizationType, GGUFWriter, quants
 
     config = json.loads((src / "config.json").read_text())
@@ -231,12 +251,18 @@ def write_gguf(src: Path, path: Path, kind: str) -> Path:
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # fmt: skip
     for key, w in weights.items():
-        if key == "model.embed_tokens.weight":
-            writer.add_tensor("token_embd.weight", w)
+        if key in ("model.embed_tokens.weight", "lm_head.weight"):
+            name = "token_embd.weight" if key == "model.embed_tokens.weight" else "output.weight"
+            if key == "lm_head.weight" and tied:
+                continue
+            if embedding is None:
+                writer.add_tensor(name, w)
+            else:
+                writer.add_tensor(
+                    name, quants.quantize(w, GGMLQuantizationType[embedding]), raw_dtype=GGMLQuantizationType[embedding]
+                )
         elif key == "model.norm.weight":
             writer.add_tensor("output_norm.weight", w)
-        elif key == "lm_head.weight":
-            writer.add_tensor("output.weight", w)
         else:
             layer, module = key.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
             name = f"blk.{layer}.{names[module]}.weight"

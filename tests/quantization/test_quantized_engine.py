@@ -16,30 +16,28 @@ from loraledger.gpu import base_model
 from loraledger.quantization.projection import QuantizedProjection
 from tests.api.conftest import loras_for, random_prompts
 from tests.model_fixtures import hf_reference_generate
-from tests.quantization.quantized_checkpoints import build_wide_llama, write_gguf, write_quantized
+from tests.quantization.quantized_checkpoints import (
+    GGUF_KINDS,
+    QUANTIZED_FORMATS,
+    build_wide_llama,
+    write_gguf,
+    write_quantized,
+)
 
 MAX_NEW = 10
 # bf16 activations and weights scales: the fp32 reference's margin between its greedy token and the engine's where the
 # two first part (the tiny model's logits span about +-5)
 LOGIT_TIE = 0.15
 
-FORMATS = {
-    "compressed-tensors-asym-g32": ("compressed-tensors", dict(bits=4, group=32, sym=False)),
-    "compressed-tensors-8bit-channel": ("compressed-tensors", dict(bits=8, group=None, sym=True)),
-    "gptq-desc-act": ("gptq", dict(bits=4, group=32, sym=False, desc_act=True)),
-    "gptq-8bit-sym": ("gptq", dict(bits=8, group=64, sym=True)),
-    "awq": ("awq", dict(bits=4, group=64, sym=False)),
-    "bitsandbytes-int8": ("bitsandbytes", dict(bits=8, group=None, sym=True)),
-    "bitsandbytes-nf4": ("bitsandbytes", dict(bits=4, group=64, sym=True)),
-    "bitsandbytes-nf4-double-quant": ("bitsandbytes", dict(bits=4, group=64, sym=True, desc_act=True)),
-}
+SERVED = ("ct-w4-g32-asym", "ct-w8-channel", "gptq-g_idx", "gptq-w8a16-g64", "awq", "bnb-int8", "nf4", "nf4-double-quant")  # fmt: skip
+FORMATS = {name: QUANTIZED_FORMATS[name] for name in SERVED}
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("quantized")
     out = {name: write_quantized(tiny_llama.model_dir, root, m, **kw) for name, (m, kw) in FORMATS.items()}
-    for kind in ("Q4_0", "Q4_1", "Q8_0"):
+    for kind in GGUF_KINDS:
         path = write_gguf(tiny_llama.model_dir, root / f"tiny.{kind}.gguf", kind)
         out[kind] = (path, transformers_gguf_copy(path, tiny_llama.model_dir, root / f"tiny-{kind}-transformers"))
     return out
@@ -57,7 +55,7 @@ def transformers_gguf_copy(path, tokenizer_dir, dest):
     shutil.copytree(tokenizer_dir, dest, ignore=shutil.ignore_patterns("*.safetensors", "config.json"))
     config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
     (dest / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(dest / "model.safetensors"))
+    save_file({k: v.clone() for k, v in model.state_dict().items()}, str(dest / "model.safetensors"))  # tied: apart
     return dest
 
 
@@ -105,7 +103,7 @@ def _check_near_ties(ours, ref):
         assert margin < LOGIT_TIE, f"prompt {i} parts at step {at} with a reference margin of {margin:.3f}"
 
 
-@pytest.mark.parametrize("name", [*FORMATS, "Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", [*FORMATS, *GGUF_KINDS])
 def test_greedy_ids_equal_transformers_peft_on_the_same_quantized_weights(name, checkpoints, tiny_llama):
     model, reference = checkpoints[name]
     loras, names, prompts = _batch(tiny_llama)
@@ -117,9 +115,9 @@ def test_greedy_ids_equal_transformers_peft_on_the_same_quantized_weights(name, 
 @pytest.mark.parametrize(
     ("name", "paths"),
     [
-        ("gptq-desc-act", {"int4pack"}),
+        ("gptq-g_idx", {"int4pack"}),
         ("awq", {"int4pack"}),
-        ("bitsandbytes-int8", {"int8pack"}),
+        ("bnb-int8", {"int8pack"}),
         ("Q4_1", {"int4pack"}),
     ],
 )
@@ -135,7 +133,7 @@ def test_bf16_keeps_the_weights_packed_for_torchs_kernels(name, paths, checkpoin
 
 
 def test_quantization_argument_checks_the_checkpoint(checkpoints, tiny_llama):
-    gptq = checkpoints["gptq-desc-act"][0]
+    gptq = checkpoints["gptq-g_idx"][0]
     assert base_model.read_quantization(gptq, "gptq").method == "gptq"
     with pytest.raises(QuantizationError, match="quantized with 'gptq'"):
         base_model.read_quantization(gptq, "awq")
