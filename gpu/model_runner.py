@@ -137,11 +137,11 @@ class ModelRunner:
                 projections=weights.dequantized,
             )
         self.model = Model(self.config, weights, ops, lora_slots=self.lora_slots)
-        if self.device.type == "cpu":
-            del weights  # the plain weights the pre-packed copies replaced: freed, then handed back
-            keep_freed_memory()
+        del weights  # the plain weights the pre-packed copies replaced
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.grammar_mask = GrammarMask(self.config.vocab_size)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # after the last allocation of the load: its freed temporaries go back too
         self.graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda" or ops.name != "cuda":
