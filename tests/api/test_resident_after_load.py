@@ -20,8 +20,9 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 
-# resident - weights - KV cache, MiB: the bench's SmolLM2-shaped model holds ~345 over, fp32 and bf16 alike
-REST_MIB = 360
+# resident - weights - KV cache, MiB: this model holds 279-296 over on an AMD EPYC (AVX512-BF16), fp32 and bf16
+# alike (the bench's full-depth model 296); the margin covers the spread of a loaded machine
+REST_MIB = 320
 NOT_AT_LOAD = ("sqlalchemy", "alembic", "xgrammar", "sympy", "accelerate", "loraledger.server")
 
 _SCRIPT = textwrap.dedent(
