@@ -93,7 +93,8 @@ class TorchOps(TorchLoraOps, Ops):
         # ([B, Hk, Hq/Hk, D]), so K and V are read as they are instead of being expanded per query head
         batch, heads, dim = q.shape
         q_grouped = q.reshape(batch, keys.shape[1], heads // keys.shape[1], dim)
-        out = _sdpa(q_grouped, keys, values, allowed, scale, softcap)
+        # bf16 on the CPU: SDPA's kernel takes the bf16 K and V as gathered (see _sdpa's native_bf16)
+        out = _sdpa(q_grouped, keys, values, allowed, scale, softcap, native_bf16=True)
         return out.reshape(batch, heads, dim).to(q.dtype)
 
     def prefill_attention(
@@ -225,13 +226,24 @@ def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
 
 
 def _sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float | None = None,
+    native_bf16: bool = False,
 ) -> torch.Tensor:
     """q [B, Hq, Q, D], k/v [B, Hk, L, D], mask [B, 1, Q, L] bool (True = attend); softmax in fp32.
 
     With softcap c the scores are capped as c * tanh(s / c), which SDPA cannot do: computed in full then.
+    native_bf16 (decode only): bf16 on the CPU goes to SDPA without the fp32 copies of q, K and V, which cost a
+    decode step more than the attention itself; SDPA's CPU kernel still accumulates the scores and the softmax
+    in fp32 (only the probabilities are rounded to bf16 before the product with V). Prefill keeps the copies:
+    without them a bf16 model's greedy ids drift further from transformers' (tests/gpu/test_cpu_bf16.py).
     """
-    if q.dtype != torch.float32:
+    native = native_bf16 and q.dtype == torch.bfloat16 and q.device.type == "cpu" and softcap is None
+    if q.dtype != torch.float32 and not native:
         q, k, v = q.float(), k.float(), v.float()
     if softcap is not None:
         if k.shape[1] != q.shape[1]:

@@ -132,6 +132,24 @@ def test_paged_attention_decode_matches_naive(hq, window):
         torch.testing.assert_close(out[b].double(), expect, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_decode_bf16_stays_within_bf16_rounding_of_the_exact_one(window):
+    # bf16 decode attention on the CPU runs SDPA on the bf16 K and V (no fp32 copies): still a softmax in fp32,
+    # so the result is within bf16 rounding of the float64 one, at every sequence length and window
+    g = _gen(6)
+    k_cache, v_cache = _random_cache(g, d=64)
+    seq_lens = [1, 9, 4, 13, 24]
+    tables = _random_tables(g, seq_lens, 4, 24, width=6)
+    q = torch.randn(5, 4, 64, generator=g)
+    k16, v16, q16 = k_cache.bfloat16(), v_cache.bfloat16(), q.bfloat16()
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    out = OPS.paged_attention_decode(q16, k16, v16, tables, lens, 0.125, window)
+    assert out.dtype == torch.bfloat16
+    for b, n in enumerate(seq_lens):
+        expect = _naive_attention(q16[b], k16, v16, tables[b].tolist(), n - 1, 0.125, window)
+        torch.testing.assert_close(out[b].double(), expect, rtol=2e-2, atol=2e-2)
+
+
 def test_one_torchops_serves_caches_of_many_shapes():
     """The context workspace grows for longer contexts but starts afresh for another cache shape: the
     GPU sweep's oracle alternates block sizes, and growing on every change once asked for petabytes."""
