@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from bench.vllm_cpu_env import cache_dir, vllm_env, vllm_python
-from bench.vs_vllm_cpu import RESULTS, Worker, agreement
+from bench.vs_vllm_cpu import RESULTS, Worker, agreement, judged_rows
 
 NAME = "vllm-w4a16"
 
@@ -39,7 +39,7 @@ def judge(reference: list[list[int]], rows: dict[str, list[list[int]]], adapters
     """Per engine: rows whose ids equal the fp32 reference all the way, and the mean length of the agreeing prefix,
     over the rows vLLM computes correctly."""
     out = {}
-    judged = [i for i, a in enumerate(adapters) if a is not None or len({b for b in adapters if b is not None}) < 6]
+    judged, _ = judged_rows(adapters)
     for name, ids in rows.items():
         counts = agreement(ids, reference, adapters)
         prefixes = [_prefix(ids[i], reference[i]) for i in judged]

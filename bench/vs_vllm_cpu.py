@@ -93,12 +93,19 @@ def mixed_adapters(n: int) -> list[int | None]:
     return [None if i % 7 == 6 else i % 7 for i in range(n)]
 
 
-def agreement(ours: list[list[int]], theirs: list[list[int]], adapters: list[int | None]) -> dict:
-    """Rows whose greedy ids agree all the way, among the rows vLLM computes correctly (not the base rows of a
-    batch whose slots are all full) and among those base rows apart."""
+def judged_rows(adapters: list[int | None]) -> tuple[list[int], list[int]]:
+    """(the rows vLLM computes correctly, the base rows apart): with all 6 slots full its CPU build runs the base
+    rows through the last slot's adapter."""
     full = len({a for a in adapters if a is not None}) >= 6
     judged = [i for i, a in enumerate(adapters) if not (full and a is None)]
     base = [i for i, a in enumerate(adapters) if full and a is None]
+    return judged, base
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]], adapters: list[int | None]) -> dict:
+    """Rows whose greedy ids agree all the way, among the rows vLLM computes correctly (not the base rows of a
+    batch whose slots are all full) and among those base rows apart."""
+    judged, base = judged_rows(adapters)
     return {
         "judged_equal": sum(ours[i] == theirs[i] for i in judged),
         "judged": len(judged),

@@ -106,9 +106,7 @@ class TorchLoraOps(Ops):
         ex = meta.extra
         if ex["empty"]:
             return
-        slice_offsets = _one_slice_if_block_diagonal(b_stack, h.shape[1], slice_offsets)
-        n_slices = len(slice_offsets) - 1
-        rank = h.shape[1] // n_slices
+        slice_offsets, rank = _expand_slicing(b_stack, h.shape[1], slice_offsets)
         reduced = h.dtype in _REDUCED or y.dtype in _REDUCED
         g = ex["grouped"]
         if g is not None:
@@ -139,9 +137,7 @@ class TorchLoraOps(Ops):
         ex = meta.extra
         if ex["empty"]:
             return
-        slice_offsets = _one_slice_if_block_diagonal(b_stack, a_stack.shape[1], slice_offsets)
-        n_slices = len(slice_offsets) - 1
-        rank = a_stack.shape[1] // n_slices
+        slice_offsets, rank = _expand_slicing(b_stack, a_stack.shape[1], slice_offsets)
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
         # bf16 on a CPU with native bf16: oneDNN's bmm accumulates in fp32 and rounds h and the delta to bf16, as
         # PEFT's bf16 Linear layers do, without copying the adapter stacks to fp32 at every call
@@ -259,12 +255,14 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _one_slice_if_block_diagonal(b_stack: torch.Tensor, n_rank: int, slice_offsets: tuple[int, ...]) -> tuple[int, ...]:
-    """A block-diagonal B ([S, out_total, n*R], see loraledger.lora.device_slots.LoraStack) of a fused module is
-    one slice of rank n*R: its delta is one product over all the module's columns instead of one per slice."""
+def _expand_slicing(b_stack: torch.Tensor, n_rank: int, slice_offsets: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
+    """The slices the expand multiplies, and the rank of each, for an intermediate h of n_rank columns.
+
+    A block-diagonal B ([S, out_total, n*R], see loraledger.lora.device_slots.LoraStack) of a fused module is one
+    slice of rank n*R: its delta is one product over all the module's columns instead of one per slice."""
     if len(slice_offsets) > 2 and b_stack.shape[-1] == n_rank:
-        return (slice_offsets[0], slice_offsets[-1])
-    return slice_offsets
+        slice_offsets = (slice_offsets[0], slice_offsets[-1])
+    return slice_offsets, n_rank // (len(slice_offsets) - 1)
 
 
 def _native_bf16(*tensors: torch.Tensor) -> bool:

@@ -65,7 +65,7 @@ class LoraSlots:
             self.stacks[group] = LoraStack(
                 a=torch.zeros((layers, max_loras, n * r, in_features), dtype=self.dtype, device=self.device),
                 b=torch.zeros(
-                    (layers, max_loras, offsets[-1], n * r if block_diagonal else r),
+                    (layers, max_loras, offsets[-1], n * r if diagonal else r),
                     dtype=self.dtype,
                     device=self.device,
                 ),

@@ -116,7 +116,9 @@ async def test_a_resumed_request_records_the_tool_calls_an_uninterrupted_run_rec
     assert shown.tool_calls == calls
 
 
-async def test_a_binding_that_does_not_say_how_calls_are_read_is_resumed_with_that_on_record(db_url, tiny_llama):
+async def test_a_binding_that_does_not_say_how_calls_are_read_is_resumed_with_that_on_record(
+    db_url, tiny_llama, monkeypatch
+):
     """A binding from before tool_reading (revision 0016): the resumed completion has no calls, and its
     request_resumed event says why."""
     first = await _run_once(tiny_llama.model_dir, db_url)
@@ -126,12 +128,9 @@ async def test_a_binding_that_does_not_say_how_calls_are_read_is_resumed_with_th
     def as_before(record, tools_text):
         return real(msgspec.structs.replace(record, tool_reading=None), tools_text)
 
-    recovery_module._tool_calls = as_before
-    try:
-        async with AsyncEngine(_args(tiny_llama.model_dir, db_url, resume=True)) as engine:
-            resumed = await engine.wait_resumed()
-    finally:
-        recovery_module._tool_calls = real
+    monkeypatch.setattr(recovery_module, "_tool_calls", as_before)
+    async with AsyncEngine(_args(tiny_llama.model_dir, db_url, resume=True)) as engine:
+        resumed = await engine.wait_resumed()
     assert resumed["crashed-old"].finished
     kinds, kept = _state(db_url, "crashed-old")
     assert "revision 0016" in dict(kinds)[EventKind.REQUEST_RESUMED]["tool_calls_not_read"]
@@ -139,7 +138,9 @@ async def test_a_binding_that_does_not_say_how_calls_are_read_is_resumed_with_th
 
 
 @pytest.mark.parametrize("when", ["before_resume_reads", "before_resume_is_recorded"])
-async def test_a_request_erased_after_its_interruption_is_not_resumed_and_gets_no_new_text(db_url, tiny_llama, when):
+async def test_a_request_erased_after_its_interruption_is_not_resumed_and_gets_no_new_text(
+    db_url, tiny_llama, when, monkeypatch
+):
     first = await _run_once(tiny_llama.model_dir, db_url)
     _crashed_copy(db_url, first, "crashed-2")
     real = texts.kept_for_resume
@@ -153,12 +154,9 @@ async def test_a_request_erased_after_its_interruption_is_not_resumed_and_gets_n
         _erase(db_url, "crashed-2")
         return found
 
-    texts.kept_for_resume = erase_in_between
-    try:
-        async with AsyncEngine(_args(tiny_llama.model_dir, db_url, resume=True)) as engine:
-            resumed = await engine.wait_resumed()
-    finally:
-        texts.kept_for_resume = real
+    monkeypatch.setattr(texts, "kept_for_resume", erase_in_between)
+    async with AsyncEngine(_args(tiny_llama.model_dir, db_url, resume=True)) as engine:
+        resumed = await engine.wait_resumed()
     assert isinstance(resumed["crashed-2"], RequestErasedError), resumed
     kinds, kept = _state(db_url, "crashed-2")
     assert kept == {}, "an erased request kept new text"
