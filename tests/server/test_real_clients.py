@@ -38,7 +38,9 @@ def server(tiny_llama_chat, tmp_path_factory):
 
 
 def test_langchain_invoke_stream_bind_tools_and_structured_output(server):
-    langchain_openai = pytest.importorskip("langchain_openai")
+    langchain_openai = pytest.importorskip(
+        "langchain_openai", reason="langchain-openai is in the test extra: pip install -e '.[test]'"
+    )
     llm = langchain_openai.ChatOpenAI(
         model="qv_r4", base_url=f"{server.base_url}/v1", api_key="unused", temperature=0, max_tokens=6,
         max_retries=0, timeout=60,
@@ -62,7 +64,7 @@ def test_langchain_invoke_stream_bind_tools_and_structured_output(server):
 
 def test_litellm_completion_and_acompletion_plain_and_streamed(server, monkeypatch):
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price list fetched from the network
-    litellm = pytest.importorskip("litellm")
+    litellm = pytest.importorskip("litellm", reason="litellm is in the test extra: pip install -e '.[test]'")
     litellm.telemetry = False
     common = dict(
         model=f"openai/{BASE}", api_base=f"{server.base_url}/v1", api_key="unused", temperature=0, max_tokens=6,
@@ -102,7 +104,7 @@ def test_lm_eval_local_completions_scores_a_multiple_choice_task(server, tmp_pat
         monkeypatch.setenv(name, str(tmp_path / name.lower()))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    lm_eval = pytest.importorskip("lm_eval")
+    lm_eval = pytest.importorskip("lm_eval", reason="lm-eval is in the test extra: pip install -e '.[test]'")
     from lm_eval.tasks import TaskManager
 
     data = tmp_path / "mc.jsonl"
