@@ -74,9 +74,11 @@ class LoraMeta:
 
 class Ops(abc.ABC):
     name: str = "abstract"
-    # True: lora_apply takes a fused module's B block-diagonal ([S, out_total, n*R], one expand product), and the
-    # adapter slots are built so (loraledger.lora.device_slots.LoraStack)
-    lora_block_diagonal: bool = False
+
+    def lora_b_layout(self, model_dtype: torch.dtype, device: torch.device) -> str:
+        """How the adapter slots of a `model_dtype` model should hold B for these ops
+        (loraledger.lora.device_slots.LAYOUTS): one B per slice, the layout CUDA's kernels read."""
+        return "slices"
 
     @abc.abstractmethod
     def rms_norm(

@@ -7,8 +7,9 @@ import contextlib
 import numpy as np
 import torch
 
-from loraledger.gpu import cpu_features
+from loraledger.gpu import cpu_features, lora_cpu_kernel
 from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
+from loraledger.lora.device_slots import slot_dtype
 
 _REDUCED = (torch.bfloat16, torch.float16)
 # a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
@@ -16,8 +17,16 @@ _SEGMENT_MIN = 16
 
 
 class TorchLoraOps(Ops):
-    # one expand product per fused module instead of one per slice: fewer small ops where each costs microseconds
-    lora_block_diagonal = True
+    def lora_b_layout(self, model_dtype: torch.dtype, device: torch.device) -> str:
+        """Rank-major B where the CPU kernel runs the decode tokens (gpu/lora_cpu_kernel.py: a dtype it has, the slots
+        in the model's dtype); elsewhere block-diagonal: one expand product per fused module instead of one per
+        slice, fewer small ops where each costs microseconds."""
+        device = torch.device(device)
+        if device.type == "cpu" and slot_dtype(model_dtype, device) == model_dtype:
+            kernel = lora_cpu_kernel.load()
+            if kernel is not None and kernel.supports(model_dtype):
+                return "rank_major"
+        return "block_diagonal"
 
     def lora_prepare(self, token_slots: torch.Tensor, num_slots: int) -> LoraMeta:
         """Plan the step's LoRA work once: long same-adapter runs as segments, the rest grouped by slot.
@@ -61,6 +70,8 @@ class TorchLoraOps(Ops):
             in_order = bool(np.array_equal(src, np.arange(first, first + src.shape[0])))
             grouped = {
                 "src": _on(src, dev),
+                # each group's first entry in src, and src's length: the CPU kernel's group table
+                "bounds": _on(np.append(group_start, src.shape[0]).astype(np.int64), dev),
                 "dest": _on(dest, dev),
                 "gather": _on(gather, dev),
                 "active_slots": _on(active_slots, dev),
@@ -137,12 +148,15 @@ class TorchLoraOps(Ops):
         ex = meta.extra
         if ex["empty"]:
             return
+        g = ex["grouped"]
+        if g is not None and self._kernel_fits(x, a_stack, b_stack, y):
+            self._kernel_grouped(x, a_stack, b_stack, meta, g, slice_offsets, y)
+            g = None
         slice_offsets, rank = _expand_slicing(b_stack, a_stack.shape[1], slice_offsets)
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
         # bf16 on a CPU with native bf16: oneDNN's bmm accumulates in fp32 and rounds h and the delta to bf16, as
         # PEFT's bf16 Linear layers do, without copying the adapter stacks to fp32 at every call
         native = reduced and _native_bf16(x, a_stack, b_stack, y)
-        g = ex["grouped"]
         if g is not None:
             with _one_thread():
                 self._grouped(x, a_stack, b_stack, meta, g, slice_offsets, y, rank, reduced, native)
@@ -186,6 +200,53 @@ class TorchLoraOps(Ops):
             yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
             self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
 
+    def _kernel_fits(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> bool:
+        """The CPU kernel takes these operands: one dtype it has, all on the CPU, A contiguous, B the rank-major
+        view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit column stride."""
+        if not x.device.type == y.device.type == a.device.type == b.device.type == "cpu":
+            return False
+        kernel = lora_cpu_kernel.load()
+        return (
+            kernel is not None
+            and kernel.supports(x.dtype)
+            and x.dtype == y.dtype == a.dtype == b.dtype
+            and a.is_contiguous()
+            and b.dim() == 3
+            and _strides_are(b, (b.shape[1] * b.shape[2], 1, b.shape[1]))
+            and x.stride(1) == 1
+            and y.stride(1) == 1
+            and y.shape[1] == b.shape[1]
+            and x.shape[1] == a.shape[2]
+        )
+
+    def _kernel_grouped(
+        self,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        meta: LoraMeta,
+        g: dict,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+    ) -> None:
+        """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
+        offsets = self._offsets_tensor(slice_offsets)
+        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
+        scratch = getattr(self, "_lora_scratch", None)
+        if scratch is None or scratch.numel() < floats:
+            scratch = self._lora_scratch = torch.empty(floats, dtype=torch.float32)
+        ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
+        if not (isinstance(ranks, torch.Tensor) and ranks.dtype == torch.int32 and ranks.shape == (a.shape[0],)):
+            ranks = None
+        lora_cpu_kernel.load().grouped(x, a, b, y, offsets, ranks, g["active_slots"], g["bounds"], g["src"], scratch)
+
+    def _offsets_tensor(self, slice_offsets: tuple[int, ...]) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_lora_offsets", {})
+        found = cache.get(slice_offsets)
+        if found is None:
+            found = cache[slice_offsets] = torch.tensor(slice_offsets, dtype=torch.int64)
+        return found
+
     @staticmethod
     def _scatter_add(y: torch.Tensor, slice_offsets: tuple[int, ...], src: torch.Tensor, delta: torch.Tensor) -> None:
         # index_add_ is fast over whole contiguous rows and very slow into a column slice
@@ -212,6 +273,11 @@ class TorchLoraOps(Ops):
             xs, a = x[start:end], a_stack[slot]
             h = (xs.float() @ a.float().t()).to(x.dtype).float() if reduced else xs @ a.t()
             _add_segment_delta(h, b_stack[slot], slice_offsets, rank, y[start:end], reduced)
+
+
+def _strides_are(t: torch.Tensor, strides: tuple[int, ...]) -> bool:
+    """t's strides are these, where they matter (a dimension of size 1 may have any stride)."""
+    return all(n == 1 or have == want for n, have, want in zip(t.shape, t.stride(), strides))
 
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:

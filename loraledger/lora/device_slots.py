@@ -12,20 +12,30 @@ from loraledger.gpu import cpu_features
 from loraledger.gpu.model_config import ModelConfig
 from loraledger.lora.slot_stacks import FUSED_MODULES, fused_layout, stack_for_slots
 
+# How B is held (Ops.lora_b_layout picks one for its kernels):
+# "slices": [L, S, out_total, R] contiguous, row o of the slice it belongs to (CUDA's kernels read this);
+# "block_diagonal": [L, S, out_total, n*R], slice m's rows hold its B in rank columns m*R..(m+1)*R and zeros
+#   elsewhere, so that h [T, n*R] times B^T is the whole fused delta in one product (TorchOps without its CPU
+#   kernel reads it as one slice of rank n*R) instead of one per slice;
+# "rank_major": stored [L, S, R, out_total] (row r of every slice side by side), held as the transposed view
+#   [L, S, out_total, R]: every reader sees the "slices" shape, and the CPU kernel (gpu/lora_cpu_kernel.py)
+#   streams each rank row of a slot once for all its tokens.
+LAYOUTS = ("slices", "block_diagonal", "rank_major")
+
 
 @dataclass
 class LoraStack:
-    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in).
-
-    Block-diagonal (TorchOps' layout for a module of n > 1 slices): B is [L, S, out_total, n*R], slice m's
-    rows hold its B in rank columns m*R..(m+1)*R and zeros elsewhere, so that h [T, n*R] times B^T is the
-    whole fused delta in one product (TorchOps reads it as one slice of rank n*R) instead of one per slice.
-    """
+    """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in),
+    B held in one of LAYOUTS."""
 
     a: torch.Tensor
     b: torch.Tensor
     slice_offsets: tuple[int, ...]
-    block_diagonal: bool = False
+    layout: str = "slices"
+
+    @property
+    def block_diagonal(self) -> bool:
+        return self.layout == "block_diagonal"
 
     def slice_b(self, m: int) -> torch.Tensor:
         """Slice m's B [L, S, out_m, R] (a view), whatever the layout."""
@@ -45,12 +55,14 @@ class LoraSlots:
         dtype: torch.dtype,
         device: torch.device | str,
         *,
-        block_diagonal: bool = False,
+        layout: str = "slices",
     ) -> None:
-        """`block_diagonal`: hold each fused module's B block-diagonal (LoraStack), for ops that expand it in one
-        product (TorchOps.lora_block_diagonal); CUDA's kernels read one B per slice."""
+        """`layout`: how each fused module's B is held (LAYOUTS; the ops' choice, Ops.lora_b_layout); a
+        block-diagonal B only for modules of more than one slice."""
         if max_loras < 1 or max_lora_rank < 1:
             raise ConfigError(f"max_loras ({max_loras}) and max_lora_rank ({max_lora_rank}) must be >= 1")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"unknown LoRA B layout {layout!r}: use one of {', '.join(LAYOUTS)}")
         self.config = config
         self.max_loras = max_loras
         self.max_lora_rank = max_lora_rank
@@ -61,16 +73,12 @@ class LoraSlots:
         for group, modules in FUSED_MODULES.items():
             in_features, offsets = fused_layout(config, group)
             n = len(modules)
-            diagonal = block_diagonal and n > 1
+            held = "slices" if layout == "block_diagonal" and n == 1 else layout
             self.stacks[group] = LoraStack(
                 a=torch.zeros((layers, max_loras, n * r, in_features), dtype=self.dtype, device=self.device),
-                b=torch.zeros(
-                    (layers, max_loras, offsets[-1], n * r if diagonal else r),
-                    dtype=self.dtype,
-                    device=self.device,
-                ),
+                b=_b_stack(held, (layers, max_loras, offsets[-1], r), n, self.dtype, self.device),
                 slice_offsets=offsets,
-                block_diagonal=diagonal,
+                layout=held,
             )
         self._targets: list[frozenset[str]] = [frozenset()] * max_loras
         self.fingerprints: list[str | None] = [None] * max_loras
@@ -144,6 +152,16 @@ class LoraSlots:
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
             raise ConfigError(f"adapter slot {slot} is out of range: the engine has max_loras={self.max_loras} slots")
+
+
+def _b_stack(layout: str, shape: tuple[int, int, int, int], n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """Zeros for B in `layout`: [L, S, out_total, R] ("slices"; the transposed view of rank-major storage) or
+    [L, S, out_total, n*R] ("block_diagonal")."""
+    layers, slots, out_total, rank = shape
+    if layout == "rank_major":
+        return torch.zeros((layers, slots, rank, out_total), dtype=dtype, device=device).transpose(-1, -2)
+    width = n * rank if layout == "block_diagonal" else rank
+    return torch.zeros((layers, slots, out_total, width), dtype=dtype, device=device)
 
 
 def slot_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -67,7 +67,9 @@ def test_slots_get_each_b_times_the_scale_rounded_once_from_the_views(model_conf
         b, state["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"], rtol=0, atol=0
     )
     for dtype in (torch.bfloat16, torch.float32):
-        slots = LoraSlots(model_config, max_loras=2, max_lora_rank=8, dtype=dtype, device="cpu", block_diagonal=True)
+        slots = LoraSlots(
+            model_config, max_loras=2, max_lora_rank=8, dtype=dtype, device="cpu", layout="block_diagonal"
+        )
         slots.load(1, ckpt)
         v_b = slots.stacks["qkv"].slice_b(2)[1, 1]  # v's B in layer 1, slot 1
         assert torch.equal(v_b[:, :4], (b * ckpt.scale).to(slots.dtype)) and v_b[:, 4:].count_nonzero() == 0

@@ -26,7 +26,7 @@ def _ckpt(cfg, rank, modules, scale=2.0, layers=None, seed=0):
 
 def test_load_places_padded_a_and_scaled_b_per_fused_slice(tiny_llama):
     cfg = tiny_llama.config
-    slots = LoraSlots(cfg, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu", block_diagonal=True)
+    slots = LoraSlots(cfg, max_loras=3, max_lora_rank=8, dtype=torch.float32, device="cpu", layout="block_diagonal")
     ckpt = _ckpt(cfg, 4, ["k_proj", "up_proj"], scale=0.5)
     slots.load(1, ckpt)
     a, b, offsets = slots.layer(1, "qkv")
@@ -56,11 +56,43 @@ def test_scale_is_applied_in_fp32_then_rounded_once_to_the_slot_dtype(tiny_llama
     scale = 16 / 8**0.5  # not a power of two: scaling after the cast would round twice
     ckpt = _ckpt(cfg, 8, ["q_proj"], scale=scale, seed=3)
     _, qb = ckpt.weights[(0, "q_proj")]
-    for dtype, diagonal in ((torch.bfloat16, True), (torch.float32, True), (torch.float32, False)):
-        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu", block_diagonal=diagonal)
+    for dtype, layout in (
+        (torch.bfloat16, "block_diagonal"),
+        (torch.float32, "block_diagonal"),
+        (torch.float32, "slices"),
+        (torch.bfloat16, "rank_major"),
+        (torch.float32, "rank_major"),
+    ):
+        slots = LoraSlots(cfg, max_loras=1, max_lora_rank=8, dtype=dtype, device="cpu", layout=layout)
         for source in (ckpt, SimpleNamespace(**{**vars(ckpt), "slot_stacks": stack_for_slots(cfg, 8, ckpt)})):
             slots.load(0, source)
             assert torch.equal(slots.stacks["qkv"].slice_b(0)[0, 0], (qb * scale).to(slots.dtype))
+
+
+def test_rank_major_b_is_the_slices_b_stored_rank_row_by_rank_row(tiny_llama):
+    """The rank-major layout (the CPU kernel's) holds the same B as "slices", seen through a transposed view: the
+    storage is [L, S, R, out_total] with row r of every slice side by side."""
+    cfg = tiny_llama.config
+    ckpt = _ckpt(cfg, 4, ["q_proj", "v_proj", "gate_proj", "down_proj"], scale=0.5, seed=5)
+    plain = LoraSlots(cfg, max_loras=2, max_lora_rank=8, dtype=torch.float32, device="cpu")
+    rank_major = LoraSlots(cfg, max_loras=2, max_lora_rank=8, dtype=torch.float32, device="cpu", layout="rank_major")
+    for slots in (plain, rank_major):
+        slots.load(1, ckpt)
+    for group, stack in rank_major.stacks.items():
+        a, b, _ = rank_major.layer(1, group)
+        pa, pb, _ = plain.layer(1, group)
+        assert torch.equal(a, pa) and torch.equal(b, pb) and b.shape == pb.shape
+        out_total, rank = b.shape[1:]
+        assert b.stride() == (rank * out_total, 1, out_total)  # each rank row contiguous over every output
+        assert stack.layout == "rank_major"
+    assert rank_major.stacks["gate_up"].b.count_nonzero() > 0
+    rank_major.clear(1)
+    assert all(s.b.count_nonzero() == 0 and s.a.count_nonzero() == 0 for s in rank_major.stacks.values())
+
+
+def test_an_unknown_layout_is_refused(tiny_llama):
+    with pytest.raises(ConfigError, match="unknown LoRA B layout 'diagonal'"):
+        LoraSlots(tiny_llama.config, max_loras=1, max_lora_rank=8, dtype=torch.float32, device="cpu", layout="diagonal")
 
 
 def test_reload_replaces_and_clear_zeroes(tiny_llama):

@@ -1,0 +1,192 @@
+"""The CPU LoRA kernel (gpu/kernels/lora_cpu.c): the decode tokens' multi-LoRA delta in one call per fused module.
+
+Why a kernel: at decode each adapter has a few tokens, and in plain torch one module's delta is a gather, a
+grouped `bmm` for A, one for B, a compaction and an add, each with a fixed cost (a bf16 `bmm` of a few rows
+spends ~20 us setting up oneDNN before it multiplies anything) and each writing an intermediate tensor; a step of
+the bench model makes 32 such calls. The kernel reads each active slot's A and B rows once for up to 4 tokens,
+keeps h in registers and scratch, and adds the delta into y in place: ~3x less time per step than the torch path
+for the same arithmetic (bench/RESULTS.md, "Where a mixed bf16 step goes").
+
+Layouts: A as the slots hold it ([S, n*R, in] per layer); B rank-major, [S, R, out_total] per layer (row r of every
+slice side by side, no zero blocks), which LoraSlots holds for these ops (`layout="rank_major"`) and hands out
+as the transposed view [S, out_total, R], so every other reader sees the usual B.
+
+Numerics: fp32 accumulation; for bf16, h and the delta rounded to bf16 and y = bf16(y + delta), as the torch twin
+(TorchLoraOps' grouped path) and PEFT's bf16 layers do; fp32 sums in a different order than oneDNN's (tests
+compare the two within rounding, and the engine's greedy ids against transformers + PEFT).
+
+Built at first use with the system's C compiler (`$CC`, else cc, gcc or clang; `-O3 -march=native`, so the
+vectors are the CPU's own), into the cache folder (loraledger.paths.cache_dir()/cpu-kernels), named by a digest
+of the source, the compiler, its flags and the CPU's flags, so a changed source or another CPU builds anew;
+written to a temporary name and renamed, so concurrent builds never load half a file. No compiler, a failed or
+timed-out build, or `LORALEDGER_CPU_KERNELS=0`: the torch path runs instead, with a warning logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from loraledger import paths
+from loraledger.logging import get_logger
+
+SOURCE = "kernels/lora_cpu.c"
+DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load the kernel
+BUILD_SECONDS = 120  # a compiler that takes longer is treated as a failed build
+# -march=native first; a compiler without it still builds (the vectors then split into what the ABI's baseline
+# has; -Wno-psabi: the vector helpers are static, no ABI crosses the library's edge)
+FLAG_SETS = (("-O3", "-march=native", "-Wno-psabi"), ("-O3", "-Wno-psabi"))
+TOKENS_PER_PASS = 4  # MT in the source: scratch rows per pass
+_FUNCTIONS = {torch.float32: "lora_grouped_f32", torch.bfloat16: "lora_grouped_bf16"}
+
+log = get_logger("lora_cpu_kernel")
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P]
+
+
+class LoraCpuKernel:
+    """The loaded library: `grouped(...)` runs one fused module's delta for a step's grouped decode tokens."""
+
+    def __init__(self, library: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        self._functions = {}
+        for dtype, name in _FUNCTIONS.items():
+            fn = getattr(library, name)
+            fn.argtypes = _ARGTYPES
+            fn.restype = ctypes.c_int
+            self._functions[dtype] = fn
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in self._functions
+
+    def grouped(
+        self,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        y: torch.Tensor,
+        slice_offsets: torch.Tensor,
+        slot_ranks: torch.Tensor | None,
+        group_slot: torch.Tensor,
+        group_start: torch.Tensor,
+        tokens: torch.Tensor,
+        scratch: torch.Tensor,
+    ) -> None:
+        """y[t] += (x[t] a[s]^T) b[s]^T for each token t of each group's slot s (see the source for the layouts).
+
+        The caller checks what the kernel reads without bounds (TorchLoraOps._kernel_fits): x, y [T, in] / [T, out]
+        with unit column stride; a [S, n*R, in] contiguous; b the rank-major view [S, out, R] (strides
+        (R*out, 1, out)); one CPU dtype for all four; int64 slice_offsets [n+1], group_slot [G], group_start
+        [G+1], tokens; int32 slot_ranks [S] or None; fp32 scratch of scratch_floats() elements."""
+        rank = b.shape[2]
+        self._functions[x.dtype](
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[1],
+            a.data_ptr(),
+            a.stride(0),
+            b.data_ptr(),
+            b.stride(0),
+            y.data_ptr(),
+            y.stride(0),
+            y.shape[1],
+            slice_offsets.shape[0] - 1,
+            slice_offsets.data_ptr(),
+            rank,
+            None if slot_ranks is None else slot_ranks.data_ptr(),
+            group_slot.shape[0],
+            group_slot.data_ptr(),
+            group_start.data_ptr(),
+            tokens.data_ptr(),
+            scratch.data_ptr(),
+        )
+
+
+def scratch_floats(in_features: int, n_rank: int) -> int:
+    """fp32 elements of scratch one call needs: the pass's x rows in fp32 and its h."""
+    return TOKENS_PER_PASS * (in_features + n_rank)
+
+
+@functools.cache
+def load() -> LoraCpuKernel | None:
+    """The kernel, built on first use (cached on disk); None where it cannot be (the torch path runs instead)."""
+    if os.environ.get(DISABLE_ENV, "").strip() == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("no C compiler found ($CC, cc, gcc, clang): the CPU LoRA delta runs in plain torch (slower)")
+        return None
+    source = resources.files("loraledger.gpu").joinpath(SOURCE).read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        path = _library_path(source, compiler, flags)
+        try:
+            if not path.exists():
+                _build(source, compiler, flags, path)
+            return LoraCpuKernel(ctypes.CDLL(str(path)), path)
+        except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+            errors.append(f"{' '.join(flags)}: {exc}")
+    log.warning("the CPU LoRA kernel did not build: the LoRA delta runs in plain torch (slower)", errors=errors)
+    return None
+
+
+def _compiler() -> str | None:
+    named = os.environ.get("CC", "").strip()
+    candidates = [named] if named else ["cc", "gcc", "clang"]
+    for name in candidates:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _library_path(source: bytes, compiler: str, flags: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256()
+    for part in (source, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return paths.cache_dir() / "cpu-kernels" / f"lora_cpu-{digest.hexdigest()[:20]}.so"
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the machine and its instruction-set flags."""
+    try:
+        flags = next(
+            (
+                line
+                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                if line.startswith("flags")
+            ),
+            "",
+        )
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def _build(source: bytes, compiler: str, flags: tuple[str, ...], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as work:
+        src = Path(work) / "lora_cpu.c"
+        src.write_bytes(source)
+        out = Path(work) / path.name
+        result = subprocess.run(
+            [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_SECONDS,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise OSError(f"{Path(compiler).name} exited {result.returncode}: {result.stderr.strip()[-400:]}")
+        os.replace(out, path)  # atomic: another process sees no file or the whole one

@@ -1,0 +1,166 @@
+"""The CPU LoRA kernel (gpu/lora_cpu_kernel.py) equals its torch twin (TorchLoraOps' grouped path) on generated
+inputs, builds warning-free, is cached by content, and where it cannot be built the torch path runs instead."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loraledger.gpu import lora_cpu_kernel
+from loraledger.gpu.ops_torch import TorchOps
+from loraledger.lora.device_slots import slot_dtype
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_load():
+    lora_cpu_kernel.load.cache_clear()
+    yield
+    lora_cpu_kernel.load.cache_clear()
+
+
+def _rank_major(b: torch.Tensor) -> torch.Tensor:
+    """[S, out, R] B as the rank-major view the kernel reads (the same values, other storage)."""
+    return b.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@st.composite
+def cases(draw):
+    widths = draw(st.lists(st.integers(1, 70), min_size=1, max_size=3))
+    num_slots = draw(st.integers(1, 5))
+    tokens = draw(st.integers(1, 20))
+    return {
+        "dtype": draw(st.sampled_from([torch.float32, torch.bfloat16])),
+        "in_features": draw(st.integers(1, 90)),
+        "widths": widths,
+        "rank": draw(st.integers(1, 20)),
+        "num_slots": num_slots,
+        "slots": draw(st.lists(st.integers(-1, num_slots - 1), min_size=tokens, max_size=tokens)),
+        "slot_ranks": draw(st.lists(st.integers(0, 20), min_size=num_slots, max_size=num_slots)),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def _operands(case):
+    g = torch.Generator().manual_seed(case["seed"])
+    dtype, rank, n = case["dtype"], case["rank"], len(case["widths"])
+    offsets = tuple(int(v) for v in np.concatenate(([0], np.cumsum(case["widths"]))))
+    slots, out_total = case["num_slots"], offsets[-1]
+    a = torch.randn(slots, n * rank, case["in_features"], generator=g)
+    b = torch.randn(slots, out_total, rank, generator=g) * 0.5
+    ranks = torch.tensor([min(r, rank) for r in case["slot_ranks"]], dtype=torch.int32)
+    for s in range(slots):  # the zero padding past each slot's rank, as LoraSlots holds it
+        for m in range(n):
+            a[s, m * rank + int(ranks[s]) : (m + 1) * rank] = 0
+        b[s, :, int(ranks[s]) :] = 0
+    x = torch.randn(len(case["slots"]), case["in_features"], generator=g)
+    y = torch.randn(len(case["slots"]), out_total, generator=g)
+    return [t.to(dtype) for t in (a, b, x, y)] + [offsets, ranks]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases())
+def test_kernel_equals_the_torch_path_on_generated_inputs(case):
+    """Any widths (tails past the 16-lane vectors), ranks, slot ranks below the padded rank, token orders and
+    groups of any size, base rows (-1) among them: the kernel's y equals the torch path's, base rows untouched."""
+    a, b, x, y0, offsets, ranks = _operands(case)
+    ops = TorchOps()
+    meta = ops.lora_prepare(torch.tensor(case["slots"], dtype=torch.int32), case["num_slots"])
+    meta.extra["slot_ranks"] = ranks
+    want, got = y0.clone(), y0.clone()
+    ops.lora_apply(x, a, b, meta, offsets, want)  # "slices" B: the torch path
+    rank_major = _rank_major(b)
+    assert ops._kernel_fits(x, a, rank_major, got)
+    ops.lora_apply(x, a, rank_major, meta, offsets, got)
+    if case["dtype"] == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    else:  # h and the delta rounded to bf16 from fp32 sums taken in another order: a bf16 step apart at most
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.25)
+    base = torch.tensor(case["slots"]) < 0
+    assert torch.equal(got[base], y0[base]), "a base-model row got an adapter's delta"
+
+
+def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
+    """At the bench model's decode shapes (hidden 512, fused q/k/v, rank 16, 6 adapters + base rows sorted by slot)
+    the kernel's bf16 y is the torch path's exactly: same roundings of h, the delta and the sum."""
+    g = torch.Generator().manual_seed(7)
+    offsets, rank, slots = (0, 512, 640, 768), 16, 6
+    a = (torch.randn(slots, 3 * rank, 512, generator=g) * 0.05).bfloat16()
+    b = (torch.randn(slots, 768, rank, generator=g) * 0.05).bfloat16()
+    x = torch.randn(24, 512, generator=g).bfloat16()
+    y0 = torch.randn(24, 768, generator=g).bfloat16()
+    ops = TorchOps()
+    meta = ops.lora_prepare(torch.tensor(sorted(i % 7 - 1 for i in range(24)), dtype=torch.int32), slots)
+    want, got = y0.clone(), y0.clone()
+    ops.lora_apply(x, a, b, meta, offsets, want)
+    ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
+    assert (got != want).sum().item() <= 0.001 * got.numel()
+
+
+@pytest.mark.parametrize("flags", lora_cpu_kernel.FLAG_SETS, ids=" ".join)
+def test_the_source_builds_without_warnings(tmp_path, flags):
+    source = lora_cpu_kernel.resources.files("loraledger.gpu").joinpath(lora_cpu_kernel.SOURCE)
+    out = tmp_path / "k.so"
+    result = subprocess.run(
+        ["cc", *flags, "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_built_once_then_loaded_from_the_cache(monkeypatch):
+    first = lora_cpu_kernel.load()
+    assert first is not None and first.path.exists()
+    assert first.path.is_relative_to(lora_cpu_kernel.paths.cache_dir())
+    lora_cpu_kernel.load.cache_clear()
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("rebuilt although the cached library is there")
+
+    monkeypatch.setattr(lora_cpu_kernel.subprocess, "run", no_build)
+    assert lora_cpu_kernel.load().path == first.path
+
+
+@pytest.mark.parametrize("how", ["disabled", "no compiler", "compiler fails"])
+def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch, tmp_path, how):
+    if how == "disabled":
+        monkeypatch.setenv(lora_cpu_kernel.DISABLE_ENV, "0")
+    elif how == "no compiler":
+        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    else:
+        failing = tmp_path / "failing-cc"
+        failing.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 3\n")
+        failing.chmod(0o755)
+        monkeypatch.setenv("CC", str(failing))
+        monkeypatch.setenv("LORALEDGER_HOME", str(tmp_path / "home"))  # no cached library from another test
+    assert lora_cpu_kernel.load() is None
+    ops = TorchOps()
+    assert ops.lora_b_layout(torch.float32, torch.device("cpu")) == "block_diagonal"
+    # a rank-major B still gives the right delta, through the torch path
+    case = {"dtype": torch.float32, "in_features": 33, "widths": [20, 9], "rank": 4, "num_slots": 2,
+            "slots": [1, -1, 0, 1, 1], "slot_ranks": [4, 2], "seed": 3}  # fmt: skip
+    a, b, x, y0, offsets, ranks = _operands(case)
+    meta = ops.lora_prepare(torch.tensor(case["slots"], dtype=torch.int32), 2)
+    want, got = y0.clone(), y0.clone()
+    ops.lora_apply(x, a, b, meta, offsets, want)
+    ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_slots_hold_b_rank_major_where_the_kernel_runs():
+    ops = TorchOps()
+    cpu = torch.device("cpu")
+    assert ops.lora_b_layout(torch.float32, cpu) == "rank_major"
+    # bf16 where the slots are bf16 (a CPU that multiplies bf16 natively); elsewhere they are fp32 and x is bf16
+    native = slot_dtype(torch.bfloat16, cpu) == torch.bfloat16
+    assert ops.lora_b_layout(torch.bfloat16, cpu) == ("rank_major" if native else "block_diagonal")
+    assert ops.lora_b_layout(torch.float16, cpu) == "block_diagonal"  # fp16 models keep fp32 slots: no kernel
