@@ -37,6 +37,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from importlib import resources
 from pathlib import Path
 
@@ -148,8 +149,14 @@ def load() -> LoraCpuKernel | None:
         path = _library_path(source, compiler, flags)
         try:
             if not path.exists():
+                started = time.perf_counter()
                 _build(source, compiler, flags, path)
+                log.info("built the CPU LoRA kernel", path=str(path), flags=" ".join(flags),
+                         seconds=round(time.perf_counter() - started, 2))  # fmt: skip
             return LoraCpuKernel(ctypes.CDLL(str(path)), path)
+        except subprocess.TimeoutExpired:
+            errors.append(f"{' '.join(flags)}: no result within {BUILD_SECONDS} s")
+            break  # a compiler that hangs once will hang again: no more tries
         except (OSError, subprocess.SubprocessError, AttributeError) as exc:
             errors.append(f"{' '.join(flags)}: {exc}")
     log.warning("the CPU LoRA kernel did not build: the LoRA delta runs in plain torch (slower)", errors=errors)

@@ -152,19 +152,23 @@ def test_built_once_then_loaded_from_the_cache(monkeypatch):
     assert lora_cpu_kernel.load().path == first.path
 
 
-@pytest.mark.parametrize("how", ["disabled", "no compiler", "compiler fails"])
+@pytest.mark.parametrize("how", ["disabled", "no compiler", "compiler fails", "compiler hangs"])
 def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch, tmp_path, how):
     if how == "disabled":
         monkeypatch.setenv(lora_cpu_kernel.DISABLE_ENV, "0")
     elif how == "no compiler":
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     else:
-        failing = tmp_path / "failing-cc"
-        failing.write_text("#!/bin/sh\necho 'cc: internal error' >&2\nexit 3\n")
-        failing.chmod(0o755)
-        monkeypatch.setenv("CC", str(failing))
+        script = "exec sleep 30" if how == "compiler hangs" else "echo 'cc: internal error' >&2; exit 3"
+        fake = tmp_path / "fake-cc"
+        fake.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\n{script}\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("CC", str(fake))
         monkeypatch.setenv("LORALEDGER_HOME", str(tmp_path / "home"))  # no cached library from another test
+        monkeypatch.setattr(lora_cpu_kernel, "BUILD_SECONDS", 1)
     assert lora_cpu_kernel.load() is None
+    if how == "compiler hangs":  # the deadline ends the build, and no other flags are tried after it
+        assert (tmp_path / "runs").read_text().count("run") == 1
     ops = TorchOps()
     assert ops.lora_b_layout(torch.float32, torch.device("cpu")) == "block_diagonal"
     # a rank-major B still gives the right delta, through the torch path
