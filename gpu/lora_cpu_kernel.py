@@ -17,8 +17,8 @@ as in oneDNN's bf16 GEMMs (pairs of bf16 products summed in fp32; subnormal inpu
 16-lane fp32 vectors. The fp32 sums run in another order than oneDNN's or MKL's: tests compare the kernel with the
 torch path within rounding, and the engine's greedy ids with transformers + PEFT.
 
-Threads: a step's (slot, 4 tokens) passes are split over torch's intra-op threads (OpenMP; the library links
-libgomp.so.1, the runtime torch has already loaded, so both share one thread team).
+One thread: a call is tens of microseconds, and on a shared machine a second thread's barrier waits until that
+thread is scheduled again (the torch path's grouped products run on one thread for the same reason).
 
 Built at first use with the system's C compiler (`$CC`, else cc, gcc or clang; `-O3 -march=native`, so the
 vectors are the CPU's own), into the cache folder (loraledger.paths.cache_dir()/cpu-kernels), named by a digest
@@ -49,21 +49,15 @@ from loraledger.logging import get_logger
 SOURCE = "kernels/lora_cpu.c"
 DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load the kernel
 BUILD_SECONDS = 120  # a compiler that takes longer is treated as a failed build
-# The first that builds: OpenMP (the passes split over torch's own thread team: the library links libgomp.so.1,
-# the runtime torch has loaded, so there is one team, sized by torch.set_num_threads) and -march=native; then
-# without OpenMP (one thread); then without -march=native (the vectors split into what the ABI's baseline has).
-# -Wno-psabi: the vector helpers are static, no vector crosses the library's edge.
-FLAG_SETS = (
-    ("-O3", "-march=native", "-fopenmp", "-Wno-psabi"),
-    ("-O3", "-march=native", "-Wno-psabi"),
-    ("-O3", "-Wno-psabi"),
-)
+# The first that builds: -march=native (the vectors are the CPU's own), then without it (they split into what the
+# ABI's baseline has). -Wno-psabi: the vector helpers are static, no vector crosses the library's edge.
+FLAG_SETS = (("-O3", "-march=native", "-Wno-psabi"), ("-O3", "-Wno-psabi"))
 TOKENS_PER_PASS = 4  # MT in the source: scratch rows per pass
 _FUNCTIONS = {torch.float32: "lora_grouped_f32", torch.bfloat16: "lora_grouped_bf16"}
 
 log = get_logger("lora_cpu_kernel")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P, _I, _I]
+_ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P]
 
 
 class LoraCpuKernel:
@@ -99,11 +93,9 @@ class LoraCpuKernel:
         The caller checks what the kernel reads without bounds (TorchLoraOps._kernel_fits): x, y [T, in] / [T, out]
         with unit column stride; a [S, n*R, in] contiguous; b the rank-major view [S, out, R] (strides
         (R*out, 1, out)); one CPU dtype for all four; int64 slice_offsets [n+1], group_slot [G], group_start
-        [G+1], tokens; int32 slot_ranks [S] or None; fp32 scratch of threads * scratch_floats() elements.
-        The passes run on `threads` threads (torch's intra-op count at the call) where the library has OpenMP."""
+        [G+1], tokens; int32 slot_ranks [S] or None; fp32 scratch of scratch_floats() elements. One thread (see the
+        source for why)."""
         rank = b.shape[2]
-        per_thread = scratch_floats(x.shape[1], a.shape[1])
-        threads = max(1, min(torch.get_num_threads(), scratch.numel() // per_thread))
         self._functions[x.dtype](
             x.data_ptr(),
             x.stride(0),
@@ -124,8 +116,6 @@ class LoraCpuKernel:
             group_start.data_ptr(),
             tokens.data_ptr(),
             scratch.data_ptr(),
-            per_thread,
-            threads,
         )
 
 

@@ -231,7 +231,7 @@ class TorchLoraOps(Ops):
     ) -> None:
         """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
         offsets = self._offsets_tensor(slice_offsets)
-        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1]) * torch.get_num_threads()
+        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
         scratch = getattr(self, "_lora_scratch", None)
         if scratch is None or scratch.numel() < floats:
             scratch = self._lora_scratch = torch.empty(floats, dtype=torch.float32)

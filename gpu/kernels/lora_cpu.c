@@ -6,14 +6,6 @@
    grouped path). Returns 0. */
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-static inline int64_t thread_index(void) { return omp_get_thread_num(); }
-#define PARALLEL_PASSES _Pragma("omp parallel for schedule(static) num_threads(threads) if (threads > 1)")
-#else
-static inline int64_t thread_index(void) { return 0; }
-#define PARALLEL_PASSES
-#endif
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
@@ -207,9 +199,10 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
 LORA_PASS(pass_bf16, uint16_t, ld_bf16, ld1_bf16, round1_bf16, roundv_bf16, addv_bf16, add1_bf16)
 #endif
 
-/* The exported entry points: every (slot group, MT tokens) pass, split over the OpenMP threads where the library
-   was built with OpenMP (the team is torch's own: the library links libgomp.so.1, which torch has loaded, and
-   `threads` is torch's intra-op thread count). Each thread has its own scratch: scratch + thread * per_thread.
+/* The exported entry points: every (slot group, MT tokens) pass, on the calling thread. One thread on purpose:
+   a pass is tens of microseconds, and on a shared machine a second thread's barrier waits until that thread is
+   scheduled again (measured with OpenMP on the 2-core VM, the bench model's 32 calls of a decode step: 1.8 ms at
+   best on 2 threads against 2.4 on 1, and a median of 62 ms on 2 while another process held one core).
    x [.., in] rows x_stride apart; a: slot s's A at a + s * a_slot_stride, [n_slices * rank, in] row-major; bt: slot
    s's B rank-major at bt + s * b_slot_stride, [rank, out_total] (row r of every slice side by side); y [.., out]
    rows y_stride apart. Group g: the tokens tokens[group_start[g] .. group_start[g + 1]) of slot group_slot[g].
@@ -218,27 +211,18 @@ LORA_PASS(pass_bf16, uint16_t, ld_bf16, ld1_bf16, round1_bf16, roundv_bf16, addv
 int NAME(const T *x, int64_t x_stride, int64_t in_features, const T *a, int64_t a_slot_stride, const T *bt,           \
          int64_t b_slot_stride, T *y, int64_t y_stride, int64_t out_total, int64_t n_slices,                          \
          const int64_t *slice_offsets, int64_t rank, const int32_t *slot_ranks, int64_t n_groups,                     \
-         const int64_t *group_slot, const int64_t *group_start, const int64_t *tokens, float *scratch,                \
-         int64_t per_thread, int64_t threads)                                                                         \
+         const int64_t *group_slot, const int64_t *group_start, const int64_t *tokens, float *scratch)                \
 {                                                                                                                    \
-    int64_t passes = 0;                                                                                              \
-    for (int64_t g = 0; g < n_groups; g++) passes += (group_start[g + 1] - group_start[g] + MT - 1) / MT;            \
-    if (threads < 1 || passes < 2) threads = 1;                                                                      \
-    PARALLEL_PASSES                                                                                                  \
-    for (int64_t u = 0; u < passes; u++) {                                                                           \
-        int64_t g = 0, first = u;                                                                                    \
-        for (;; g++) {                                                                                               \
-            const int64_t n = (group_start[g + 1] - group_start[g] + MT - 1) / MT;                                  \
-            if (first < n) break;                                                                                    \
-            first -= n;                                                                                              \
-        }                                                                                                            \
-        const int64_t s = group_slot[g], c0 = group_start[g] + first * MT;                                           \
-        const int64_t m = group_start[g + 1] - c0 < MT ? group_start[g + 1] - c0 : MT;                               \
+    for (int64_t g = 0; g < n_groups; g++) {                                                                         \
+        const int64_t s = group_slot[g];                                                                             \
         const int64_t rk = slot_ranks && slot_ranks[s] < rank ? slot_ranks[s] : rank;                                \
-        int64_t tok[MT];                                                                                             \
-        for (int t = 0; t < MT; t++) tok[t] = tokens[c0 + (t < m ? t : m - 1)];                                      \
-        PASS(x, x_stride, in_features, a + s * a_slot_stride, bt + s * b_slot_stride, y, y_stride, out_total,         \
-             n_slices, slice_offsets, rank, rk, tok, m, scratch + thread_index() * per_thread);                       \
+        for (int64_t c0 = group_start[g]; c0 < group_start[g + 1]; c0 += MT) {                                       \
+            const int64_t m = group_start[g + 1] - c0 < MT ? group_start[g + 1] - c0 : MT;                           \
+            int64_t tok[MT];                                                                                         \
+            for (int t = 0; t < MT; t++) tok[t] = tokens[c0 + (t < m ? t : m - 1)];                                  \
+            PASS(x, x_stride, in_features, a + s * a_slot_stride, bt + s * b_slot_stride, y, y_stride, out_total,     \
+                 n_slices, slice_offsets, rank, rk, tok, m, scratch);                                                \
+        }                                                                                                            \
     }                                                                                                                \
     return 0;                                                                                                        \
 }

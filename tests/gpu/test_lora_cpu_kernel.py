@@ -104,28 +104,6 @@ def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
     assert (got != want).sum().item() <= 0.001 * got.numel()
 
 
-def test_one_thread_or_several_give_the_same_y():
-    """The passes split over torch's threads write disjoint rows of y: the result does not depend on the count."""
-    case = {"dtype": torch.bfloat16, "in_features": 200, "widths": [64, 16, 16], "rank": 8, "num_slots": 4,
-            "slots": [i % 5 - 1 for i in range(37)], "slot_ranks": [8, 3, 8, 5], "seed": 11}  # fmt: skip
-    a, b, x, y0, offsets, ranks = _operands(case)
-    ops = TorchOps()
-    meta = ops.lora_prepare(torch.tensor(case["slots"], dtype=torch.int32), case["num_slots"])
-    meta.extra["slot_ranks"] = ranks
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for count in (1, 2, 3):
-            torch.set_num_threads(count)
-            y = y0.clone()
-            ops.lora_apply(x, a, _rank_major(b), meta, offsets, y)
-            results.append(y)
-    finally:
-        torch.set_num_threads(threads)
-    assert all(torch.equal(r, results[0]) for r in results[1:])
-    assert not torch.equal(results[0], y0)
-
-
 @pytest.mark.parametrize("flags", lora_cpu_kernel.FLAG_SETS, ids=" ".join)
 def test_the_source_builds_without_warnings(tmp_path, flags):
     source = lora_cpu_kernel.resources.files("loraledger.gpu").joinpath(lora_cpu_kernel.SOURCE)
