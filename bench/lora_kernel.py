@@ -23,17 +23,17 @@ import time
 from bench.bench_assets import model_assets
 from bench.stats import median
 from loraledger import LLM, LoRARequest, SamplingParams
-from loraledger.gpu import cpu_features, lora_cpu_kernel
+from loraledger.gpu import cpu_features, cpu_kernels, lora_cpu_kernel
 
 PATHS = ("kernel", "torch")
 
 
 def _engine(model_dir: str, dtype: str, path: str, threads: int) -> LLM:
     """A LoRA-enabled engine whose slots are laid out for `path` (the layout decides which path runs)."""
-    saved = os.environ.get(lora_cpu_kernel.DISABLE_ENV)
+    saved = os.environ.get(cpu_kernels.DISABLE_ENV)
     if path == "torch":
-        os.environ[lora_cpu_kernel.DISABLE_ENV] = "0"
-    lora_cpu_kernel.load.cache_clear()
+        os.environ[cpu_kernels.DISABLE_ENV] = "0"
+    _forget_kernels()
     try:
         if path == "kernel" and lora_cpu_kernel.load() is None:
             raise SystemExit("the CPU LoRA kernel did not build here (see the log): nothing to compare")
@@ -43,10 +43,15 @@ def _engine(model_dir: str, dtype: str, path: str, threads: int) -> LLM:
         )  # fmt: skip
     finally:
         if saved is None:
-            os.environ.pop(lora_cpu_kernel.DISABLE_ENV, None)
+            os.environ.pop(cpu_kernels.DISABLE_ENV, None)
         else:
-            os.environ[lora_cpu_kernel.DISABLE_ENV] = saved
-        lora_cpu_kernel.load.cache_clear()
+            os.environ[cpu_kernels.DISABLE_ENV] = saved
+        _forget_kernels()
+
+
+def _forget_kernels() -> None:
+    lora_cpu_kernel.load.cache_clear()
+    cpu_kernels.library.cache_clear()
 
 
 def _spread(values: list[float], unit: str = "") -> str:

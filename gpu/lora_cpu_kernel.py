@@ -20,42 +20,22 @@ torch path within rounding, and the engine's greedy ids with transformers + PEFT
 One thread: a call is tens of microseconds, and on a shared machine a second thread's barrier waits until that
 thread is scheduled again (the torch path's grouped products run on one thread for the same reason).
 
-Built at first use with the system's C compiler (`$CC`, else cc, gcc or clang; `-O3 -march=native`, so the
-vectors are the CPU's own), into the cache folder (loraledger.paths.cache_dir()/cpu-kernels), named by a digest
-of the source, the compiler, its flags and the CPU's flags, so a changed source or another CPU builds anew;
-written to a temporary name and renamed, so concurrent builds never load half a file. No compiler, a failed or
-timed-out build, or `LORALEDGER_CPU_KERNELS=0`: the torch path runs instead, with a warning logged once.
+Built at first use (gpu/cpu_kernels.py); where it cannot be, the torch path runs instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import time
-from importlib import resources
 from pathlib import Path
 
 import torch
 
-from loraledger import paths
-from loraledger.logging import get_logger
+from loraledger.gpu import cpu_kernels
 
-SOURCE = "kernels/lora_cpu.c"
-DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load the kernel
-BUILD_SECONDS = 120  # a compiler that takes longer is treated as a failed build
-# The first that builds: -march=native (the vectors are the CPU's own), then without it (they split into what the
-# ABI's baseline has). -Wno-psabi: the vector helpers are static, no vector crosses the library's edge.
-FLAG_SETS = (("-O3", "-march=native", "-Wno-psabi"), ("-O3", "-Wno-psabi"))
+SOURCE = "lora_cpu.c"
 TOKENS_PER_PASS = 4  # MT in the source: scratch rows per pass
 _FUNCTIONS = {torch.float32: "lora_grouped_f32", torch.bfloat16: "lora_grouped_bf16"}
-
-log = get_logger("lora_cpu_kernel")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P]
 
@@ -127,79 +107,5 @@ def scratch_floats(in_features: int, n_rank: int) -> int:
 @functools.cache
 def load() -> LoraCpuKernel | None:
     """The kernel, built on first use (cached on disk); None where it cannot be (the torch path runs instead)."""
-    if os.environ.get(DISABLE_ENV, "").strip() == "0":
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        log.warning("no C compiler found ($CC, cc, gcc, clang): the CPU LoRA delta runs in plain torch (slower)")
-        return None
-    source = resources.files("loraledger.gpu").joinpath(SOURCE).read_bytes()
-    errors = []
-    for flags in FLAG_SETS:
-        path = _library_path(source, compiler, flags)
-        try:
-            if not path.exists():
-                started = time.perf_counter()
-                _build(source, compiler, flags, path)
-                log.info("built the CPU LoRA kernel", path=str(path), flags=" ".join(flags),
-                         seconds=round(time.perf_counter() - started, 2))  # fmt: skip
-            return LoraCpuKernel(ctypes.CDLL(str(path)), path)
-        except subprocess.TimeoutExpired:
-            errors.append(f"{' '.join(flags)}: no result within {BUILD_SECONDS} s")
-            break  # a compiler that hangs once will hang again: no more tries
-        except (OSError, subprocess.SubprocessError, AttributeError) as exc:
-            errors.append(f"{' '.join(flags)}: {exc}")
-    log.warning("the CPU LoRA kernel did not build: the LoRA delta runs in plain torch (slower)", errors=errors)
-    return None
-
-
-def _compiler() -> str | None:
-    named = os.environ.get("CC", "").strip()
-    candidates = [named] if named else ["cc", "gcc", "clang"]
-    for name in candidates:
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-def _library_path(source: bytes, compiler: str, flags: tuple[str, ...]) -> Path:
-    digest = hashlib.sha256()
-    for part in (source, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
-        digest.update(part)
-        digest.update(b"\0")
-    return paths.cache_dir() / "cpu-kernels" / f"lora_cpu-{digest.hexdigest()[:20]}.so"
-
-
-def _cpu_identity() -> str:
-    """What -march=native compiles for: the machine and its instruction-set flags."""
-    try:
-        flags = next(
-            (
-                line
-                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                if line.startswith("flags")
-            ),
-            "",
-        )
-    except OSError:
-        flags = ""
-    return f"{platform.machine()} {platform.processor()} {flags}"
-
-
-def _build(source: bytes, compiler: str, flags: tuple[str, ...], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as work:
-        src = Path(work) / "lora_cpu.c"
-        src.write_bytes(source)
-        out = Path(work) / path.name
-        result = subprocess.run(
-            [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_SECONDS,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise OSError(f"{Path(compiler).name} exited {result.returncode}: {result.stderr.strip()[-400:]}")
-        os.replace(out, path)  # atomic: another process sees no file or the whole one
+    built = cpu_kernels.library(SOURCE)
+    return None if built is None else LoraCpuKernel(*built)

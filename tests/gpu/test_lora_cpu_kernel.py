@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loraledger.gpu import lora_cpu_kernel
+from loraledger.gpu import cpu_kernels, lora_cpu_kernel
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.lora.device_slots import slot_dtype
 
@@ -22,8 +22,10 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C co
 @pytest.fixture(autouse=True)
 def _fresh_load():
     lora_cpu_kernel.load.cache_clear()
+    cpu_kernels.library.cache_clear()
     yield
     lora_cpu_kernel.load.cache_clear()
+    cpu_kernels.library.cache_clear()
 
 
 def _rank_major(b: torch.Tensor) -> torch.Tensor:
@@ -104,9 +106,9 @@ def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
     assert (got != want).sum().item() <= 0.001 * got.numel()
 
 
-@pytest.mark.parametrize("flags", lora_cpu_kernel.FLAG_SETS, ids=" ".join)
+@pytest.mark.parametrize("flags", cpu_kernels.FLAG_SETS, ids=" ".join)
 def test_the_source_builds_without_warnings(tmp_path, flags):
-    source = lora_cpu_kernel.resources.files("loraledger.gpu").joinpath(lora_cpu_kernel.SOURCE)
+    source = cpu_kernels.resources.files("loraledger.gpu").joinpath("kernels", lora_cpu_kernel.SOURCE)
     out = tmp_path / "k.so"
     result = subprocess.run(
         ["cc", *flags, "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(out), str(source)],
@@ -120,20 +122,21 @@ def test_the_source_builds_without_warnings(tmp_path, flags):
 def test_built_once_then_loaded_from_the_cache(monkeypatch):
     first = lora_cpu_kernel.load()
     assert first is not None and first.path.exists()
-    assert first.path.is_relative_to(lora_cpu_kernel.paths.cache_dir())
+    assert first.path.is_relative_to(cpu_kernels.paths.cache_dir())
     lora_cpu_kernel.load.cache_clear()
+    cpu_kernels.library.cache_clear()
 
     def no_build(*args, **kwargs):
         raise AssertionError("rebuilt although the cached library is there")
 
-    monkeypatch.setattr(lora_cpu_kernel.subprocess, "run", no_build)
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_build)
     assert lora_cpu_kernel.load().path == first.path
 
 
 @pytest.mark.parametrize("how", ["disabled", "no compiler", "compiler fails", "compiler hangs"])
 def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch, tmp_path, how):
     if how == "disabled":
-        monkeypatch.setenv(lora_cpu_kernel.DISABLE_ENV, "0")
+        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
     elif how == "no compiler":
         monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     else:
@@ -143,7 +146,7 @@ def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch, tmp_path, how
         fake.chmod(0o755)
         monkeypatch.setenv("CC", str(fake))
         monkeypatch.setenv("LORALEDGER_HOME", str(tmp_path / "home"))  # no cached library from another test
-        monkeypatch.setattr(lora_cpu_kernel, "BUILD_SECONDS", 1)
+        monkeypatch.setattr(cpu_kernels, "BUILD_SECONDS", 1)
     assert lora_cpu_kernel.load() is None
     if how == "compiler hangs":  # the deadline ends the build, and no other flags are tried after it
         assert (tmp_path / "runs").read_text().count("run") == 1

@@ -1,0 +1,116 @@
+"""The CPU kernels' build: a C source of gpu/kernels compiled at first use with the system's C compiler, loaded
+with ctypes (gpu/lora_cpu_kernel.py, gpu/argmax_cpu_kernel.py).
+
+Built with `$CC`, else cc, gcc or clang; `-O3 -march=native` first, so the vectors are the CPU's own, then without
+-march=native. Into the cache folder (loraledger.paths.cache_dir()/cpu-kernels), named by a digest of the source,
+the compiler, its flags and the CPU's flags, so a changed source or another CPU builds anew; written to a temporary
+name and renamed, so concurrent builds never load half a file. No compiler, a failed or timed-out build, or
+`LORALEDGER_CPU_KERNELS=0`: the caller runs its plain-torch path instead, with a warning logged once per kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+from loraledger import paths
+from loraledger.logging import get_logger
+
+DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load a CPU kernel
+BUILD_SECONDS = 120  # a compiler that takes longer is treated as a failed build
+# The first that builds: -march=native (the vectors are the CPU's own), then without it (they split into what the
+# ABI's baseline has). -Wno-psabi: the vector helpers are static, no vector crosses the library's edge.
+FLAG_SETS = (("-O3", "-march=native", "-Wno-psabi"), ("-O3", "-Wno-psabi"))
+
+log = get_logger("cpu_kernels")
+
+
+@functools.cache
+def library(source: str) -> tuple[ctypes.CDLL, Path] | None:
+    """(the loaded library, its file) of gpu/kernels/`source`, built on first use (cached on disk); None where it
+    cannot be built or kernels are switched off."""
+    if os.environ.get(DISABLE_ENV, "").strip() == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        log.warning("no C compiler found ($CC, cc, gcc, clang): the plain-torch path runs instead", kernel=source)
+        return None
+    text = resources.files("loraledger.gpu").joinpath("kernels", source).read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        path = _library_path(source, text, compiler, flags)
+        try:
+            if not path.exists():
+                started = time.perf_counter()
+                _build(text, compiler, flags, path)
+                log.info("built a CPU kernel", path=str(path), flags=" ".join(flags),
+                         seconds=round(time.perf_counter() - started, 2))  # fmt: skip
+            return ctypes.CDLL(str(path)), path
+        except subprocess.TimeoutExpired:
+            errors.append(f"{' '.join(flags)}: no result within {BUILD_SECONDS} s")
+            break  # a compiler that hangs once will hang again: no more tries
+        except OSError as exc:
+            errors.append(f"{' '.join(flags)}: {exc}")
+    log.warning("a CPU kernel did not build: the plain-torch path runs instead", kernel=source, errors=errors)
+    return None
+
+
+def _compiler() -> str | None:
+    named = os.environ.get("CC", "").strip()
+    candidates = [named] if named else ["cc", "gcc", "clang"]
+    for name in candidates:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _library_path(name: str, source: bytes, compiler: str, flags: tuple[str, ...]) -> Path:
+    digest = hashlib.sha256()
+    for part in (source, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return paths.cache_dir() / "cpu-kernels" / f"{Path(name).stem}-{digest.hexdigest()[:20]}.so"
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the machine and its instruction-set flags."""
+    try:
+        flags = next(
+            (
+                line
+                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                if line.startswith("flags")
+            ),
+            "",
+        )
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
+def _build(source: bytes, compiler: str, flags: tuple[str, ...], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as work:
+        src = Path(work) / "kernel.c"
+        src.write_bytes(source)
+        out = Path(work) / path.name
+        result = subprocess.run(
+            [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_SECONDS,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise OSError(f"{Path(compiler).name} exited {result.returncode}: {result.stderr.strip()[-400:]}")
+        os.replace(out, path)  # atomic: another process sees no file or the whole one
