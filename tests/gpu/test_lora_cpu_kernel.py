@@ -4,7 +4,6 @@ inputs, builds warning-free, is cached by content, and where it cannot be built 
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -106,50 +105,11 @@ def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
     assert (got != want).sum().item() <= 0.001 * got.numel()
 
 
-@pytest.mark.parametrize("flags", cpu_kernels.FLAG_SETS, ids=" ".join)
-def test_the_source_builds_without_warnings(tmp_path, flags):
-    source = cpu_kernels.resources.files("loraledger.gpu").joinpath("kernels", lora_cpu_kernel.SOURCE)
-    out = tmp_path / "k.so"
-    result = subprocess.run(
-        ["cc", *flags, "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", str(out), str(source)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-
-
-def test_built_once_then_loaded_from_the_cache(monkeypatch):
-    first = lora_cpu_kernel.load()
-    assert first is not None and first.path.exists()
-    assert first.path.is_relative_to(cpu_kernels.paths.cache_dir())
-    lora_cpu_kernel.load.cache_clear()
-    cpu_kernels.library.cache_clear()
-
-    def no_build(*args, **kwargs):
-        raise AssertionError("rebuilt although the cached library is there")
-
-    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_build)
-    assert lora_cpu_kernel.load().path == first.path
-
-
-@pytest.mark.parametrize("how", ["disabled", "no compiler", "compiler fails", "compiler hangs"])
-def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch, tmp_path, how):
-    if how == "disabled":
-        monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
-    elif how == "no compiler":
-        monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    else:
-        script = "exec sleep 30" if how == "compiler hangs" else "echo 'cc: internal error' >&2; exit 3"
-        fake = tmp_path / "fake-cc"
-        fake.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\n{script}\n")
-        fake.chmod(0o755)
-        monkeypatch.setenv("CC", str(fake))
-        monkeypatch.setenv("LORALEDGER_HOME", str(tmp_path / "home"))  # no cached library from another test
-        monkeypatch.setattr(cpu_kernels, "BUILD_SECONDS", 1)
+def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch):
+    """No kernel (switched off here; every way a build fails is in test_cpu_kernels.py): block-diagonal slots, and
+    a rank-major B handed to the ops anyway still gives the right delta through the torch path."""
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
     assert lora_cpu_kernel.load() is None
-    if how == "compiler hangs":  # the deadline ends the build, and no other flags are tried after it
-        assert (tmp_path / "runs").read_text().count("run") == 1
     ops = TorchOps()
     assert ops.lora_b_layout(torch.float32, torch.device("cpu")) == "block_diagonal"
     # a rank-major B still gives the right delta, through the torch path
