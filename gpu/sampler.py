@@ -145,17 +145,18 @@ class Sampler:
         if random_rows:
             idx = to_device(random_rows, torch.int64, logits.device)
             tokens[idx] = self._sample_random(processed.index_select(0, idx), [rows[i] for i in random_rows])
-        lse = torch.logsumexp(logits, dim=-1)
-        chosen_logit = logits.gather(1, tokens[:, None])[:, 0]
-        chosen = chosen_logit - lse
+        # one fused pass over the row (on the CPU about half the time of logsumexp's composite of four)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        chosen = logprobs.gather(1, tokens[:, None])[:, 0]
         top_ks = [s.logprobs for s in specs]
         top = ranks = None
         k_max = max(top_ks)
         if k_max >= 0:  # vLLM's rank: how many vocabulary entries score at least the chosen one's
+            chosen_logit = logits.gather(1, tokens[:, None])[:, 0]
             ranks = (logits >= chosen_logit[:, None]).sum(dim=-1)
-        if k_max > 0:
-            values, ids = torch.topk(logits, min(k_max, logits.shape[1]), dim=-1)
-            top = (values - lse[:, None], ids)
+        if k_max > 0:  # ordered by the logits themselves: two logits a rounding apart keep their order
+            ids = torch.topk(logits, min(k_max, logits.shape[1]), dim=-1).indices
+            top = (logprobs.gather(1, ids), ids)
         return SampleJob(tokens, chosen, top, top_ks, ranks)
 
     def _control_tokens(
