@@ -75,11 +75,11 @@ def _compiler() -> str | None:
 
 
 def _library_path(name: str, source: bytes, compiler: str, flags: tuple[str, ...]) -> Path:
-    digest = hashlib.sha256()
+    digest = hashlib.blake2b(digest_size=10)  # a cache key, not an audit digest
     for part in (source, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")
-    return paths.cache_dir() / "cpu-kernels" / f"{Path(name).stem}-{digest.hexdigest()[:20]}.so"
+    return paths.cache_dir() / "cpu-kernels" / f"{Path(name).stem}-{digest.hexdigest()}.so"
 
 
 def _cpu_identity() -> str:

@@ -116,10 +116,10 @@ class ModelRunner:
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.kv_cache = KVCache(self.config, num_kv_blocks, block_size, dtype, self.device)
-        layout = ops.lora_b_layout(dtype, self.device)
-        self.lora_slots = (
-            LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device, layout=layout) if enable_lora else None
-        )
+        self.lora_slots = None
+        if enable_lora:
+            layout = ops.lora_b_layout(dtype, self.device)
+            self.lora_slots = LoraSlots(self.config, max_loras, max_lora_rank, dtype, self.device, layout=layout)
         weights = base_model.load_base(
             model_dir, self.config, dtype=dtype, device=self.device, quantization=quantization
         )

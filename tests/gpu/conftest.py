@@ -22,3 +22,16 @@ def quantized_tiny_llama(tiny_llama, tmp_path_factory) -> dict:
     for kind in GGUF_KINDS:
         out[kind] = write_gguf(tiny_llama.model_dir, root / f"tiny.{kind}.gguf", kind)
     return out
+
+
+@pytest.fixture
+def fresh_cpu_kernels():
+    """Every CPU kernel looked up anew, before and after the test: none cached from an earlier one."""
+    from loraledger.gpu import argmax_cpu_kernel, cpu_kernels, lora_cpu_kernel
+
+    caches = (cpu_kernels.library, lora_cpu_kernel.load, argmax_cpu_kernel._function)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()

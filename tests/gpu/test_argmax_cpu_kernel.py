@@ -18,12 +18,8 @@ SPECIALS = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0, 3.4
 
 
 @pytest.fixture(autouse=True)
-def _fresh_load():
-    argmax_cpu_kernel._function.cache_clear()
-    cpu_kernels.library.cache_clear()
-    yield
-    argmax_cpu_kernel._function.cache_clear()
-    cpu_kernels.library.cache_clear()
+def _fresh(fresh_cpu_kernels):
+    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
 
 
 @settings(max_examples=150, deadline=None)

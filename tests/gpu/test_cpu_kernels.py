@@ -19,10 +19,8 @@ SOURCES = sorted(
 
 
 @pytest.fixture(autouse=True)
-def _fresh_load():
-    cpu_kernels.library.cache_clear()
-    yield
-    cpu_kernels.library.cache_clear()
+def _fresh(fresh_cpu_kernels):
+    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
 
 
 def test_the_sources_are_found():

@@ -19,12 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C co
 
 
 @pytest.fixture(autouse=True)
-def _fresh_load():
-    lora_cpu_kernel.load.cache_clear()
-    cpu_kernels.library.cache_clear()
-    yield
-    lora_cpu_kernel.load.cache_clear()
-    cpu_kernels.library.cache_clear()
+def _fresh(fresh_cpu_kernels):
+    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
 
 
 def _rank_major(b: torch.Tensor) -> torch.Tensor:
