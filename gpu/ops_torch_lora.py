@@ -7,7 +7,7 @@ import contextlib
 import numpy as np
 import torch
 
-from loraledger.gpu import cpu_features, lora_cpu_kernel
+from loraledger.gpu import cpu_features, kernel_checks, lora_cpu_kernel
 from loraledger.gpu.ops import LoraMeta, Ops, slot_runs
 from loraledger.lora.device_slots import slot_dtype
 
@@ -45,6 +45,8 @@ class TorchLoraOps(Ops):
         """
         dev = token_slots.device
         slots = token_slots.to(device="cpu", dtype=torch.int64).numpy()
+        if slots.size and (slots.min() < -1 or slots.max() >= num_slots):  # they index the adapter stacks
+            kernel_checks.check_lora_slot_values(torch.from_numpy(slots), num_slots)
         adapter = slots >= 0
         if not adapter.any():
             return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
@@ -70,8 +72,12 @@ class TorchLoraOps(Ops):
             in_order = bool(np.array_equal(src, np.arange(first, first + src.shape[0])))
             grouped = {
                 "src": _on(src, dev),
-                # each group's first entry in src, and src's length: the CPU kernel's group table
+                # each group's first entry in src, and src's length: the CPU kernel's group table; the rows and
+                # slots it indexes, checked before it runs
                 "bounds": _on(np.append(group_start, src.shape[0]).astype(np.int64), dev),
+                "rows": total,
+                "slot_min": int(active_slots[0]),
+                "slot_max": int(active_slots[-1]),
                 "dest": _on(dest, dev),
                 "gather": _on(gather, dev),
                 "active_slots": _on(active_slots, dev),
@@ -149,7 +155,7 @@ class TorchLoraOps(Ops):
         if ex["empty"]:
             return
         g = ex["grouped"]
-        if g is not None and self._kernel_fits(x, a_stack, b_stack, y):
+        if g is not None and self._kernel_fits(x, a_stack, b_stack, y, slice_offsets, g):
             self._kernel_grouped(x, a_stack, b_stack, meta, g, slice_offsets, y)
             g = None
         slice_offsets, rank = _expand_slicing(b_stack, a_stack.shape[1], slice_offsets)
@@ -200,9 +206,19 @@ class TorchLoraOps(Ops):
             yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
             self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
 
-    def _kernel_fits(self, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> bool:
-        """The CPU kernel takes these operands: one dtype it has, all on the CPU, A contiguous, B the rank-major
-        view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit column stride."""
+    def _kernel_fits(
+        self,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        y: torch.Tensor,
+        slice_offsets: tuple[int, ...],
+        g: dict,
+    ) -> bool:
+        """The CPU kernel takes these operands: one dtype it has, all on the CPU, A [S, n*R, in] contiguous, B the
+        rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit column stride, and
+        every index it reads without bounds in range (token rows, slots, slice columns); anything else, a slot
+        out of range included, goes to the torch path, which raises its own error."""
         if not x.device.type == y.device.type == a.device.type == b.device.type == "cpu":
             return False
         kernel = lora_cpu_kernel.load()
@@ -210,13 +226,22 @@ class TorchLoraOps(Ops):
             kernel is not None
             and kernel.supports(x.dtype)
             and x.dtype == y.dtype == a.dtype == b.dtype
+            and x.dim() == y.dim() == 2
+            and a.dim() == b.dim() == 3
             and a.is_contiguous()
-            and b.dim() == 3
             and _strides_are(b, (b.shape[1] * b.shape[2], 1, b.shape[1]))
             and x.stride(1) == 1
             and y.stride(1) == 1
-            and y.shape[1] == b.shape[1]
+            and a.shape[0] == b.shape[0]
+            and a.shape[1] == (len(slice_offsets) - 1) * b.shape[2]
             and x.shape[1] == a.shape[2]
+            and y.shape[1] == b.shape[1]
+            and 0 <= slice_offsets[0]
+            and all(lo <= hi for lo, hi in zip(slice_offsets, slice_offsets[1:]))
+            and slice_offsets[-1] <= b.shape[1]
+            and g["rows"] <= min(x.shape[0], y.shape[0])
+            and 0 <= g["slot_min"]
+            and g["slot_max"] < a.shape[0]
         )
 
     def _kernel_grouped(

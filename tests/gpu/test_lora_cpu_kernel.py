@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loraledger.errors import KernelInputError
 from loraledger.gpu import cpu_kernels, lora_cpu_kernel
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.lora.device_slots import slot_dtype
@@ -74,7 +75,8 @@ def test_kernel_equals_the_torch_path_on_generated_inputs(case):
     want, got = y0.clone(), y0.clone()
     ops.lora_apply(x, a, b, meta, offsets, want)  # "slices" B: the torch path
     rank_major = _rank_major(b)
-    assert ops._kernel_fits(x, a, rank_major, got)
+    grouped = meta.extra.get("grouped")  # None: no adapter token, or only long runs (plain GEMMs)
+    assert grouped is None or ops._kernel_fits(x, a, rank_major, got, offsets, grouped)
     ops.lora_apply(x, a, rank_major, meta, offsets, got)
     if case["dtype"] == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -117,6 +119,24 @@ def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch):
     ops.lora_apply(x, a, b, meta, offsets, want)
     ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_operands_the_kernel_would_read_out_of_bounds_go_to_the_torch_path():
+    """A slot past the stacks, fewer rows of x than tokens, slice columns past B, or an A of another slice count:
+    never handed to the kernel (it reads without bounds); a slot out of range is refused when the step is planned."""
+    case = {"dtype": torch.float32, "in_features": 40, "widths": [20, 12], "rank": 4, "num_slots": 3,
+            "slots": [0, 2, -1, 1, 2], "slot_ranks": [4, 4, 4], "seed": 5}  # fmt: skip
+    a, b, x, y, offsets, _ = _operands(case)
+    ops = TorchOps()
+    rank_major = _rank_major(b)
+    grouped = ops.lora_prepare(torch.tensor(case["slots"], dtype=torch.int32), 3).extra["grouped"]
+    assert ops._kernel_fits(x, a, rank_major, y, offsets, grouped)
+    with pytest.raises(KernelInputError, match=r"token_slots must lie in \[-1, 3\), got values from 0 to 5"):
+        ops.lora_prepare(torch.tensor([0, 5, 1], dtype=torch.int32), 3)
+    assert not ops._kernel_fits(x, a[:2], rank_major[:2], y, offsets, grouped)  # slot 2 past 2 stacks
+    assert not ops._kernel_fits(x[:4], a, rank_major, y[:4], offsets, grouped)  # 5 tokens, 4 rows
+    assert not ops._kernel_fits(x, a, rank_major, y, (0, 20, 40), grouped)  # columns past B's 32
+    assert not ops._kernel_fits(x, a[:, :4], rank_major, y, offsets, grouped)  # A of one slice for two
 
 
 def test_the_cpu_slots_hold_b_rank_major_where_the_kernel_runs():
