@@ -23,6 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 from loraledger import paths
+from loraledger.gpu import cpu_features
 from loraledger.logging import get_logger
 
 DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load a CPU kernel
@@ -85,17 +86,10 @@ def _library_path(name: str, source: bytes, compiler: str, flags: tuple[str, ...
 def _cpu_identity() -> str:
     """What -march=native compiles for: the machine and its instruction-set flags."""
     try:
-        flags = next(
-            (
-                line
-                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                if line.startswith("flags")
-            ),
-            "",
-        )
+        flags = cpu_features.cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
     except OSError:
-        flags = ""
-    return f"{platform.machine()} {platform.processor()} {flags}"
+        flags = frozenset()
+    return f"{platform.machine()} {platform.processor()} {' '.join(sorted(flags))}"
 
 
 def _build(source: bytes, compiler: str, flags: tuple[str, ...], path: Path) -> None:

@@ -70,7 +70,7 @@ class LoraCpuKernel:
     ) -> None:
         """y[t] += (x[t] a[s]^T) b[s]^T for each token t of each group's slot s (see the source for the layouts).
 
-        The caller checks what the kernel reads without bounds (TorchLoraOps._kernel_fits): x, y [T, in] / [T, out]
+        The caller checks what the kernel reads without bounds (TorchLoraOps._kernel_for): x, y [T, in] / [T, out]
         with unit column stride; a [S, n*R, in] contiguous; b the rank-major view [S, out, R] (strides
         (R*out, 1, out)); one CPU dtype for all four; int64 slice_offsets [n+1], group_slot [G], group_start
         [G+1], tokens; int32 slot_ranks [S] or None; fp32 scratch of scratch_floats() elements. One thread (see the

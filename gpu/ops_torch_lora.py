@@ -45,8 +45,7 @@ class TorchLoraOps(Ops):
         """
         dev = token_slots.device
         slots = token_slots.to(device="cpu", dtype=torch.int64).numpy()
-        if slots.size and (slots.min() < -1 or slots.max() >= num_slots):  # they index the adapter stacks
-            kernel_checks.check_lora_slot_values(torch.from_numpy(slots), num_slots)
+        kernel_checks.check_lora_slot_values(torch.from_numpy(slots), num_slots)  # they index the adapter stacks
         adapter = slots >= 0
         if not adapter.any():
             return LoraMeta(token_slots, num_slots, empty=True, segments=[], grouped=None)
@@ -99,10 +98,7 @@ class TorchLoraOps(Ops):
         reduced = x.dtype in _REDUCED
         g = ex["grouped"]
         if g is not None:
-            xg = x.index_select(0, g["gather"]).view(g["groups"], g["width"], x.shape[1])
-            a = _select_slots(a_stack, g["active_slots"], meta.num_slots)
-            if reduced:
-                xg, a = xg.float(), a.float()
+            xg, a = _grouped_operands(x, a_stack, g, meta.num_slots, reduced)
             hg = torch.bmm(xg, a.transpose(1, 2)).view(-1, out_cols)
             h.index_copy_(0, g["src"], hg.index_select(0, g["dest"]).to(h.dtype))
         for start, end, slot in ex["segments"]:
@@ -127,10 +123,7 @@ class TorchLoraOps(Ops):
         reduced = h.dtype in _REDUCED or y.dtype in _REDUCED
         g = ex["grouped"]
         if g is not None:
-            hg = h.index_select(0, g["gather"]).view(g["groups"], g["width"], h.shape[1])
-            b = _select_slots(b_stack, g["active_slots"], meta.num_slots)
-            if reduced:
-                hg, b = hg.float(), b.float()
+            hg, b = _grouped_operands(h, b_stack, g, meta.num_slots, reduced)
             yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
             self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
         for start, end, slot in ex["segments"]:
@@ -155,8 +148,9 @@ class TorchLoraOps(Ops):
         if ex["empty"]:
             return
         g = ex["grouped"]
-        if g is not None and self._kernel_fits(x, a_stack, b_stack, y, slice_offsets, g):
-            self._kernel_grouped(x, a_stack, b_stack, meta, g, slice_offsets, y)
+        kernel = None if g is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, g)
+        if kernel is not None:
+            self._kernel_grouped(kernel, x, a_stack, b_stack, meta, g, slice_offsets, y)
             g = None
         slice_offsets, rank = _expand_slicing(b_stack, a_stack.shape[1], slice_offsets)
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
@@ -206,7 +200,7 @@ class TorchLoraOps(Ops):
             yg = _cat_columns(_expand_slices(hg, b, slice_offsets, rank))
             self._scatter_add(y, slice_offsets, g["src"], yg.view(-1, yg.shape[-1]).index_select(0, g["dest"]))
 
-    def _kernel_fits(
+    def _kernel_for(
         self,
         x: torch.Tensor,
         a: torch.Tensor,
@@ -214,15 +208,15 @@ class TorchLoraOps(Ops):
         y: torch.Tensor,
         slice_offsets: tuple[int, ...],
         g: dict,
-    ) -> bool:
-        """The CPU kernel takes these operands: one dtype it has, all on the CPU, A [S, n*R, in] contiguous, B the
-        rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit column stride, and
-        every index it reads without bounds in range (token rows, slots, slice columns); anything else, a slot
-        out of range included, goes to the torch path, which raises its own error."""
+    ) -> lora_cpu_kernel.LoraCpuKernel | None:
+        """The CPU kernel, where it takes these operands: one dtype it has, all on the CPU, A [S, n*R, in]
+        contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit
+        column stride, and every index it reads without bounds in range (token rows, slots, slice columns);
+        None otherwise (the torch path runs)."""
         if not x.device.type == y.device.type == a.device.type == b.device.type == "cpu":
-            return False
+            return None
         kernel = lora_cpu_kernel.load()
-        return (
+        fits = (
             kernel is not None
             and kernel.supports(x.dtype)
             and x.dtype == y.dtype == a.dtype == b.dtype
@@ -236,16 +230,17 @@ class TorchLoraOps(Ops):
             and a.shape[1] == (len(slice_offsets) - 1) * b.shape[2]
             and x.shape[1] == a.shape[2]
             and y.shape[1] == b.shape[1]
-            and 0 <= slice_offsets[0]
-            and all(lo <= hi for lo, hi in zip(slice_offsets, slice_offsets[1:]))
+            and self._offsets_tensor(slice_offsets) is not None
             and slice_offsets[-1] <= b.shape[1]
             and g["rows"] <= min(x.shape[0], y.shape[0])
             and 0 <= g["slot_min"]
             and g["slot_max"] < a.shape[0]
         )
+        return kernel if fits else None
 
     def _kernel_grouped(
         self,
+        kernel: lora_cpu_kernel.LoraCpuKernel,
         x: torch.Tensor,
         a: torch.Tensor,
         b: torch.Tensor,
@@ -255,7 +250,6 @@ class TorchLoraOps(Ops):
         y: torch.Tensor,
     ) -> None:
         """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
-        offsets = self._offsets_tensor(slice_offsets)
         floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
         scratch = getattr(self, "_lora_scratch", None)
         if scratch is None or scratch.numel() < floats:
@@ -263,14 +257,17 @@ class TorchLoraOps(Ops):
         ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
         if not (isinstance(ranks, torch.Tensor) and ranks.dtype == torch.int32 and ranks.shape == (a.shape[0],)):
             ranks = None
-        lora_cpu_kernel.load().grouped(x, a, b, y, offsets, ranks, g["active_slots"], g["bounds"], g["src"], scratch)
+        offsets = self._offsets_tensor(slice_offsets)
+        kernel.grouped(x, a, b, y, offsets, ranks, g["active_slots"], g["bounds"], g["src"], scratch)
 
-    def _offsets_tensor(self, slice_offsets: tuple[int, ...]) -> torch.Tensor:
+    def _offsets_tensor(self, slice_offsets: tuple[int, ...]) -> torch.Tensor | None:
+        """A fused module's slice offsets as the kernel's int64 tensor, made and checked once per module shape
+        (non-negative and non-decreasing, else None: the kernel is not given them)."""
         cache = self.__dict__.setdefault("_lora_offsets", {})
-        found = cache.get(slice_offsets)
-        if found is None:
-            found = cache[slice_offsets] = torch.tensor(slice_offsets, dtype=torch.int64)
-        return found
+        if slice_offsets not in cache:
+            ordered = slice_offsets[0] >= 0 and all(lo <= hi for lo, hi in zip(slice_offsets, slice_offsets[1:]))
+            cache[slice_offsets] = torch.tensor(slice_offsets, dtype=torch.int64) if ordered else None
+        return cache[slice_offsets]
 
     @staticmethod
     def _scatter_add(y: torch.Tensor, slice_offsets: tuple[int, ...], src: torch.Tensor, delta: torch.Tensor) -> None:
@@ -371,6 +368,16 @@ def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, 
 
 def _cat_columns(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _grouped_operands(
+    rows: torch.Tensor, stack: torch.Tensor, g: dict, num_slots: int, reduced: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped tokens' rows as [G, M, cols] (padded rows repeat a real one) and their slots' stacks, in fp32
+    where `reduced` (lora_shrink / lora_expand's grouped part)."""
+    grouped = rows.index_select(0, g["gather"]).view(g["groups"], g["width"], rows.shape[1])
+    stacks = _select_slots(stack, g["active_slots"], num_slots)
+    return (grouped.float(), stacks.float()) if reduced else (grouped, stacks)
 
 
 def _select_slots(stack: torch.Tensor, active_slots: torch.Tensor, num_slots: int) -> torch.Tensor:

@@ -187,7 +187,7 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
                 v16h yh;
                 memcpy(&dv, &d[t], sizeof dv);
                 memcpy(&yh, &yb, sizeof yh);
-                const v16h out = narrow(widen(yh) + widen(narrow(dv)));
+                const v16h out = narrow(widen(yh) + roundv_bf16(dv)); /* as addv_bf16, masked */
                 __m256i ob;
                 memcpy(&ob, &out, sizeof ob);
                 _mm256_mask_storeu_epi16(yy, mask, ob);

@@ -76,7 +76,7 @@ def test_kernel_equals_the_torch_path_on_generated_inputs(case):
     ops.lora_apply(x, a, b, meta, offsets, want)  # "slices" B: the torch path
     rank_major = _rank_major(b)
     grouped = meta.extra.get("grouped")  # None: no adapter token, or only long runs (plain GEMMs)
-    assert grouped is None or ops._kernel_fits(x, a, rank_major, got, offsets, grouped)
+    assert grouped is None or ops._kernel_for(x, a, rank_major, got, offsets, grouped) is not None
     ops.lora_apply(x, a, rank_major, meta, offsets, got)
     if case["dtype"] == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -130,13 +130,14 @@ def test_operands_the_kernel_would_read_out_of_bounds_go_to_the_torch_path():
     ops = TorchOps()
     rank_major = _rank_major(b)
     grouped = ops.lora_prepare(torch.tensor(case["slots"], dtype=torch.int32), 3).extra["grouped"]
-    assert ops._kernel_fits(x, a, rank_major, y, offsets, grouped)
+    assert ops._kernel_for(x, a, rank_major, y, offsets, grouped) is not None
     with pytest.raises(KernelInputError, match=r"token_slots must lie in \[-1, 3\), got values from 0 to 5"):
         ops.lora_prepare(torch.tensor([0, 5, 1], dtype=torch.int32), 3)
-    assert not ops._kernel_fits(x, a[:2], rank_major[:2], y, offsets, grouped)  # slot 2 past 2 stacks
-    assert not ops._kernel_fits(x[:4], a, rank_major, y[:4], offsets, grouped)  # 5 tokens, 4 rows
-    assert not ops._kernel_fits(x, a, rank_major, y, (0, 20, 40), grouped)  # columns past B's 32
-    assert not ops._kernel_fits(x, a[:, :4], rank_major, y, offsets, grouped)  # A of one slice for two
+    assert ops._kernel_for(x, a[:2], rank_major[:2], y, offsets, grouped) is None  # slot 2 past 2 stacks
+    assert ops._kernel_for(x[:4], a, rank_major, y[:4], offsets, grouped) is None  # 5 tokens, 4 rows
+    assert ops._kernel_for(x, a, rank_major, y, (0, 20, 40), grouped) is None  # columns past B's 32
+    assert ops._kernel_for(x, a, rank_major, y, (0, 20, 12), grouped) is None  # slices out of order
+    assert ops._kernel_for(x, a[:, :4], rank_major, y, offsets, grouped) is None  # A of one slice for two
 
 
 def test_the_cpu_slots_hold_b_rank_major_where_the_kernel_runs():
