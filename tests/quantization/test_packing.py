@@ -131,7 +131,10 @@ def test_gptq_grouped_runs_desc_act_on_the_kernels(bits, shuffled):
 def test_compressed_tensors_layout_is_its_librarys(bits):
     """weight_packed and the asymmetric zero points bit for bit as compressed-tensors' own pack_to_int32 writes them
     (40 rows: the zero points' packed dim is padded to a whole word); the older unpacked int8 zero points read alike."""
-    helpers = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers")
+    helpers = pytest.importorskip(
+        "compressed_tensors.compressors.pack_quantized.helpers",
+        reason="compressed-tensors is in the test extra: pip install -e '.[test]'",
+    )
     w = torch.randn(40, 64, generator=torch.Generator().manual_seed(bits))
     t = compressed_tensors_pack(w, bits, 32, False)
     q, scale, zero = compressed_tensors_unpack(t["weight_packed"], t["weight_scale"], t["weight_zero_point"], bits, 64)
