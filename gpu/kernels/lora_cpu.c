@@ -1,15 +1,22 @@
 /* The decode tokens' multi-LoRA delta on the CPU, one call per fused module: y[t] += (x[t] A_s^T) B_s^T for each
    adapter token t of slot s, in one pass over each active slot's A and B rows (gather, shrink, expand and add;
    no intermediate tensors, no zero blocks). Plain C with GCC/Clang vector extensions: the compiler lowers the
-   16-lane vectors to the CPU it is built on (-march=native: AVX-512, AVX2, NEON).
+   vectors to the CPU it is built on (-march=native: AVX-512, AVX2, NEON).
    Layouts, numerics and how it is built and called: gpu/lora_cpu_kernel.py (its torch twin is TorchLoraOps'
    grouped path). Returns 0. */
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16f __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
+/* VL lanes: 16 where the CPU has 512-bit vectors, else 8 (one AVX2 register, two NEON ones): 16-lane vectors on a
+   256-bit CPU are split in pairs that the compiler spills to the stack, several times slower than torch */
+#if defined(__AVX512F__)
+#define VL 16
+#else
+#define VL 8
+#endif
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef uint16_t vh __attribute__((vector_size(2 * VL)));
+typedef uint32_t vu __attribute__((vector_size(4 * VL)));
 
 #define MT 4 /* tokens multiplied together: one pass over a slot's A and B rows serves MT tokens */
 /* Software prefetch distances, in elements: the adapter rows come from memory at every step (the base weights
@@ -19,16 +26,16 @@ typedef uint32_t v16u __attribute__((vector_size(64)));
 #define PF_A 256
 #define PF_B 128
 
-static inline v16f ld_f32(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
-static inline void st_f32(float *p, v16f v) { memcpy(p, &v, sizeof v); }
-static inline v16f widen(v16h h) { v16u u = __builtin_convertvector(h, v16u) << 16; v16f f; memcpy(&f, &u, sizeof f); return f; }
-static inline v16f ld_bf16(const uint16_t *p) { v16h h; memcpy(&h, p, sizeof h); return widen(h); }
+static inline vf ld_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void st_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf widen(vh h) { vu u = __builtin_convertvector(h, vu) << 16; vf f; memcpy(&f, &u, sizeof f); return f; }
+static inline vf ld_bf16(const uint16_t *p) { vh h; memcpy(&h, p, sizeof h); return widen(h); }
 /* fp32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
-static inline v16h narrow(v16f f) {
-    v16u u; memcpy(&u, &f, sizeof u);
-    v16u r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    v16u nan = (v16u)((u & 0x7fffffffu) > 0x7f800000u);
-    return __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & r), v16h);
+static inline vh narrow(vf f) {
+    vu u; memcpy(&u, &f, sizeof u);
+    vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & r), vh);
 }
 static inline float bf16_f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline uint16_t f_bf16(float f) {
@@ -36,28 +43,28 @@ static inline uint16_t f_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-static inline float hsum(v16f v) {
+static inline float hsum(vf v) {
     float s = 0.0f;
-    for (int i = 0; i < 16; i++) s += v[i];
+    for (int i = 0; i < VL; i++) s += v[i];
     return s;
 }
 
 /* One pass of the portable kernel over up to MT tokens of one slot, for element type T (float or bf16 bits):
-   LDV / LD1 load 16 / 1 elements as fp32, ROUNDV / ROUND1 round fp32 to T and back (h and the delta are rounded
-   to the model dtype, as the torch twin and PEFT do), ADDV / ADD1 add a delta to 16 / 1 elements of y in T.
+   LDV / LD1 load VL / 1 elements as fp32, ROUNDV / ROUND1 round fp32 to T and back (h and the delta are rounded
+   to the model dtype, as the torch twin and PEFT do), ADDV / ADD1 add a delta to VL / 1 elements of y in T.
    scratch: MT * in + MT * n_slices * rank floats of this thread's own. */
 #define LORA_PASS(NAME, T, LDV, LD1, ROUND1, ROUNDV, ADDV, ADD1)                                                      \
 static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as, const T *bs, T *y, int64_t y_stride, \
                  int64_t out_total, int64_t n_slices, const int64_t *slice_offsets, int64_t rank, int64_t rk,         \
                  const int64_t *tok, int64_t m, float *scratch)                                                      \
 {                                                                                                                    \
-    const int64_t nr = n_slices * rank, kv = in_features & ~(int64_t)15;                                             \
+    const int64_t nr = n_slices * rank, kv = in_features & ~(int64_t)(VL - 1);                                             \
     float *xf = scratch, *h = scratch + MT * in_features;                                                            \
     for (int t = 0; t < MT; t++) {                                                                                   \
         const T *xr = x + tok[t] * x_stride;                                                                         \
         float *xd = xf + t * in_features;                                                                            \
         int64_t k = 0;                                                                                               \
-        for (; k < kv; k += 16) st_f32(xd + k, LDV(xr + k));                                                         \
+        for (; k < kv; k += VL) st_f32(xd + k, LDV(xr + k));                                                         \
         for (; k < in_features; k++) xd[k] = LD1(xr + k);                                                            \
     }                                                                                                                \
     /* shrink: h[t][j] = x_t . A_s[j] over the slot's rank rows of each slice (the rest is zero padding) */         \
@@ -69,10 +76,10 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
                 continue;                                                                                            \
             }                                                                                                        \
             const T *ar = as + j * in_features;                                                                      \
-            v16f c0v = {0}, c1v = {0}, c2v = {0}, c3v = {0};                                                         \
-            for (int64_t k = 0; k < kv; k += 16) {                                                                   \
+            vf c0v = {0}, c1v = {0}, c2v = {0}, c3v = {0};                                                         \
+            for (int64_t k = 0; k < kv; k += VL) {                                                                   \
                 __builtin_prefetch(ar + k + PF_A);                                                                   \
-                const v16f av = LDV(ar + k);                                                                         \
+                const vf av = LDV(ar + k);                                                                         \
                 c0v += ld_f32(xf + k) * av;                                                                          \
                 c1v += ld_f32(xf + in_features + k) * av;                                                            \
                 c2v += ld_f32(xf + 2 * in_features + k) * av;                                                        \
@@ -90,17 +97,17 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
         const int64_t lo = slice_offsets[sl], hi = slice_offsets[sl + 1];                                            \
         const float *h0 = h + sl * rank, *h1 = h0 + nr, *h2 = h1 + nr, *h3 = h2 + nr;                                \
         int64_t o = lo;                                                                                              \
-        for (; o + 16 <= hi; o += 16) {                                                                              \
-            v16f d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};                                                             \
+        for (; o + VL <= hi; o += VL) {                                                                              \
+            vf d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};                                                             \
             for (int64_t r = 0; r < rk; r++) {                                                                       \
                 __builtin_prefetch(bs + r * out_total + o + PF_B);                                                   \
-                const v16f bv = LDV(bs + r * out_total + o);                                                         \
+                const vf bv = LDV(bs + r * out_total + o);                                                         \
                 d0 += h0[r] * bv;                                                                                    \
                 d1 += h1[r] * bv;                                                                                    \
                 d2 += h2[r] * bv;                                                                                    \
                 d3 += h3[r] * bv;                                                                                    \
             }                                                                                                        \
-            const v16f d[MT] = {d0, d1, d2, d3};                                                                     \
+            const vf d[MT] = {d0, d1, d2, d3};                                                                     \
             for (int t = 0; t < m; t++) ADDV(y + tok[t] * y_stride + o, ROUNDV(d[t]));                               \
         }                                                                                                            \
         for (; o < hi; o++)                                                                                          \
@@ -114,16 +121,16 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
 
 static inline float ld1_f32(const float *p) { return *p; }
 static inline float keep1(float v) { return v; }
-static inline v16f keepv(v16f v) { return v; }
-static inline void addv_f32(float *p, v16f d) { st_f32(p, ld_f32(p) + d); }
+static inline vf keepv(vf v) { return v; }
+static inline void addv_f32(float *p, vf d) { st_f32(p, ld_f32(p) + d); }
 static inline void add1_f32(float *p, float d) { *p += d; }
 LORA_PASS(pass_f32, float, ld_f32, ld1_f32, keep1, keepv, addv_f32, add1_f32)
 
 static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
 static inline float round1_bf16(float v) { return bf16_f(f_bf16(v)); }
-static inline v16f roundv_bf16(v16f v) { return widen(narrow(v)); }
+static inline vf roundv_bf16(vf v) { return widen(narrow(v)); }
 /* y = bf16(y + delta): the delta already rounded to bf16, as a bf16 add of two bf16 tensors */
-static inline void addv_bf16(uint16_t *p, v16f d) { v16h o = narrow(ld_bf16(p) + d); memcpy(p, &o, sizeof o); }
+static inline void addv_bf16(uint16_t *p, vf d) { vh o = narrow(ld_bf16(p) + d); memcpy(p, &o, sizeof o); }
 static inline void add1_bf16(uint16_t *p, float d) { *p = f_bf16(bf16_f(*p) + d); }
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -183,11 +190,11 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
             for (int t = 0; t < m; t++) {
                 uint16_t *yy = y + tok[t] * y_stride + o;
                 const __m256i yb = _mm256_maskz_loadu_epi16(mask, yy);
-                v16f dv;
-                v16h yh;
+                vf dv;
+                vh yh;
                 memcpy(&dv, &d[t], sizeof dv);
                 memcpy(&yh, &yb, sizeof yh);
-                const v16h out = narrow(widen(yh) + roundv_bf16(dv)); /* as addv_bf16, masked */
+                const vh out = narrow(widen(yh) + roundv_bf16(dv)); /* as addv_bf16, masked */
                 __m256i ob;
                 memcpy(&ob, &out, sizeof ob);
                 _mm256_mask_storeu_epi16(yy, mask, ob);
