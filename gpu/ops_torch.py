@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraledger.gpu import attention_cpu_kernel
 from loraledger.gpu.ops import Ops, StepMemo
 from loraledger.gpu.ops_torch_lora import TorchLoraOps
 
@@ -76,6 +77,27 @@ class TorchOps(TorchLoraOps, Ops):
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
+        # on the CPU, the C kernel reads the paged cache in place (gpu/attention_cpu_kernel.py); None: it does not apply
+        out = attention_cpu_kernel.decode(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, softcap)
+        if out is not None:
+            return out
+        return self.gathered_attention_decode(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window, softcap
+        )
+
+    def gathered_attention_decode(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """paged_attention_decode in torch: the sequences' blocks gathered, masked and handed to SDPA (the path on
+        other devices, where the CPU kernel does not apply, and its twin in the tests)."""
         block_size = k_cache.shape[1]
         flat, used = self._context_blocks(block_tables, seq_lens, block_size, "decode")
 

@@ -24,7 +24,7 @@ def _fresh(fresh_cpu_kernels):
 
 
 def test_the_sources_are_found():
-    assert {"lora_cpu.c", "argmax_cpu.c"} <= set(SOURCES)
+    assert {"lora_cpu.c", "argmax_cpu.c", "attention_cpu.c"} <= set(SOURCES)
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -179,9 +179,10 @@ def test_per_step_plans_are_reused_per_layer_and_rebuilt_for_a_new_step():
         steps.append((torch.randn(len(seq_lens), 8, 8, generator=g), tables, torch.tensor(seq_lens, dtype=torch.int32)))
     for q, tables, lens in steps:
         for window in (None, None, 2):  # two "layers", then a sliding-window model's layer
-            got = ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
+            # the torch path, whose per-step plans are under test (on the CPU, paged_attention_decode runs the kernel)
+            got = ops.gathered_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
             torch.testing.assert_close(
-                got, TorchOps().paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
+                got, TorchOps().gathered_attention_decode(q, k_cache, v_cache, tables, lens, 0.3, window)
             )
             for b, n in enumerate(lens.tolist()):
                 expect = _naive_attention(q[b], k_cache, v_cache, tables[b].tolist(), n - 1, 0.3, window)

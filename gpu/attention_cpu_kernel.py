@@ -1,0 +1,102 @@
+"""Decode attention on the CPU through gpu/kernels/attention_cpu.c: the paged KV cache read in place.
+
+Why a kernel: the torch path gathers every sequence's blocks into a [B, Hk, L, D] workspace (index_select), builds
+a padded mask and runs SDPA over the padded keys, at every layer; for a decode step of 24 short sequences that is
+most of the ~18% of a bf16 step attention takes, and little of it is arithmetic. The kernel walks each sequence's
+block table and reads the keys and values where they are, each block front to back once for all query heads, with
+the online softmax: no copies, no mask, no padding.
+
+Numerics: fp32 throughout (q widened and pre-scaled, the dot products, the running maximum and sum, the weighted
+sum of V), rounded to the model dtype once at the end; exp is a vector polynomial (relative error ~1e-7). SDPA's
+CPU kernel rounds the probabilities to bf16 before their product with V in a bf16 model, so in bf16 the kernel is
+the closer of the two to fp32 attention; in fp32 the two differ by the order of their sums. Softcap (Gemma 2)
+and sliding windows are the kernel's own as well.
+
+Safety: the kernel first checks every block id it will read against the cache's block count and every length
+against the table's width, and reads nothing when one is out of range (then the torch path runs, which reports
+it as it always did). One thread, like the CPU LoRA kernel: a call is tens of microseconds.
+
+Built at first use (gpu/cpu_kernels.py); where it cannot be, the torch path runs instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from loraledger.gpu import cpu_kernels
+
+SOURCE = "attention_cpu.c"
+_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_ARGTYPES = [_I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _F, _I, _F, _P, _P]
+
+
+@functools.cache
+def _function():
+    built = cpu_kernels.library(SOURCE)
+    if built is None:
+        return None
+    fn = built[0].paged_decode_attention
+    fn.argtypes = _ARGTYPES
+    fn.restype = ctypes.c_int64
+    return fn
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (it is built on first call)."""
+    return _function() is not None
+
+
+def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the kernel takes these operands: one CPU dtype it knows for q and both caches, q [B, Hq, D] with
+    unit column stride, caches [N, block_size, Hk, D] contiguous, Hq a multiple of Hk."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in _DTYPES
+        and q.dtype == k_cache.dtype == v_cache.dtype
+        and q.dim() == 3
+        and k_cache.dim() == 4
+        and k_cache.shape == v_cache.shape
+        and q.shape[2] == k_cache.shape[3]
+        and q.shape[1] % k_cache.shape[2] == 0
+        and q.stride(2) == 1
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+        and k_cache.device.type == "cpu"
+    )
+
+
+def decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> torch.Tensor | None:
+    """out [B, Hq, D] (q's dtype) = paged decode attention, or None where the kernel does not apply (not built,
+    operands it does not take (see fits), or a block id or length out of range): the caller's torch path runs.
+
+    block_tables [B, max_blocks] and seq_lens [B], int32 (converted where they are not)."""
+    fn = _function() if fits(q, k_cache, v_cache) else None
+    if fn is None or q.shape[0] == 0:
+        return None
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    if tables.dim() != 2 or lens.shape != (q.shape[0],) or tables.shape[0] != q.shape[0]:
+        return None
+    batch, hq, d = q.shape
+    num_blocks, block_size, hk, _ = k_cache.shape
+    out = torch.empty((batch, hq, d), dtype=q.dtype)
+    scratch = torch.empty(hq * (2 * d + -(-block_size // 16) * 16), dtype=torch.float32)
+    bad = fn(
+        _DTYPES[q.dtype], q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+        num_blocks, block_size, hk, d, tables.data_ptr(), tables.stride(0), tables.shape[1], lens.data_ptr(),
+        batch, hq, scale, sliding_window or 0, softcap or 0.0, out.data_ptr(), scratch.data_ptr(),
+    )  # fmt: skip
+    return None if bad else out
