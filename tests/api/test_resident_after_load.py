@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="
 # resident - weights - KV cache, MiB: this model holds 279-296 over on an AMD EPYC (AVX512-BF16), fp32 and bf16
 # alike (the bench's full-depth model 296); the margin covers the spread of a loaded machine
 REST_MIB = 320
-NOT_AT_LOAD = ("sqlalchemy", "alembic", "xgrammar", "sympy", "accelerate", "loraledger.server")
+NOT_AT_LOAD = ("sqlalchemy", "alembic", "xgrammar", "sympy", "accelerate", "loraledger.server", "transformers")
 
 _SCRIPT = textwrap.dedent(
     """
@@ -34,6 +34,11 @@ _SCRIPT = textwrap.dedent(
               kv_cache_bytes=64 << 20, max_num_seqs=8)
     with open("/proc/self/status") as fh:
         rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    # a plain request: detokenized, with a stop string and logprobs (each token's text alone)
+    from loraledger import SamplingParams
+
+    out = llm.generate(["The model reads tokens"], SamplingParams(max_tokens=6, stop=["zq"], logprobs=2, ignore_eos=True))
+    assert out[0].outputs[0].logprobs
     loaded = sorted({name for name in sys.modules for top in sys.argv[3:] if name == top or name.startswith(top + ".")})
     llm.close()
     print(json.dumps({"rss": rss, "loaded": loaded}))
