@@ -24,6 +24,24 @@ CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 def load_tokenizer(path: str, *, mode: str = "auto"):
+    """The tokenizer of a local folder; never runs code shipped with it. Raises ModelLoadError.
+
+    A folder AutoTokenizer would read into its generic TokenizersBackend (a tokenizer.json, its tokenizer_config.json
+    declaring the generic class, a model type that keeps it: loraledger/tokenizer_folder.py) is read by the `tokenizers`
+    library alone into a JsonTokenizer, the same tokenizer without importing transformers (18-21 MiB of modules, ~9 MiB
+    of AutoTokenizer's tables); any other folder, and tokenizer_mode="slow", get AutoTokenizer."""
+    if mode != "slow":
+        from loraledger.tokenizer_folder import read_folder
+
+        state = read_folder(path)
+        if not isinstance(state, str):
+            from loraledger.json_tokenizer import JsonTokenizer
+
+            return JsonTokenizer(state)
+    return load_transformers_tokenizer(path, mode=mode)
+
+
+def load_transformers_tokenizer(path: str, *, mode: str = "auto"):
     """AutoTokenizer for a local folder; never runs code shipped with it. Raises ModelLoadError.
 
     AutoTokenizer reads the folder's config.json only for what picks the tokenizer class (model_type,

@@ -18,11 +18,12 @@ def tokenize(tokenizer, text: str, truncate: int | None = None) -> list[int]:
     """The prompt's token ids, special tokens added as the tokenizer adds them; with `truncate`, its last
     `truncate` tokens as the tokenizer's left truncation keeps them (vLLM: truncation=True, max_length=k,
     truncation_side="left"; a BOS the tokenizer adds stays)."""
+    # encode: transformers' __call__ and encode run the same _encode_plus; a JsonTokenizer runs encode's plain forms itself
     if truncate is None:
-        return list(tokenizer(text)["input_ids"])
+        return list(tokenizer.encode(text))
     left, lock = _left_truncating(tokenizer)
     with lock:
-        return list(left(text, truncation=True, max_length=truncate)["input_ids"])
+        return list(left.encode(text, truncation=True, max_length=truncate))
 
 
 def _left_truncating(tokenizer) -> tuple[object, threading.Lock]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from loraledger.errors import StructuredOutputError
+from loraledger.json_tokenizer import JsonTokenizer
 from loraledger.structured_outputs.constraints import MAX_JSON_WHITESPACE, Constraint
 
 if TYPE_CHECKING:  # imported where a constraint is compiled: an engine that never sees one never loads xgrammar
@@ -87,9 +88,10 @@ class GrammarCompiler:
                 return known[1]
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop or None
-        )
+        # xgrammar reads a transformers tokenizer (its class tells it the vocabulary's encoding); a JsonTokenizer
+        # hands over the AutoTokenizer of its folder
+        hf = tokenizer.transformers_tokenizer() if isinstance(tokenizer, JsonTokenizer) else tokenizer
+        info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self._vocab_size, stop_token_ids=self._stop or None)
         compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # our cache is the bounded one
         with self._lock:
             self._compilers[id(tokenizer)] = (tokenizer, compiler)  # holds the tokenizer: its id stays unique

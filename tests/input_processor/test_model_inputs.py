@@ -18,21 +18,20 @@ DROPPED = "\u200b"  # a character the tokenizer drops (as real ones drop some wh
 
 
 class CharTokenizer:
-    """One token per character (its code point), as a Hugging Face tokenizer is called; truncation on either side."""
+    """One token per character (its code point), as a Hugging Face tokenizer encodes; truncation on either side."""
 
     truncation_side = "right"
 
     def _ids(self, text: str) -> list[int]:
         return [ord(c) for c in text if c != DROPPED]
 
-    def __call__(self, text: str, truncation: bool = False, max_length: int | None = None) -> dict:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, truncation: bool = False, max_length: int | None = None
+    ) -> list[int]:
         ids = self._ids(text)
         if truncation and max_length is not None and len(ids) > max_length:
             ids = ids[-max_length:] if self.truncation_side == "left" else ids[:max_length]
-        return {"input_ids": ids}
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._ids(text)
+        return ids
 
 
 TOKENIZER = CharTokenizer()

@@ -181,7 +181,7 @@ def zygote(model_dir: str) -> int:
     import loraledger.store.migrate  # noqa: F401
     from loraledger.engine_setup import load_tokenizer
 
-    load_tokenizer(model_dir)  # pulls in the rest of transformers' lazily imported modules
+    load_tokenizer(model_dir)  # the tokenizer's modules (transformers' too, for a folder that AutoTokenizer reads)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # runs are reaped by the kernel: a killed one leaves no zombie
     say("READY")
     for line in sys.stdin:
