@@ -1,9 +1,10 @@
 """The CPU kernels' build: a C source of gpu/kernels compiled at first use with the system's C compiler, loaded
-with ctypes (gpu/lora_cpu_kernel.py, gpu/argmax_cpu_kernel.py).
+with ctypes (gpu/lora_cpu_kernel.py, gpu/argmax_cpu_kernel.py, ...); the headers of gpu/kernels (what the kernels
+share, gpu/kernels/cpu_vectors.h) sit beside the source when it is compiled.
 
 Built with `$CC`, else cc, gcc or clang; `-O3 -march=native` first, so the vectors are the CPU's own, then without
 -march=native. Into the cache folder (loraledger.paths.cache_dir()/cpu-kernels), named by a digest of the source,
-the compiler, its flags and the CPU's flags, so a changed source or another CPU builds anew; written to a temporary
+the headers, the compiler, its flags and the CPU's flags, so a changed source or another CPU builds anew; written to a temporary
 name and renamed, so concurrent builds never load half a file. No compiler, a failed or timed-out build, or
 `LORALEDGER_CPU_KERNELS=0`: the caller runs its plain-torch path instead, with a warning logged once per kernel.
 """
@@ -45,14 +46,16 @@ def library(source: str) -> tuple[ctypes.CDLL, Path] | None:
     if compiler is None:
         log.warning("no C compiler found ($CC, cc, gcc, clang): the plain-torch path runs instead", kernel=source)
         return None
-    text = resources.files("loraledger.gpu").joinpath("kernels", source).read_bytes()
+    kernels = resources.files("loraledger.gpu").joinpath("kernels")
+    text = kernels.joinpath(source).read_bytes()
+    headers = {p.name: p.read_bytes() for p in sorted(kernels.iterdir(), key=lambda p: p.name) if p.name.endswith(".h")}
     errors = []
     for flags in FLAG_SETS:
-        path = _library_path(source, text, compiler, flags)
+        path = _library_path(source, text, headers, compiler, flags)
         try:
             if not path.exists():
                 started = time.perf_counter()
-                _build(text, compiler, flags, path)
+                _build(text, headers, compiler, flags, path)
                 log.info("built a CPU kernel", path=str(path), flags=" ".join(flags),
                          seconds=round(time.perf_counter() - started, 2))  # fmt: skip
             return ctypes.CDLL(str(path)), path
@@ -65,6 +68,19 @@ def library(source: str) -> tuple[ctypes.CDLL, Path] | None:
     return None
 
 
+@functools.cache
+def function(source: str, name: str, argtypes: tuple, restype=ctypes.c_int64):
+    """The C function `name` of gpu/kernels/`source`, typed (argtypes, restype); None where the library cannot be
+    built or kernels are switched off."""
+    built = library(source)
+    if built is None:
+        return None
+    fn = getattr(built[0], name)
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+    return fn
+
+
 def _compiler() -> str | None:
     named = os.environ.get("CC", "").strip()
     candidates = [named] if named else ["cc", "gcc", "clang"]
@@ -75,9 +91,10 @@ def _compiler() -> str | None:
     return None
 
 
-def _library_path(name: str, source: bytes, compiler: str, flags: tuple[str, ...]) -> Path:
+def _library_path(name: str, source: bytes, headers: dict[str, bytes], compiler: str, flags: tuple[str, ...]) -> Path:
     digest = hashlib.blake2b(digest_size=10)  # a cache key, not an audit digest
-    for part in (source, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
+    shared = [part for header, text in headers.items() for part in (header.encode(), text)]
+    for part in (source, *shared, compiler.encode(), " ".join(flags).encode(), _cpu_identity().encode()):
         digest.update(part)
         digest.update(b"\0")
     return paths.cache_dir() / "cpu-kernels" / f"{Path(name).stem}-{digest.hexdigest()}.so"
@@ -92,11 +109,13 @@ def _cpu_identity() -> str:
     return f"{platform.machine()} {platform.processor()} {' '.join(sorted(flags))}"
 
 
-def _build(source: bytes, compiler: str, flags: tuple[str, ...], path: Path) -> None:
+def _build(source: bytes, headers: dict[str, bytes], compiler: str, flags: tuple[str, ...], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as work:
         src = Path(work) / "kernel.c"
         src.write_bytes(source)
+        for header, text in headers.items():  # beside the source: `#include "name.h"` finds them
+            (Path(work) / header).write_bytes(text)
         out = Path(work) / path.name
         result = subprocess.run(
             [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu import attention_cpu_kernel
+from loraledger.gpu import activation_cpu_kernel, attention_cpu_kernel, rms_norm_cpu_kernel
 from loraledger.gpu.ops import Ops, StepMemo
 from loraledger.gpu.ops_torch_lora import TorchLoraOps
 
@@ -25,6 +25,15 @@ class TorchOps(TorchLoraOps, Ops):
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        fused = rms_norm_cpu_kernel.rms_norm(x, weight, eps, residual)  # on the CPU, one C pass per row
+        if fused is not None:
+            return fused
+        return self.plain_rms_norm(x, weight, eps, residual)
+
+    def plain_rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """rms_norm in torch ops (other devices and dtypes, and the CPU kernel's twin in the tests)."""
         r = x if residual is None else x + residual
         rf = r.float()
         out = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
@@ -51,6 +60,11 @@ class TorchOps(TorchLoraOps, Ops):
             x[..., half:].copy_(o2)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        out = activation_cpu_kernel.silu_and_mul(x)  # on the CPU, one C pass
+        return self.plain_silu_and_mul(x) if out is None else out
+
+    def plain_silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul in torch ops (other devices and dtypes, and the CPU kernel's twin in the tests)."""
         i = x.shape[-1] // 2
         return F.silu(x[:, :i]) * x[:, i:]
 

@@ -2,20 +2,8 @@
    as larger than any number, so a row with a NaN gives its first NaN). torch's CPU argmax walks a row one element at
    a time (~630 us for 24 rows of 32,000 logits on the 2-core VM); this is a vector max, then a vector search for
    the first element equal to it. Called by gpu/argmax_cpu_kernel.py. */
-#include <stdint.h>
-#include <string.h>
+#include "cpu_vectors.h"
 
-/* VL lanes: 16 where the CPU has 512-bit vectors, else 8 (one AVX2 register, two NEON ones): 16-lane vectors on a
-   256-bit CPU are split in pairs that the compiler spills to the stack, several times slower than torch */
-#if defined(__AVX512F__)
-#define VL 16
-#else
-#define VL 8
-#endif
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-
-static inline vf load(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline int any(vi m) {
     int32_t r = 0;
     for (int i = 0; i < VL; i++) r |= m[i];
@@ -27,10 +15,10 @@ static int64_t row_argmax(const float *p, int64_t n) {
     float best = p[0];
     int nan = best != best;
     if (nv >= VL) {
-        vf mx = load(p);
+        vf mx = ld_f32(p);
         vi seen_nan = (vi)(mx != mx);
         for (int64_t i = VL; i < nv; i += VL) {
-            const vf v = load(p + i);
+            const vf v = ld_f32(p + i);
             const vi gt = (vi)(v > mx);
             seen_nan |= (vi)(v != v);
             mx = (vf)((gt & (vi)v) | (~gt & (vi)mx));
@@ -50,7 +38,7 @@ static int64_t row_argmax(const float *p, int64_t n) {
     const vf target = best - (vf){0}; /* broadcast */
     int64_t i = 0;
     for (; i < nv; i += VL)
-        if (any((vi)(load(p + i) == target)))
+        if (any((vi)(ld_f32(p + i) == target)))
             break;
     for (; i < n; i++)
         if (p[i] == best) return i;

@@ -5,70 +5,10 @@
    and sum, fp32), so nothing is gathered, padded or masked. Plain C with GCC/Clang vector extensions (VL lanes, lowered to the CPU it is built on).
    Layouts, numerics and how it is built and called: gpu/attention_cpu_kernel.py (its torch twin is
    TorchOps.gathered_attention_decode). */
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-/* VL lanes: 16 where the CPU has 512-bit vectors, else 8 (one AVX2 / two NEON registers; 16-lane vectors on a
-   256-bit CPU are split into pairs the compiler keeps spilling to the stack) */
-#if defined(__AVX512F__)
-#define VL 16
-#else
-#define VL 8
-#endif
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef int32_t vi __attribute__((vector_size(4 * VL)));
-typedef uint16_t vh __attribute__((vector_size(2 * VL)));
-typedef uint32_t vu __attribute__((vector_size(4 * VL)));
+#include "cpu_vectors.h"
 
 /* cache lines of the next block's K and V fetched ahead while this block is read */
 #define PF_LINES 16
-
-static inline vf ld_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void st_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf widen(vh h) { vu u = __builtin_convertvector(h, vu) << 16; vf f; memcpy(&f, &u, sizeof f); return f; }
-static inline vf ld_bf16(const uint16_t *p) { vh h; memcpy(&h, p, sizeof h); return widen(h); }
-static inline float bf16_f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-/* fp32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
-static inline uint16_t f_bf16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VL; i++) s += v[i];
-    return s;
-}
-static inline float hmax(vf v) {
-    float m = v[0];
-    for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
-    return m;
-}
-
-/* e^x for x <= 0 (the softmax's s - max), VL lanes: Cody-Waite range reduction to r in [-ln2/2, ln2/2], a degree-6
-   polynomial (Cephes' expf coefficients; relative error ~1e-7), scaled by 2^n through the exponent bits. Below
-   -87.3 (where the result would be subnormal) and at -inf it is 0; a NaN stays a NaN. */
-static inline vf vexp(vf x) {
-    const vi nan = x != x;
-    const vi tiny = x < -87.3f;
-    x = (vf)(((vi)x & ~(tiny | nan)) | ((vi)((vf){0} - 87.3f) & (tiny | nan)));
-    const vf t = x * 1.44269504088896341f - 0.5f; /* n = round(x / ln2), x <= 0 */
-    const vi n = __builtin_convertvector(t, vi);
-    const vf nf = __builtin_convertvector(n, vf);
-    const vf r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
-    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const vi scale_bits = (n + 127) << 23;
-    vf two_n; memcpy(&two_n, &scale_bits, sizeof two_n);
-    vf y = p * two_n;
-    y = (vf)((vi)y & ~tiny);
-    return (vf)(((vi)y & ~nan) | (nan & (vi)((vf){0} + NAN)));
-}
 
 /* One sequence for element type T: LDV / LD1 load 16 / 1 elements as fp32, ST1 stores one fp32 as T. q: its hq
    query rows (q_head apart); out: hq rows of d. Each cache block is read front to back, K then V (a key row holds

@@ -4,19 +4,7 @@
    vectors to the CPU it is built on (-march=native: AVX-512, AVX2, NEON).
    Layouts, numerics and how it is built and called: gpu/lora_cpu_kernel.py (its torch twin is TorchLoraOps'
    grouped path). Returns 0. */
-#include <stdint.h>
-#include <string.h>
-
-/* VL lanes: 16 where the CPU has 512-bit vectors, else 8 (one AVX2 register, two NEON ones): 16-lane vectors on a
-   256-bit CPU are split in pairs that the compiler spills to the stack, several times slower than torch */
-#if defined(__AVX512F__)
-#define VL 16
-#else
-#define VL 8
-#endif
-typedef float vf __attribute__((vector_size(4 * VL)));
-typedef uint16_t vh __attribute__((vector_size(2 * VL)));
-typedef uint32_t vu __attribute__((vector_size(4 * VL)));
+#include "cpu_vectors.h"
 
 #define MT 4 /* tokens multiplied together: one pass over a slot's A and B rows serves MT tokens */
 /* Software prefetch distances, in elements: the adapter rows come from memory at every step (the base weights
@@ -25,29 +13,6 @@ typedef uint32_t vu __attribute__((vector_size(4 * VL)));
    of 32 calls: 2.75 ms without, 2.1-2.2 ms with. */
 #define PF_A 256
 #define PF_B 128
-
-static inline vf ld_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static inline void st_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static inline vf widen(vh h) { vu u = __builtin_convertvector(h, vu) << 16; vf f; memcpy(&f, &u, sizeof f); return f; }
-static inline vf ld_bf16(const uint16_t *p) { vh h; memcpy(&h, p, sizeof h); return widen(h); }
-/* fp32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
-static inline vh narrow(vf f) {
-    vu u; memcpy(&u, &f, sizeof u);
-    vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
-    return __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & r), vh);
-}
-static inline float bf16_f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline uint16_t f_bf16(float f) {
-    uint32_t u; memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-static inline float hsum(vf v) {
-    float s = 0.0f;
-    for (int i = 0; i < VL; i++) s += v[i];
-    return s;
-}
 
 /* One pass of the portable kernel over up to MT tokens of one slot, for element type T (float or bf16 bits):
    LDV / LD1 load VL / 1 elements as fp32, ROUNDV / ROUND1 round fp32 to T and back (h and the delta are rounded

@@ -24,7 +24,7 @@ def _fresh(fresh_cpu_kernels):
 
 
 def test_the_sources_are_found():
-    assert {"lora_cpu.c", "argmax_cpu.c", "attention_cpu.c"} <= set(SOURCES)
+    assert {"lora_cpu.c", "argmax_cpu.c", "attention_cpu.c", "rms_norm_cpu.c", "activation_cpu.c"} <= set(SOURCES)
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -73,3 +73,11 @@ def test_where_a_kernel_cannot_be_built_it_is_none(monkeypatch, tmp_path, how):
         assert (tmp_path / "runs").read_text().count("run") == 1
     elif how == "compiler fails":  # every flag set was tried
         assert (tmp_path / "runs").read_text().count("run") == len(cpu_kernels.FLAG_SETS)
+
+
+def test_a_changed_header_builds_anew(monkeypatch, tmp_path):
+    """The headers the sources include are part of the cache key: editing cpu_vectors.h must not load a stale build."""
+    source = b"int f(void) { return 0; }"
+    one = cpu_kernels._library_path("k.c", source, {"cpu_vectors.h": b"a"}, "/usr/bin/cc", ("-O3",))
+    two = cpu_kernels._library_path("k.c", source, {"cpu_vectors.h": b"b"}, "/usr/bin/cc", ("-O3",))
+    assert one != two

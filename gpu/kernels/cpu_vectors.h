@@ -1,0 +1,79 @@
+/* What the CPU kernels (the _cpu.c sources of gpu/kernels) share: vectors of the CPU's own width through
+   GCC/Clang vector extensions, loads and stores that never assume alignment, bf16 <-> fp32, horizontal sums, and
+   e^x. gpu/cpu_kernels.py builds each kernel with this header beside it (and keys its cache on the header too). */
+#ifndef LORALEDGER_CPU_VECTORS_H
+#define LORALEDGER_CPU_VECTORS_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* VL lanes: 16 where the CPU has 512-bit vectors, else 8 (one AVX2 register, two NEON ones): 16-lane vectors on a
+   256-bit CPU are split in pairs that the compiler spills to the stack, several times slower than torch */
+#if defined(__AVX512F__)
+#define VL 16
+#else
+#define VL 8
+#endif
+typedef float vf __attribute__((vector_size(4 * VL)));
+typedef int32_t vi __attribute__((vector_size(4 * VL)));
+typedef uint16_t vh __attribute__((vector_size(2 * VL)));
+typedef uint32_t vu __attribute__((vector_size(4 * VL)));
+
+static inline vf ld_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void st_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf widen(vh h) { vu u = __builtin_convertvector(h, vu) << 16; vf f; memcpy(&f, &u, sizeof f); return f; }
+static inline vf ld_bf16(const uint16_t *p) { vh h; memcpy(&h, p, sizeof h); return widen(h); }
+/* fp32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
+static inline vh narrow(vf f) {
+    vu u; memcpy(&u, &f, sizeof u);
+    vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    vu nan = (vu)((u & 0x7fffffffu) > 0x7f800000u);
+    return __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & r), vh);
+}
+static inline void st_bf16(uint16_t *p, vf v) { vh h = narrow(v); memcpy(p, &h, sizeof h); }
+static inline float bf16_f(uint16_t h) { uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f_bf16(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static inline vf broadcast(float x) { return (vf){0} + x; }
+static inline float hsum(vf v) {
+    float s = 0.0f;
+    for (int i = 0; i < VL; i++) s += v[i];
+    return s;
+}
+static inline float hmax(vf v) {
+    float m = v[0];
+    for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* e^x, VL lanes: Cody-Waite range reduction to r in [-ln2/2, ln2/2], a degree-6 polynomial (Cephes' expf
+   coefficients; relative error ~1e-7), scaled by 2^n through the exponent bits, in two halves so that 2^n may reach
+   2^128. Below -87.3 (where the result would be subnormal) and at -inf it is 0; above 88.72 (past FLT_MAX) and at
+   +inf it is +inf; a NaN stays a NaN. */
+static inline vf vexp(vf x) {
+    const vi nan = x != x, tiny = x < -87.3f, huge = x > 88.72f;
+    const vi clamp = tiny | huge | nan;
+    x = (vf)(((vi)x & ~clamp) | ((vi)broadcast(0.0f) & clamp));
+    const vf t = x * 1.44269504088896341f; /* n = round(x / ln2): truncate t -/+ 0.5 toward zero */
+    const vf half = (vf)((vi)broadcast(0.5f) | ((vi)t & ((vi){0} + INT32_MIN))); /* 0.5 with t's sign */
+    const vi n = __builtin_convertvector(t + half, vi);
+    const vf nf = __builtin_convertvector(n, vf);
+    const vf r = (x - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const vi n1 = n >> 1, lo_bits = (n1 + 127) << 23, hi_bits = (n - n1 + 127) << 23;
+    vf lo, hi; memcpy(&lo, &lo_bits, sizeof lo); memcpy(&hi, &hi_bits, sizeof hi);
+    const vf y = p * lo * hi;
+    const vi out = ((vi)y & ~clamp) | (huge & (vi)broadcast(INFINITY)) | (nan & (vi)broadcast(NAN));
+    return (vf)out;
+}
+
+#endif
