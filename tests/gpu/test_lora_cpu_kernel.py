@@ -103,6 +103,38 @@ def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
     assert (got != want).sum().item() <= 0.001 * got.numel()
 
 
+def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16(monkeypatch):
+    """Long same-adapter runs (prefill chunks) in bf16 on a CPU without native bf16 products: the kernel takes them
+    as groups, with the torch path's roundings (h and the delta to bf16); base rows stay untouched."""
+    from loraledger.gpu import ops_torch_lora
+
+    monkeypatch.setattr(ops_torch_lora, "_native_bf16", lambda *tensors: False)
+    calls = []
+    original = ops_torch_lora.TorchLoraOps._kernel_grouped
+    monkeypatch.setattr(
+        ops_torch_lora.TorchLoraOps, "_kernel_grouped", lambda self, *a: calls.append(a[-3]) or original(self, *a)
+    )
+    g = torch.Generator().manual_seed(11)
+    offsets, rank, slots = (0, 96, 128, 160), 8, 3
+    a = (torch.randn(slots, 3 * rank, 96, generator=g) * 0.1).bfloat16()
+    b = (torch.randn(slots, 160, rank, generator=g) * 0.1).bfloat16()
+    token_slots = [0] * 40 + [-1] * 7 + [2] * 33 + [1] * 20
+    x = torch.randn(len(token_slots), 96, generator=g).bfloat16()
+    y0 = torch.randn(len(token_slots), 160, generator=g).bfloat16()
+    ops = TorchOps()
+    meta = ops.lora_prepare(torch.tensor(token_slots, dtype=torch.int32), slots)
+    assert meta.extra["grouped"] is None and len(meta.extra["segments"]) == 3
+    want, got = y0.clone(), y0.clone()
+    ops.lora_apply(x, a, b, meta, offsets, want)  # "slices" B: the torch path
+    assert not calls
+    ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
+    assert calls == [meta.extra["segment_groups"]]
+    assert (got != want).sum().item() <= 0.01 * got.numel()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
+    base = torch.tensor(token_slots) < 0
+    assert torch.equal(got[base], y0[base])
+
+
 def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch):
     """No kernel (switched off here; every way a build fails is in test_cpu_kernels.py): block-diagonal slots, and
     a rank-major B handed to the ops anyway still gives the right delta through the torch path."""
