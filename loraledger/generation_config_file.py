@@ -8,7 +8,7 @@ Python operations on the same json.loads values, so that a bool counts as a numb
 iterable): a file that is not UTF-8 JSON (NaN, Infinity and duplicate keys are accepted, the last one wins; an int
 of over sys.get_int_max_str_digits() digits is not), a JSON value that is not an object, the few fields validate()
 checks, a watermarking_config, an argument of generate() given as a field, and a non-string "dtype" that
-to_dict()'s dtype_to_str cannot convert. A key that names something of GenerationConfig's class (a method,
+to_dict()'s dict_dtype_to_str cannot convert. A key that names something of GenerationConfig's class (a method,
 extra_output_flags, __dict__, ...) is set over it, so what follows is transformers' code's business, and so is a
 nesting deep enough to meet Python's recursion limit: read_values() raises NeedsTransformers for those, and the caller
 asks transformers. tests/test_generation_config_parity.py checks all of it against GenerationConfig.
