@@ -3,8 +3,9 @@ not use: in a fresh process, `LLM(..., device="cpu", audit_url=None)` on a rando
 width (the bench's memory figure, `python -m bench.run --only vs-vllm-cpu --parts memory`, at a third of its depth).
 
 The rest is Python with torch imported (~220 MiB here, most of it torch's own libraries), the tokenizer, the
-engine's modules and threads. transformers (the tokenizer's folder is read by `tokenizers` alone; neither the load
-nor a plain request with a stop string and logprobs imports it), SQLAlchemy and alembic (an audit store), xgrammar (a
+engine's modules and threads. transformers (the tokenizer's folder is read by `tokenizers` alone, the folder's
+generation_config.json by loraledger/generation_config_file.py; neither the load nor a plain request with a stop string
+and logprobs imports it), SQLAlchemy and alembic (an audit store), xgrammar (a
 constrained request) and what AutoConfig pulls in (accelerate, torch.distributed, sympy) are imported only where they
 are used: a regression that imports them shows here first.
 """
@@ -35,6 +36,8 @@ _SCRIPT = textwrap.dedent(
               kv_cache_bytes=64 << 20, max_num_seqs=8)
     with open("/proc/self/status") as fh:
         rss = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS:"))
+    defaults = llm.get_default_sampling_params()  # the folder's generation_config.json was read
+    assert (defaults.temperature, defaults.top_k, defaults.repetition_penalty) == (0.7, 20, 1.05), defaults
     # a plain request: detokenized, with a stop string and logprobs (each token's text alone)
     from loraledger import SamplingParams
 
@@ -63,6 +66,12 @@ def smollm2_width_model(tmp_path_factory) -> Path:
         tie_word_embeddings=True,
     )
     build_tokenizer(out)
+    # a generation_config.json as most Hub checkpoints ship one (Qwen2.5-Instruct's keys)
+    generation = {
+        "bos_token_id": 1, "do_sample": True, "eos_token_id": [2, 3], "pad_token_id": 2, "repetition_penalty": 1.05,
+        "temperature": 0.7, "top_k": 20, "top_p": 0.8, "transformers_version": "4.42.3",
+    }  # fmt: skip
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return out
 
 
