@@ -51,22 +51,28 @@ def available() -> bool:
 
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the kernel takes these operands: one CPU dtype it knows for q and both caches, q [B, Hq, D] with
-    unit column stride, caches [N, block_size, Hk, D] contiguous, Hq a multiple of Hk."""
+    """Whether the kernel takes these operands: one CPU dtype it knows for q and both caches, all on the CPU, q
+    [B, Hq, D] with unit column stride, caches [N, block_size, Hk, D] contiguous, Hq a multiple of Hk >= 1."""
     return (
-        q.device.type == "cpu"
+        q.device.type == k_cache.device.type == v_cache.device.type == "cpu"
         and q.dtype in _DTYPES
         and q.dtype == k_cache.dtype == v_cache.dtype
         and q.dim() == 3
         and k_cache.dim() == 4
         and k_cache.shape == v_cache.shape
         and q.shape[2] == k_cache.shape[3]
+        and k_cache.shape[2] > 0
         and q.shape[1] % k_cache.shape[2] == 0
         and q.stride(2) == 1
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
-        and k_cache.device.type == "cpu"
     )
+
+
+def _index_tensor(t: torch.Tensor, dims: int) -> bool:
+    """An int32 CPU tensor of `dims` dimensions: the kernel reads int32 ids and lengths (an int64 one could hold a
+    value int32 would wrap: the torch path takes those)."""
+    return t.device.type == "cpu" and t.dtype == torch.int32 and t.dim() == dims
 
 
 def decode(
@@ -80,20 +86,29 @@ def decode(
     softcap: float | None,
 ) -> torch.Tensor | None:
     """out [B, Hq, D] (q's dtype) = paged decode attention, or None where the kernel does not apply (not built,
-    operands it does not take (see fits), or a block id or length out of range): the caller's torch path runs.
+    operands it does not take (see fits), a block id or length out of range, a window or softcap that is not
+    positive): the caller's torch path runs.
 
-    block_tables [B, max_blocks] and seq_lens [B], int32 (converted where they are not)."""
-    fn = _function() if fits(q, k_cache, v_cache) else None
-    if fn is None or q.shape[0] == 0:
+    block_tables [B, max_blocks] and seq_lens [B], int32 on the CPU. The kernel reads private copies of them: it
+    checks them before it reads the cache, and runs without the GIL, so another thread must not change them in
+    between."""
+    usable = (
+        fits(q, k_cache, v_cache)
+        and _index_tensor(block_tables, 2)
+        and _index_tensor(seq_lens, 1)
+        and block_tables.shape[0] == seq_lens.shape[0] == q.shape[0] > 0
+        and (sliding_window is None or sliding_window > 0)
+        and (softcap is None or softcap > 0)
+    )
+    fn = _function() if usable else None
+    if fn is None:
         return None
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = seq_lens.to(torch.int32).contiguous()
-    if tables.dim() != 2 or lens.shape != (q.shape[0],) or tables.shape[0] != q.shape[0]:
-        return None
+    tables = block_tables.clone(memory_format=torch.contiguous_format)
+    lens = seq_lens.clone(memory_format=torch.contiguous_format)
     batch, hq, d = q.shape
     num_blocks, block_size, hk, _ = k_cache.shape
     out = torch.empty((batch, hq, d), dtype=q.dtype)
-    scratch = torch.empty(hq * (2 * d + -(-block_size // 16) * 16), dtype=torch.float32)
+    scratch = torch.empty(hq * (2 * d + -(-block_size // 16) * 16 + 2), dtype=torch.float32)
     bad = fn(
         _DTYPES[q.dtype], q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
         num_blocks, block_size, hk, d, tables.data_ptr(), tables.stride(0), tables.shape[1], lens.data_ptr(),

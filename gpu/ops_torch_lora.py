@@ -259,12 +259,17 @@ class TorchLoraOps(Ops):
         y: torch.Tensor,
     ) -> None:
         """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
-        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
-        scratch = getattr(self, "_lora_scratch", None)
-        if scratch is None or scratch.numel() < floats:
-            scratch = self._lora_scratch = torch.empty(floats, dtype=torch.float32)
+        # a few KiB, the call's own: two threads on one TorchOps must not share it (the kernel runs without the GIL)
+        scratch = torch.empty(lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1]), dtype=torch.float32)
         ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
-        if not (isinstance(ranks, torch.Tensor) and ranks.dtype == torch.int32 and ranks.shape == (a.shape[0],)):
+        usable = (
+            isinstance(ranks, torch.Tensor)
+            and ranks.dtype == torch.int32
+            and ranks.shape == (a.shape[0],)
+            and ranks.device.type == "cpu"
+            and ranks.is_contiguous()
+        )
+        if not usable:
             ranks = None
         offsets = self._offsets_tensor(slice_offsets)
         kernel.grouped(x, a, b, y, offsets, ranks, g["active_slots"], g["bounds"], g["src"], scratch)

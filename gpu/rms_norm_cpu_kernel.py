@@ -40,6 +40,7 @@ def rms_norm(
         and x.dtype in _DTYPES
         and x.stride(1) == 1
         and weight.dtype == x.dtype
+        and weight.device.type == "cpu"
         and weight.shape == (x.shape[1],)
         and weight.is_contiguous()
         and (residual is None or _rows(residual, x))

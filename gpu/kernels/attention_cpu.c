@@ -13,15 +13,14 @@
 /* One sequence for element type T: LDV / LD1 load 16 / 1 elements as fp32, ST1 stores one fp32 as T. q: its hq
    query rows (q_head apart); out: hq rows of d. Each cache block is read front to back, K then V (a key row holds
    every KV head side by side), so the reads stream; the query heads' running maxima, sums and outputs stay in
-   scratch: 2 * hq * d + hq * bs16 floats, bs16 = bs rounded up to 16. */
+   scratch: 2 * hq * d + hq * bs16 + 2 * hq floats, bs16 = bs rounded up to 16. */
 #define ATTN_SEQ(NAME, T, LDV, LD1, ST1)                                                                              \
 static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t bs, int64_t hk, int64_t d,            \
                  const int32_t *table, int64_t start, int64_t len, int64_t hq, float scale, float softcap, T *out,    \
                  float *scratch)                                                                                     \
 {                                                                                                                    \
     const int64_t dv = d & ~(int64_t)(VL - 1), bs16 = (bs + 15) & ~(int64_t)15, row = hk * d, group = hq / hk;             \
-    float *qf = scratch, *acc = qf + hq * d, *sc = acc + hq * d;                                                     \
-    float m[hq], l[hq];                                                                                              \
+    float *qf = scratch, *acc = qf + hq * d, *sc = acc + hq * d, *m = sc + hq * bs16, *l = m + hq;                   \
     const float pre = softcap > 0.0f ? scale / softcap : scale;                                                      \
     for (int64_t h = 0; h < hq; h++) {                                                                               \
         for (int64_t k = 0; k < d; k++) qf[h * d + k] = LD1(q + h * q_head + k) * pre;                               \
@@ -58,6 +57,12 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
             for (int64_t j = 0; j < bs16; j += VL) {                                                                 \
                 const float vm = hmax(ld_f32(sh + j));                                                               \
                 bm = vm > bm ? vm : bm;                                                                              \
+            }                                                                                                        \
+            int nan = 0; /* the maximum skips a NaN score; the softmax must not */                                  \
+            for (int64_t j = j0; j < j1; j++) nan |= sh[j] != sh[j];                                                 \
+            if (bm == -INFINITY && !nan) { /* every score -inf: no key of this block counts, it adds nothing */     \
+                for (int64_t j = 0; j < bs16; j++) sh[j] = 0.0f;                                                     \
+                continue;                                                                                            \
             }                                                                                                        \
             if (bm > m[h]) {                                                                                         \
                 const float alpha = expf(m[h] - bm);                                                                 \
@@ -115,7 +120,7 @@ static int64_t check(const int32_t *tables, int64_t table_stride, int64_t max_bl
 
 /* out [batch, hq, d] = decode attention of q [batch, hq, d] (rows q_stride apart, heads q_head apart) over the
    caches [num_blocks, bs, hk, d] (contiguous), for dtype 0 = fp32, 1 = bf16 (q, caches and out alike). window <= 0:
-   no sliding window; softcap <= 0: none. scratch: 2 * hq * d + hq * bs16 floats (bs16: bs rounded up to 16). Returns 0, or (before
+   no sliding window; softcap <= 0: none. scratch: 2 * hq * d + hq * bs16 + 2 * hq floats (bs16: bs rounded up to 16). Returns 0, or (before
    reading any cache row) the first sequence whose table or length is out of range, plus one. */
 int64_t paged_decode_attention(int64_t dtype, const void *q, int64_t q_stride, int64_t q_head, const void *k_cache,
                                const void *v_cache, int64_t num_blocks, int64_t bs, int64_t hk, int64_t d,

@@ -65,6 +65,15 @@ def test_other_operands_go_to_torch(monkeypatch):
     torch.testing.assert_close(TorchOps().silu_and_mul(x), TorchOps().plain_silu_and_mul(x))
 
 
+def test_the_ops_use_it_on_the_cpu(monkeypatch):
+    ran = []
+    original = activation_cpu_kernel.silu_and_mul
+    monkeypatch.setattr(activation_cpu_kernel, "silu_and_mul", lambda x: ran.append(1) or original(x))
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(TorchOps().silu_and_mul(x), TorchOps().plain_silu_and_mul(x), rtol=2e-6, atol=1e-6)
+    assert ran and original(x) is not None
+
+
 def test_silu_is_accurate_across_the_float_range():
     """A sweep of the gate over e^x's whole finite range: the vector exp (gpu/kernels/cpu_vectors.h) and the division
     stay within a few fp32 steps of the float64 SiLU (torch's own is within ~1.5e-7)."""

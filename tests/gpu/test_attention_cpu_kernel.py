@@ -67,7 +67,7 @@ def _reference(q, k_cache, v_cache, tables, lens, scale, window, softcap):
     batch=st.integers(1, 6),
     hk=st.integers(1, 3),
     group=st.sampled_from([1, 2, 3, 4, 7]),
-    d=st.sampled_from([8, 16, 24, 40, 64, 72, 128]),
+    d=st.sampled_from([1, 3, 8, 12, 20, 33, 40, 64, 100, 128]),  # tails past 8 and 16 lanes
     block_size=st.sampled_from([1, 4, 5, 16, 32]),
     max_len=st.integers(1, 90),
     window=st.sampled_from([None, 1, 7, 33]),
@@ -94,13 +94,37 @@ def test_kernel_equals_the_torch_path_and_the_exact_attention(
         assert err.max() <= (twin.double() - exact).abs().max() + 1e-6
 
 
-def test_a_decode_step_of_the_bench_shape():
-    """24 sequences of 60-100 tokens, 8 heads of 64, block size 16: as TorchOps.paged_attention_decode runs it."""
+def test_a_decode_step_of_the_bench_shape_runs_through_the_kernel(monkeypatch):
+    """24 sequences of up to 100 tokens, 8 heads of 64, block size 16: TorchOps.paged_attention_decode runs the
+    kernel (spied on), with the torch path's result."""
     q, k_cache, v_cache, tables, lens = _case(3, 24, 8, 1, 64, 16, 100, torch.float32)
+    ran = []
+    original = attention_cpu_kernel.decode
+    monkeypatch.setattr(attention_cpu_kernel, "decode", lambda *a: ran.append(1) or original(*a))
     ops = TorchOps()
     got = ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(got, ops.gathered_attention_decode(q, k_cache, v_cache, tables, lens, 0.125))
-    assert attention_cpu_kernel.available()
+    assert ran and original(q, k_cache, v_cache, tables, lens, 0.125, None, None) is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_infinities_and_nans_as_the_torch_path(dtype):
+    """A -inf score in the first block a head reads (no key of that block counts), a -inf in a later block, and a
+    NaN key: the same finite values, or NaN, where the torch path gives them."""
+    q, k_cache, v_cache, tables, lens = _case(6, 3, 1, 2, 8, 4, 12, dtype)
+    lens = torch.tensor([7, 12, 9], dtype=torch.int32)
+    tables = torch.arange(12, dtype=torch.int32).view(3, 4)  # every block each length needs
+    q = torch.zeros_like(q)
+    q[:, :, 0] = 1.0
+    k_cache[tables[0, 0], :, 0, 0] = float("-inf")  # sequence 0: its whole first block scores -inf
+    k_cache[tables[1, 2], 1, 0, 0] = float("-inf")  # sequence 1: one key of its last block
+    k_cache[tables[2, 1], 0, 0, 0] = float("nan")  # sequence 2: a NaN score
+    got = attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens, 0.5, None, None)
+    twin = TorchOps().gathered_attention_decode(q, k_cache, v_cache, tables, lens, 0.5)
+    assert torch.equal(torch.isnan(got), torch.isnan(twin))
+    assert not torch.isnan(got[:2]).any()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got[:2].float(), twin[:2].float(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(
@@ -133,6 +157,17 @@ def test_other_operands_go_to_the_torch_path(monkeypatch):
     )
     strided = k_cache.transpose(1, 2).contiguous().transpose(1, 2)  # not contiguous: the kernel reads rows in place
     assert attention_cpu_kernel.decode(q, strided, v_cache, tables, lens, 0.25, None, None) is None
+    meta = v_cache.to("meta")  # another device: never a pointer the kernel reads
+    assert attention_cpu_kernel.decode(q, k_cache, meta, tables, lens, 0.25, None, None) is None
+    assert attention_cpu_kernel.decode(q, k_cache, v_cache, tables.to("meta"), lens, 0.25, None, None) is None
+    assert attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens.to("meta"), 0.25, None, None) is None
+    wide = tables.long()
+    wide[0, 0] = 2**32 + int(tables[0, 0])  # int32 would wrap it onto a real block: int64 ids go to torch
+    assert attention_cpu_kernel.decode(q, k_cache, v_cache, wide, lens, 0.25, None, None) is None
+    for window, softcap in ((0, None), (-3, None), (None, 0.0), (None, -2.0)):  # not positive: torch's meaning
+        assert attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens, 0.25, window, softcap) is None
+    no_heads = k_cache[:, :, :0]
+    assert attention_cpu_kernel.decode(q, no_heads, no_heads, tables, lens, 0.25, None, None) is None
     monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
     assert attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens, 0.25, None, None) is None
     ops = TorchOps()

@@ -180,3 +180,28 @@ def test_the_cpu_slots_hold_b_rank_major_where_the_kernel_runs():
     native = slot_dtype(torch.bfloat16, cpu) == torch.bfloat16
     assert ops.lora_b_layout(torch.bfloat16, cpu) == ("rank_major" if native else "block_diagonal")
     assert ops.lora_b_layout(torch.float16, cpu) == "block_diagonal"  # fp16 models keep fp32 slots: no kernel
+
+
+def test_slot_ranks_the_kernel_cannot_index_are_not_handed_to_it():
+    """A strided or broadcast rank table would be read as if it were contiguous: the kernel gets none (every padded
+    rank row is zero, so the result is the same, only slower)."""
+    g = torch.Generator().manual_seed(12)
+    offsets, rank, slots = (0, 40, 56), 8, 3
+    a = torch.randn(slots, 2 * rank, 40, generator=g)
+    b = torch.randn(slots, 56, rank, generator=g)
+    for s, r in enumerate((8, 3, 5)):
+        a[s, r:rank], a[s, rank + r :], b[s, :, r:] = 0, 0, 0
+    x = torch.randn(12, 40, generator=g)
+    y0 = torch.randn(12, 56, generator=g)
+    ops = TorchOps()
+    meta = ops.lora_prepare(torch.tensor([0, 1, 2, -1] * 3, dtype=torch.int32), slots)
+    want = y0.clone()
+    ops.lora_apply(x, a, b, meta, offsets, want)
+    for ranks in (
+        torch.tensor([8, -7, 3, -7, 5, -7], dtype=torch.int32)[::2],
+        torch.tensor([8], dtype=torch.int32).expand(3),
+    ):
+        meta.extra["slot_ranks"] = ranks
+        got = y0.clone()
+        ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)

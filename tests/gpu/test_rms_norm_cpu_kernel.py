@@ -35,7 +35,7 @@ def _fresh(fresh_cpu_kernels):
 def test_kernel_equals_the_torch_path(seed, rows, n, pad, residual, scale, dtype):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(rows, n + pad, generator=g) * scale).to(dtype)[:, :n]  # rows n + pad apart
-    res = (torch.randn(rows, n, generator=g) * scale).to(dtype) if residual else None
+    res = (torch.randn(rows, n + pad, generator=g) * scale).to(dtype)[:, :n] if residual else None
     w = (torch.rand(n, generator=g) + 0.5).to(dtype)
     got = rms_norm_cpu_kernel.rms_norm(x, w, 1e-6, res)
     assert got is not None
@@ -52,14 +52,20 @@ def test_kernel_equals_the_torch_path(seed, rows, n, pad, residual, scale, dtype
         torch.testing.assert_close(out.float(), want_out.float(), rtol=2**-7, atol=1e-6)
 
 
-def test_the_ops_use_it_on_the_cpu_and_torch_elsewhere():
+def test_the_ops_use_it_on_the_cpu_and_torch_elsewhere(monkeypatch):
     x, w = torch.randn(3, 64), torch.rand(64) + 0.5
+    ran = []
+    original = rms_norm_cpu_kernel.rms_norm
+    monkeypatch.setattr(rms_norm_cpu_kernel, "rms_norm", lambda *a: ran.append(1) or original(*a))
     ops = TorchOps()
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5)[0], ops.plain_rms_norm(x, w, 1e-5)[0])
+    assert ran and original(x, w, 1e-5, None) is not None
     assert rms_norm_cpu_kernel.rms_norm(x.double(), w.double(), 1e-5, None) is None
     assert rms_norm_cpu_kernel.rms_norm(x, w.bfloat16(), 1e-5, None) is None  # a weight of another dtype
     assert rms_norm_cpu_kernel.rms_norm(x, w[:32], 1e-5, None) is None
-    assert rms_norm_cpu_kernel.rms_norm(x.t().contiguous().t(), w[:3], 1e-5, None) is None  # columns strided
+    assert rms_norm_cpu_kernel.rms_norm(x.t().contiguous().t(), w, 1e-5, None) is None  # columns strided
+    assert rms_norm_cpu_kernel.rms_norm(x, w.to("meta"), 1e-5, None) is None  # another device
+    assert rms_norm_cpu_kernel.rms_norm(x, w, 1e-5, x.t().contiguous().t()) is None  # a residual with strided columns
 
 
 def test_switched_off_it_leaves_the_work_to_torch(monkeypatch):
