@@ -4,9 +4,10 @@ torch's `_weight_int4pack_mm_for_cpu` is a row-by-row kernel: its time grows wit
 barely does. For a step of many rows (prefill) it pays to dequantize the packed weight into a reused scratch and run
 one dense product; the resident weight stays the packed one (0.27x bf16). The packed layout is torch's
 (`_convert_weight_to_int4pack_for_cpu`), which depends on the CPU capability torch dispatched to: with AVX512 blocks
-of 64 output rows, byte [k, j] holding rows j (low nibble) and j + 32 (high); elsewhere blocks of 32 rows, byte
-[k, j] holding rows 2j and 2j + 1 (a trailing block of 16, 32 or 48 rows is always in pairs). LAYOUT is read once,
-from torch itself, by packing a probe; when neither layout matches it is None and the kernel runs every step.
+of 64 output rows, byte [k, j] holding rows j (low nibble) and j + 32 (high) ("split64"); with AVX2 blocks of 32
+rows, byte [k, j] holding rows j and j + 16 ("split32"); elsewhere blocks of 32 rows, byte [k, j] holding rows 2j and
+2j + 1 ("pairs32"); a trailing block of 16 rows is always in pairs. The layout is read once, from torch itself, by
+packing a probe; when none matches it is None and the kernel runs every step.
 
 The product equals F.linear(x, W) for the bf16 weight W = (q - 8) * scale + bias (fp32 arithmetic, one rounding),
 which is what the int4 kernel computes with (`dense_weight`).
@@ -30,7 +31,7 @@ def _unpack_into(packed: torch.Tensor, n: int, k: int, out: torch.Tensor, layout
     p = packed.reshape(-1)
     if full:
         pf = p[: full * k // 2].view(full // block, k, block // 2)
-        if layout == "split64":
+        if layout.startswith("split"):
             wide = out[:, :full].view(k, full // block, 2, block // 2)
             wide[:, :, 0, :].copy_((pf & 15).permute(1, 0, 2))
             wide[:, :, 1, :].copy_((pf >> 4).permute(1, 0, 2))
@@ -47,10 +48,10 @@ def _unpack_into(packed: torch.Tensor, n: int, k: int, out: torch.Tensor, layout
 
 @functools.cache
 def layout() -> str | None:
-    """Which int4pack layout this process's torch writes ("split64", "pairs32"), or None if neither."""
+    """Which int4pack layout this process's torch writes ("split64", "split32", "pairs32"), or None if none."""
     q = torch.randint(0, 16, (176, 64), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    for name in ("split64", "pairs32"):
+    for name in ("split64", "split32", "pairs32"):
         out = torch.empty(64, 176, dtype=torch.int32)
         _unpack_into(packed, 176, 64, out, name)
         if torch.equal(out.t(), q):
@@ -112,8 +113,9 @@ def read_rows(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, 
     r = index.to(torch.int64)
     in_block = r < full
     j = torch.where(in_block, r % block, r - full)
-    if layout() == "split64":  # byte [k, j % 32], the high nibble for j >= 32
-        base_full, shift_full, stride_full = (r // block) * (block * k // 2) + j % 32, 4 * (j // 32), block // 2
+    if layout().startswith("split"):  # byte [k, j % half], the high nibble for j >= half
+        half = block // 2
+        base_full, shift_full, stride_full = (r // block) * (block * k // 2) + j % half, 4 * (j // half), half
     else:  # byte [k, j // 2], the high nibble for odd j
         base_full, shift_full, stride_full = (r // block) * (block * k // 2) + j // 2, 4 * (j % 2), block // 2
     tail = max(n - full, 2)
