@@ -9,7 +9,6 @@ a row with a NaN gives its first NaN). Built at first use (gpu/cpu_kernels.py); 
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -18,15 +17,11 @@ from loraledger.gpu import cpu_kernels
 SOURCE = "argmax_cpu.c"
 
 
-@functools.cache
+_ARGTYPES = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+
 def _function():
-    built = cpu_kernels.library(SOURCE)
-    if built is None:
-        return None
-    fn = built[0].argmax_rows_f32
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
+    return cpu_kernels.function(SOURCE, "argmax_rows_f32", _ARGTYPES, ctypes.c_int)
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ Built at first use (gpu/cpu_kernels.py); where it cannot be, the torch path runs
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -31,18 +30,11 @@ from loraledger.gpu import cpu_kernels
 SOURCE = "attention_cpu.c"
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_ARGTYPES = [_I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _F, _I, _F, _P, _P]
+_ARGTYPES = (_I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _F, _I, _F, _P, _P)
 
 
-@functools.cache
 def _function():
-    built = cpu_kernels.library(SOURCE)
-    if built is None:
-        return None
-    fn = built[0].paged_decode_attention
-    fn.argtypes = _ARGTYPES
-    fn.restype = ctypes.c_int64
-    return fn
+    return cpu_kernels.function(SOURCE, "paged_decode_attention", _ARGTYPES)
 
 
 def available() -> bool:

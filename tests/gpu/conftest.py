@@ -27,14 +27,12 @@ def quantized_tiny_llama(tiny_llama, tmp_path_factory) -> dict:
 @pytest.fixture
 def fresh_cpu_kernels():
     """Every CPU kernel looked up anew, before and after the test: none cached from an earlier one."""
-    from loraledger.gpu import argmax_cpu_kernel, attention_cpu_kernel, cpu_kernels, lora_cpu_kernel
+    from loraledger.gpu import cpu_kernels, lora_cpu_kernel
 
     caches = (
         cpu_kernels.library,
         cpu_kernels.function,
         lora_cpu_kernel.load,
-        argmax_cpu_kernel._function,
-        attention_cpu_kernel._function,
     )
     for cache in caches:
         cache.cache_clear()
