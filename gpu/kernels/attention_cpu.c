@@ -95,10 +95,6 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
     }                                                                                                                \
 }
 
-static inline float ld1_f32(const float *p) { return *p; }
-static inline void st1_f32(float *p, float v) { *p = v; }
-static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
-static inline void st1_bf16(uint16_t *p, float v) { *p = f_bf16(v); }
 ATTN_SEQ(attend_f32, float, ld_f32, ld1_f32, st1_f32)
 ATTN_SEQ(attend_bf16, uint16_t, ld_bf16, ld1_bf16, st1_bf16)
 

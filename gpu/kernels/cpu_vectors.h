@@ -38,6 +38,11 @@ static inline uint16_t f_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
+/* one element as fp32 / stored from fp32, for the scalar tails of kernels written once for both element types */
+static inline float ld1_f32(const float *p) { return *p; }
+static inline void st1_f32(float *p, float v) { *p = v; }
+static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
+static inline void st1_bf16(uint16_t *p, float v) { *p = f_bf16(v); }
 static inline vf broadcast(float x) { return (vf){0} + x; }
 static inline float hsum(vf v) {
     float s = 0.0f;

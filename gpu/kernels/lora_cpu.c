@@ -84,14 +84,12 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
     }                                                                                                                \
 }
 
-static inline float ld1_f32(const float *p) { return *p; }
 static inline float keep1(float v) { return v; }
 static inline vf keepv(vf v) { return v; }
 static inline void addv_f32(float *p, vf d) { st_f32(p, ld_f32(p) + d); }
 static inline void add1_f32(float *p, float d) { *p += d; }
 LORA_PASS(pass_f32, float, ld_f32, ld1_f32, keep1, keepv, addv_f32, add1_f32)
 
-static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
 static inline float round1_bf16(float v) { return bf16_f(f_bf16(v)); }
 static inline vf roundv_bf16(vf v) { return widen(narrow(v)); }
 /* y = bf16(y + delta): the delta already rounded to bf16, as a bf16 add of two bf16 tensors */

@@ -32,10 +32,6 @@ static void NAME(const T *x, const T *res, const T *w, int64_t n, float eps, T *
     for (; k < n; k++) ST1(out + k, (LD1(r + k) * inv) * LD1(w + k));                                                \
 }
 
-static inline float ld1_f32(const float *p) { return *p; }
-static inline void st1_f32(float *p, float v) { *p = v; }
-static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
-static inline void st1_bf16(uint16_t *p, float v) { *p = f_bf16(v); }
 NORM_ROW(norm_f32, float, ld_f32, ld1_f32, st_f32, st1_f32)
 NORM_ROW(norm_bf16, uint16_t, ld_bf16, ld1_bf16, st_bf16, st1_bf16)
 
