@@ -19,7 +19,6 @@ import torch
 from loraledger.gpu import cpu_kernels
 
 SOURCE = "activation_cpu.c"
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = (_I, _P, _I, _I, _I, _P)
 MAX_ELEMENTS = 1 << 16  # outputs per call the kernel takes (see above)
@@ -32,7 +31,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
     fits = (
         x.dim() == 2
         and x.device.type == "cpu"
-        and x.dtype in _DTYPES
+        and x.dtype in cpu_kernels.DTYPE_CODES
         and x.stride(1) == 1
         and x.shape[1] % 2 == 0
         and x.shape[0] * (x.shape[1] // 2) <= MAX_ELEMENTS
@@ -42,5 +41,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor | None:
         return None
     rows, i = x.shape[0], x.shape[1] // 2
     out = torch.empty((rows, i), dtype=x.dtype)
-    fn(_DTYPES[x.dtype], x.data_ptr(), x.stride(0), rows, i, out.data_ptr())
+    fn(cpu_kernels.DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, i, out.data_ptr())
     return out

@@ -28,7 +28,6 @@ import torch
 from loraledger.gpu import cpu_kernels
 
 SOURCE = "attention_cpu.c"
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ARGTYPES = (_I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _I, _I, _F, _I, _F, _P, _P)
 
@@ -37,17 +36,12 @@ def _function():
     return cpu_kernels.function(SOURCE, "paged_decode_attention", _ARGTYPES)
 
 
-def available() -> bool:
-    """Whether the kernel is built and loaded (it is built on first call)."""
-    return _function() is not None
-
-
 def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the kernel takes these operands: one CPU dtype it knows for q and both caches, all on the CPU, q
     [B, Hq, D] with unit column stride, caches [N, block_size, Hk, D] contiguous, Hq a multiple of Hk >= 1."""
     return (
         q.device.type == k_cache.device.type == v_cache.device.type == "cpu"
-        and q.dtype in _DTYPES
+        and q.dtype in cpu_kernels.DTYPE_CODES
         and q.dtype == k_cache.dtype == v_cache.dtype
         and q.dim() == 3
         and k_cache.dim() == 4
@@ -102,8 +96,8 @@ def decode(
     out = torch.empty((batch, hq, d), dtype=q.dtype)
     scratch = torch.empty(hq * (2 * d + -(-block_size // 16) * 16 + 2), dtype=torch.float32)
     bad = fn(
-        _DTYPES[q.dtype], q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        num_blocks, block_size, hk, d, tables.data_ptr(), tables.stride(0), tables.shape[1], lens.data_ptr(),
-        batch, hq, scale, sliding_window or 0, softcap or 0.0, out.data_ptr(), scratch.data_ptr(),
+        cpu_kernels.DTYPE_CODES[q.dtype], q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(),
+        v_cache.data_ptr(), num_blocks, block_size, hk, d, tables.data_ptr(), tables.stride(0), tables.shape[1],
+        lens.data_ptr(), batch, hq, scale, sliding_window or 0, softcap or 0.0, out.data_ptr(), scratch.data_ptr(),
     )  # fmt: skip
     return None if bad else out

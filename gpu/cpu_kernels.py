@@ -23,11 +23,15 @@ import time
 from importlib import resources
 from pathlib import Path
 
+import torch
+
 from loraledger import paths
 from loraledger.gpu import cpu_features
 from loraledger.logging import get_logger
 
 DISABLE_ENV = "LORALEDGER_CPU_KERNELS"  # "0": never build or load a CPU kernel
+# the element type a kernel taking either is told, as its `dtype` argument (0 = fp32, 1 = bf16 in every source)
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 BUILD_SECONDS = 120  # a compiler that takes longer is treated as a failed build
 # The first that builds: -march=native (the vectors are the CPU's own), then without it (they split into what the
 # ABI's baseline has). -Wno-psabi: the vector helpers are static, no vector crosses the library's edge.

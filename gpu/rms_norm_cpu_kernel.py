@@ -18,7 +18,6 @@ import torch
 from loraledger.gpu import cpu_kernels
 
 SOURCE = "rms_norm_cpu.c"
-_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = (_I, _P, _I, _P, _I, _P, _I, _I, ctypes.c_float, _P, _P)
 
@@ -37,7 +36,7 @@ def rms_norm(
     fits = (
         x.dim() == 2
         and x.device.type == "cpu"
-        and x.dtype in _DTYPES
+        and x.dtype in cpu_kernels.DTYPE_CODES
         and x.stride(1) == 1
         and weight.dtype == x.dtype
         and weight.device.type == "cpu"
@@ -52,8 +51,8 @@ def rms_norm(
     out = torch.empty((rows, n), dtype=x.dtype)
     r = x if residual is None else torch.empty((rows, n), dtype=x.dtype)
     fn(
-        _DTYPES[x.dtype], x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
-        0 if residual is None else residual.stride(0), weight.data_ptr(), rows, n, eps, out.data_ptr(),
-        None if residual is None else r.data_ptr(),
+        cpu_kernels.DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0),
+        None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
+        weight.data_ptr(), rows, n, eps, out.data_ptr(), None if residual is None else r.data_ptr(),
     )  # fmt: skip
     return out, r
