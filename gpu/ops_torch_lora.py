@@ -87,9 +87,7 @@ class TorchLoraOps(Ops):
                 # src is first, first+1, ...: deltas land on contiguous rows y[first:first+len(src)]
                 "span": (first, first + src.shape[0]) if in_order else None,
             }
-        return LoraMeta(
-            token_slots, num_slots, empty=False, segments=segments, grouped=grouped, segment_groups=_as_groups(segments)
-        )
+        return LoraMeta(token_slots, num_slots, empty=False, segments=segments, grouped=grouped)
 
     def lora_shrink(self, x: torch.Tensor, a_stack: torch.Tensor, meta: LoraMeta) -> torch.Tensor:
         out_cols = a_stack.shape[1]
@@ -165,7 +163,7 @@ class TorchLoraOps(Ops):
         if ex["segments"]:
             # bf16 on a CPU without native bf16: torch would multiply fp32 copies of every segment's rows and stacks
             # (1,985 prefill tokens, 8 adapters, one fused qkv: 54 ms); the kernel reads them as they are (9.6 ms)
-            sg = ex.get("segment_groups") if reduced and not native else None
+            sg = _segment_groups(ex) if reduced and not native else None
             kernel = None if sg is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, sg)
             if kernel is not None:
                 self._kernel_grouped(kernel, x, a_stack, b_stack, meta, sg, slice_offsets, y)
@@ -380,9 +378,16 @@ def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, 
     ]
 
 
+def _segment_groups(extra: dict) -> dict | None:
+    """The plan's segments (start, end, slot) as the CPU kernel's group table (see lora_prepare's grouped dict): a
+    group per segment, its tokens start..end-1; None without segments. Built by the first module of a step that
+    needs it (only bf16 on a CPU without native bf16 does) and kept in the plan for the step's other modules."""
+    if "segment_groups" not in extra:
+        extra["segment_groups"] = _as_groups(extra["segments"])
+    return extra["segment_groups"]
+
+
 def _as_groups(segments: list[tuple[int, int, int]]) -> dict | None:
-    """The segments (start, end, slot) as the CPU kernel's group table (see lora_prepare's grouped dict): a group
-    per segment, its tokens start..end-1; None without segments."""
     if not segments:
         return None
     starts, ends, slots = (np.array(column, dtype=np.int64) for column in zip(*segments))
