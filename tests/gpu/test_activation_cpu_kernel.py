@@ -4,22 +4,15 @@ large and special inputs, fp32 and bf16; steps past its size bound and other ope
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loraledger.gpu import activation_cpu_kernel, cpu_kernels
 from loraledger.gpu.ops_torch import TorchOps
+from tests.gpu.cpu_kernel_marks import CPU_KERNEL_TESTS
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
-
-
-@pytest.fixture(autouse=True)
-def _fresh(fresh_cpu_kernels):
-    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
+pytestmark = CPU_KERNEL_TESTS
 
 
 @settings(max_examples=80, deadline=None)

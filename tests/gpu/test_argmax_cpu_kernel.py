@@ -3,23 +3,16 @@ values, the first NaN where a row has one, infinities, signed zeros, rows of any
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loraledger.gpu import argmax_cpu_kernel, cpu_kernels
+from tests.gpu.cpu_kernel_marks import CPU_KERNEL_TESTS
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
+pytestmark = CPU_KERNEL_TESTS
 
 SPECIALS = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -1.0, 3.4e38, 1e-45]
-
-
-@pytest.fixture(autouse=True)
-def _fresh(fresh_cpu_kernels):
-    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
 
 
 @settings(max_examples=150, deadline=None)

@@ -5,8 +5,6 @@ of a fused qkv row; and operands it must not read (out-of-range block ids or len
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,13 +12,9 @@ from hypothesis import strategies as st
 
 from loraledger.gpu import attention_cpu_kernel, cpu_kernels
 from loraledger.gpu.ops_torch import TorchOps
+from tests.gpu.cpu_kernel_marks import CPU_KERNEL_TESTS
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
-
-
-@pytest.fixture(autouse=True)
-def _fresh(fresh_cpu_kernels):
-    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
+pytestmark = CPU_KERNEL_TESTS
 
 
 def _case(seed, batch, hk, group, d, block_size, max_len, dtype, spare_blocks=3):

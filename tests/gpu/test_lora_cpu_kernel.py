@@ -3,8 +3,6 @@ inputs, builds warning-free, is cached by content, and where it cannot be built 
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 import torch
@@ -15,13 +13,9 @@ from loraledger.errors import KernelInputError
 from loraledger.gpu import cpu_kernels, lora_cpu_kernel
 from loraledger.gpu.ops_torch import TorchOps
 from loraledger.lora.device_slots import slot_dtype
+from tests.gpu.cpu_kernel_marks import CPU_KERNEL_TESTS
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
-
-
-@pytest.fixture(autouse=True)
-def _fresh(fresh_cpu_kernels):
-    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
+pytestmark = CPU_KERNEL_TESTS
 
 
 def _rank_major(b: torch.Tensor) -> torch.Tensor:

@@ -4,22 +4,15 @@ fp32 and bf16; operands it does not take go to the torch path."""
 
 from __future__ import annotations
 
-import shutil
-
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loraledger.gpu import cpu_kernels, rms_norm_cpu_kernel
 from loraledger.gpu.ops_torch import TorchOps
+from tests.gpu.cpu_kernel_marks import CPU_KERNEL_TESTS
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc) to build the kernel")
-
-
-@pytest.fixture(autouse=True)
-def _fresh(fresh_cpu_kernels):
-    """No kernel cached from an earlier test (tests/gpu/conftest.py)."""
+pytestmark = CPU_KERNEL_TESTS
 
 
 @settings(max_examples=80, deadline=None)
