@@ -107,11 +107,8 @@ def _build_backend(folder: Path, path: str, config: dict) -> FolderTokenizer | s
             if not isinstance(token, dict):
                 return "added_tokens_decoder entry is not a dict"
             added[int(idx)] = AddedToken(**token)
-    else:
-        for token in json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", []):
-            token = dict(token)
-            idx = token.pop("id")
-            added[idx] = AddedToken(**token)
+    else:  # tokenizer.json's own added_tokens, as the backend just read them
+        added.update(backend.get_added_tokens_decoder())
     by_text = {str(token): token for token in added.values()}
     special: dict[str, object] = {}
     for name in NAMED_TOKENS:
