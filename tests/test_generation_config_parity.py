@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import transformers
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -37,8 +38,7 @@ from loraledger.generation_config_file import (
     read_values,
 )
 
-transformers = pytest.importorskip("transformers")
-GenerationConfig = transformers.GenerationConfig
+GenerationConfig = transformers.GenerationConfig  # a dependency of the project: never skipped
 KEYS = (*SAMPLING_KEYS, "eos_token_id")
 SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
