@@ -43,7 +43,14 @@ static inline float ld1_f32(const float *p) { return *p; }
 static inline void st1_f32(float *p, float v) { *p = v; }
 static inline float ld1_bf16(const uint16_t *p) { return bf16_f(*p); }
 static inline void st1_bf16(uint16_t *p, float v) { *p = f_bf16(v); }
-static inline vf broadcast(float x) { return (vf){0} + x; }
+/* x in every lane: a splat, one vbroadcastss (`(vf){0} + x` is an add, which turns -0 into +0, and a loop over
+   the lanes compiles to a chain of inserts) */
+#if VL == 16
+#define SPLAT(x) {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}
+#else
+#define SPLAT(x) {x, x, x, x, x, x, x, x}
+#endif
+static inline vf broadcast(float x) { return (vf)SPLAT(x); }
 static inline float hsum(vf v) {
     float s = 0.0f;
     for (int i = 0; i < VL; i++) s += v[i];
