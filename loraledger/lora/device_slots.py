@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -36,6 +37,12 @@ class LoraStack:
     @property
     def block_diagonal(self) -> bool:
         return self.layout == "block_diagonal"
+
+    @functools.cached_property
+    def per_layer(self) -> list[tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]]:
+        """(A [S, n*R, in], B [S, out_total, R], slice offsets) of each layer, as views made once: the slots are
+        written in place, so these stay the stacks' own, and a step's forward makes no new views per module."""
+        return [(a, b, self.slice_offsets) for a, b in zip(self.a.unbind(0), self.b.unbind(0))]
 
     def slice_b(self, m: int) -> torch.Tensor:
         """Slice m's B [L, S, out_m, R] (a view), whatever the layout."""
@@ -92,8 +99,7 @@ class LoraSlots:
 
     def layer(self, layer: int, group: str) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
         """(A [S, n*R, in], B [S, out_total, R], slice offsets) of one fused module in one layer."""
-        stack = self.stacks[group]
-        return stack.a[layer], stack.b[layer], stack.slice_offsets
+        return self.stacks[group].per_layer[layer]
 
     def targets(self, slot: int) -> frozenset[str]:
         """The fused modules the adapter in `slot` changes (empty when the slot is free)."""

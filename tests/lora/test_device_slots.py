@@ -108,6 +108,23 @@ def test_reload_replaces_and_clear_zeroes(tiny_llama):
     assert slots.targets(0) == frozenset() and slots.fingerprints[0] is None
 
 
+def test_a_layers_views_are_made_once_and_see_every_load_and_clear(tiny_llama):
+    """layer() hands out the same views of the stacks at every call (a step makes no new views), and they see the
+    loads and clears that come after they were first handed out: the slots are written in place."""
+    cfg = tiny_llama.config
+    slots = LoraSlots(cfg, max_loras=2, max_lora_rank=8, dtype=torch.float32, device="cpu", layout="rank_major")
+    a, b, _ = slots.layer(1, "qkv")
+    assert slots.layer(1, "qkv")[0] is a and slots.layer(1, "qkv")[1] is b
+    assert a.count_nonzero() == 0 and b.count_nonzero() == 0
+    ckpt = _ckpt(cfg, 4, ["q_proj"], scale=1.0)
+    slots.load(1, ckpt)
+    qa, qb = ckpt.weights[(1, "q_proj")]
+    assert torch.equal(a[1, :4], qa) and torch.equal(b[1, : cfg.q_size, :4], qb)
+    assert torch.equal(a, slots.stacks["qkv"].a[1]) and torch.equal(b, slots.stacks["qkv"].b[1])
+    slots.clear(1)
+    assert a.count_nonzero() == 0 and b.count_nonzero() == 0
+
+
 def test_errors(tiny_llama):
     cfg = tiny_llama.config
     slots = LoraSlots(cfg, max_loras=2, max_lora_rank=4, dtype=torch.float32, device="cpu")
