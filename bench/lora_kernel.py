@@ -5,7 +5,7 @@ engine, and how much of that does the kernel (gpu/lora_cpu_kernel.py) take away.
 hidden 512, 8 layers, vocab 32,000), 6 of its rank-16 adapters on all seven projections; 24 prompts of 48 ids,
 40 greedy tokens; two workloads on a LoRA-enabled engine: the mixed batch (6 adapters + base rows) and the same
 prompts with no adapter. Two engines per dtype in this process: one whose adapter slots hold B rank-major (the
-kernel runs the decode tokens) and one built with the kernel switched off ($LORALEDGER_CPU_KERNELS=0 while it is
+kernel runs) and one built with the kernel switched off ($LORALEDGER_CPU_KERNELS=0 while it is
 built: its slots hold B block-diagonal and every LoRA product runs in torch). Every round runs both workloads on
 both engines, alternating the engine order; read the per-round ratios (median, range): own mixed / own no-adapter
 for each path, and the kernel's mixed tokens/s over the torch path's. Greedy ids of the two paths are compared

@@ -1,11 +1,13 @@
-"""The CPU LoRA kernel (gpu/kernels/lora_cpu.c): the decode tokens' multi-LoRA delta in one call per fused module.
+"""The CPU LoRA kernel (gpu/kernels/lora_cpu.c): a step's multi-LoRA delta in one call per fused module.
 
 Why a kernel: at decode each adapter has a few tokens, and in plain torch one module's delta is a gather, a
 grouped `bmm` for A, one for B, a compaction and an add, each with a fixed cost (a bf16 `bmm` of a few rows
 spends ~20 us setting up oneDNN before it multiplies anything) and each writing an intermediate tensor; a step of
 the bench model makes 32 such calls. The kernel reads each active slot's A and B rows once for up to 4 tokens,
 keeps h in registers and scratch, and adds the delta into y in place: ~3x less time per step than the torch path
-for the same arithmetic (bench/RESULTS.md, "Where a mixed bf16 step goes").
+for the same arithmetic (bench/RESULTS.md, "Where a mixed bf16 step goes"). Prefill runs of one adapter go
+through it as groups too, except bf16 on a CPU with native bf16 (oneDNN's bf16 GEMMs): torch's GEMMs of a few
+dozen rows at rank 16 spend more time per product than they multiply.
 
 Layouts: A as the slots hold it ([S, n*R, in] per layer); B rank-major, [S, R, out_total] per layer (row r of every
 slice side by side, no zero blocks), which LoraSlots holds for these ops (`layout="rank_major"`) and hands out
@@ -41,7 +43,7 @@ _ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P,
 
 
 class LoraCpuKernel:
-    """The loaded library: `grouped(...)` runs one fused module's delta for a step's grouped decode tokens."""
+    """The loaded library: `grouped(...)` runs one fused module's delta for a step's groups of tokens."""
 
     def __init__(self, library: ctypes.CDLL, path: Path) -> None:
         self.path = path

@@ -18,7 +18,7 @@ _SEGMENT_MIN = 16
 
 class TorchLoraOps(Ops):
     def lora_b_layout(self, model_dtype: torch.dtype, device: torch.device) -> str:
-        """Rank-major B where the CPU kernel runs the decode tokens (gpu/lora_cpu_kernel.py: a dtype it has, the slots
+        """Rank-major B where the CPU kernel runs (gpu/lora_cpu_kernel.py: a dtype it has, the slots
         in the model's dtype); elsewhere block-diagonal: one expand product per fused module instead of one per
         slice, fewer small ops where each costs microseconds."""
         device = torch.device(device)
@@ -161,9 +161,12 @@ class TorchLoraOps(Ops):
             with _one_thread():
                 self._grouped(x, a_stack, b_stack, meta, g, slice_offsets, y, rank, reduced, native)
         if ex["segments"]:
-            # bf16 on a CPU without native bf16: torch would multiply fp32 copies of every segment's rows and stacks
-            # (1,985 prefill tokens, 8 adapters, one fused qkv: 54 ms); the kernel reads them as they are (9.6 ms)
-            sg = _segment_groups(ex) if reduced and not native else None
+            # the segments through the kernel too, except bf16 on a CPU with native bf16 (oneDNN's bf16 GEMMs). bf16
+            # without it: torch would multiply fp32 copies of every segment's rows and stacks (1,985 prefill tokens,
+            # 8 adapters, one fused qkv: 54 ms; the kernel 9.6 ms). fp32: torch's GEMMs of a few dozen rows and rank
+            # 16 spend more time per product than they multiply (21 segments of 48 tokens, the bench model's 4 fused
+            # modules: 110-170 ms a prefill step against the kernel's 88-123 on an AVX2 EPYC)
+            sg = None if native else _segment_groups(ex)
             kernel = None if sg is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, sg)
             if kernel is not None:
                 self._kernel_grouped(kernel, x, a_stack, b_stack, meta, sg, slice_offsets, y)
@@ -220,30 +223,51 @@ class TorchLoraOps(Ops):
         contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit
         column stride, and every index it reads without bounds in range (token rows, slots, slice columns);
         None otherwise (the torch path runs)."""
-        if not x.device.type == y.device.type == a.device.type == b.device.type == "cpu":
-            return None
-        kernel = lora_cpu_kernel.load()
+        kernel = self._stack_kernel(a, b, slice_offsets)
         fits = (
             kernel is not None
-            and kernel.supports(x.dtype)
-            and x.dtype == y.dtype == a.dtype == b.dtype
+            and x.device.type == y.device.type == "cpu"
+            and x.dtype == y.dtype == a.dtype
             and x.dim() == y.dim() == 2
-            and a.dim() == b.dim() == 3
-            and a.is_contiguous()
-            and _strides_are(b, (b.shape[1] * b.shape[2], 1, b.shape[1]))
             and x.stride(1) == 1
             and y.stride(1) == 1
-            and a.shape[0] == b.shape[0]
-            and a.shape[1] == (len(slice_offsets) - 1) * b.shape[2]
             and x.shape[1] == a.shape[2]
             and y.shape[1] == b.shape[1]
-            and self._offsets_tensor(slice_offsets) is not None
-            and slice_offsets[-1] <= b.shape[1]
             and g["rows"] <= min(x.shape[0], y.shape[0])
             and 0 <= g["slot_min"]
             and g["slot_max"] < a.shape[0]
         )
         return kernel if fits else None
+
+    def _stack_kernel(
+        self, a: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...]
+    ) -> lora_cpu_kernel.LoraCpuKernel | None:
+        """_kernel_for's checks of one module's stacks (A, B and its slice offsets), made once per pair of stack
+        views: LoraSlots hands out the same views of a layer's stacks at every step (written in place, never
+        reshaped), and 16 checks per call were ~40% of a decode call's time outside the kernel. Keyed on the views
+        and their storage, holding them so that a key is never reused; cleared past 4,096 pairs."""
+        cache = self.__dict__.setdefault("_lora_stack_kernels", {})
+        key = (id(a), id(b), a.data_ptr(), b.data_ptr(), slice_offsets)
+        hit = cache.get(key)
+        if hit is not None and hit[0] is a and hit[1] is b:
+            return hit[2]
+        if len(cache) >= 4096:
+            cache.clear()
+        kernel = lora_cpu_kernel.load() if a.device.type == b.device.type == "cpu" else None
+        fits = (
+            kernel is not None
+            and kernel.supports(a.dtype)
+            and a.dtype == b.dtype
+            and a.dim() == b.dim() == 3
+            and a.is_contiguous()
+            and _strides_are(b, (b.shape[1] * b.shape[2], 1, b.shape[1]))
+            and a.shape[0] == b.shape[0]
+            and a.shape[1] == (len(slice_offsets) - 1) * b.shape[2]
+            and self._offsets_tensor(slice_offsets) is not None
+            and slice_offsets[-1] <= b.shape[1]
+        )
+        cache[key] = (a, b, kernel if fits else None)
+        return cache[key][2]
 
     def _kernel_grouped(
         self,
@@ -257,8 +281,12 @@ class TorchLoraOps(Ops):
         y: torch.Tensor,
     ) -> None:
         """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
-        # a few KiB, the call's own: two threads on one TorchOps must not share it (the kernel runs without the GIL)
-        scratch = torch.empty(lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1]), dtype=torch.float32)
+        # a few KiB, the plan's own: one step's calls run one after another, and two threads on one TorchOps run
+        # two plans (the kernel runs without the GIL, so they must not share it)
+        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
+        scratch = g.get("scratch")
+        if scratch is None or scratch.shape[0] < floats:
+            scratch = g["scratch"] = torch.empty(floats, dtype=torch.float32)
         ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
         usable = (
             isinstance(ranks, torch.Tensor)
@@ -381,7 +409,7 @@ def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, 
 def _segment_groups(extra: dict) -> dict | None:
     """The plan's segments (start, end, slot) as the CPU kernel's group table (see lora_prepare's grouped dict): a
     group per segment, its tokens start..end-1; None without segments. Built by the first module of a step that
-    needs it (only bf16 on a CPU without native bf16 does) and kept in the plan for the step's other modules."""
+    needs it and kept in the plan for the step's other modules."""
     if "segment_groups" not in extra:
         extra["segment_groups"] = _as_groups(extra["segments"])
     return extra["segment_groups"]

@@ -97,12 +97,12 @@ def test_bf16_matches_the_torch_path_bit_for_bit_at_decode_shapes():
     assert (got != want).sum().item() <= 0.001 * got.numel()
 
 
-def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16(monkeypatch):
-    """Long same-adapter runs (prefill chunks) in bf16 on a CPU without native bf16 products: the kernel takes them
-    as groups, with the torch path's roundings (h and the delta to bf16); base rows stay untouched."""
+def _prefill_runs(dtype: torch.dtype, native_bf16: bool, monkeypatch) -> tuple[list, dict, torch.Tensor, torch.Tensor]:
+    """Long same-adapter runs (prefill chunks) through lora_apply with a "slices" B (the torch path) and the same B
+    rank-major (the kernel's layout): the group tables the kernel was called with, the plan, both results."""
     from loraledger.gpu import ops_torch_lora
 
-    monkeypatch.setattr(ops_torch_lora, "_native_bf16", lambda *tensors: False)
+    monkeypatch.setattr(ops_torch_lora.cpu_features, "native_bf16", lambda: native_bf16)
     calls = []
     original = ops_torch_lora.TorchLoraOps._kernel_grouped
     monkeypatch.setattr(
@@ -110,23 +110,69 @@ def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16
     )
     g = torch.Generator().manual_seed(11)
     offsets, rank, slots = (0, 96, 128, 160), 8, 3
-    a = (torch.randn(slots, 3 * rank, 96, generator=g) * 0.1).bfloat16()
-    b = (torch.randn(slots, 160, rank, generator=g) * 0.1).bfloat16()
+    a = (torch.randn(slots, 3 * rank, 96, generator=g) * 0.1).to(dtype)
+    b = (torch.randn(slots, 160, rank, generator=g) * 0.1).to(dtype)
     token_slots = [0] * 40 + [-1] * 7 + [2] * 33 + [1] * 20
-    x = torch.randn(len(token_slots), 96, generator=g).bfloat16()
-    y0 = torch.randn(len(token_slots), 160, generator=g).bfloat16()
+    x = torch.randn(len(token_slots), 96, generator=g).to(dtype)
+    y0 = torch.randn(len(token_slots), 160, generator=g).to(dtype)
     ops = TorchOps()
     meta = ops.lora_prepare(torch.tensor(token_slots, dtype=torch.int32), slots)
     assert meta.extra["grouped"] is None and len(meta.extra["segments"]) == 3
     want, got = y0.clone(), y0.clone()
-    ops.lora_apply(x, a, b, meta, offsets, want)  # "slices" B: the torch path
+    ops.lora_apply(x, a, b, meta, offsets, want)
     assert not calls
     ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
-    assert calls == [meta.extra["segment_groups"]]
-    assert (got != want).sum().item() <= 0.01 * got.numel()
-    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
     base = torch.tensor(token_slots) < 0
     assert torch.equal(got[base], y0[base])
+    return calls, meta.extra, got, want
+
+
+def test_fp32_prefill_runs_go_through_the_kernel(monkeypatch):
+    """fp32 prefill chunks: the kernel takes the runs as groups (one call per module instead of a few small GEMMs
+    per run) and gives torch's delta within fp32 rounding; base rows stay untouched."""
+    calls, extra, got, want = _prefill_runs(torch.float32, False, monkeypatch)
+    assert calls == [extra["segment_groups"]]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16(monkeypatch):
+    """bf16 prefill chunks on a CPU without native bf16 products: the kernel takes them as groups, with the torch
+    path's roundings (h and the delta to bf16)."""
+    calls, extra, got, want = _prefill_runs(torch.bfloat16, False, monkeypatch)
+    assert calls == [extra["segment_groups"]]
+    assert (got != want).sum().item() <= 0.01 * got.numel()
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
+
+
+def test_bf16_prefill_runs_stay_with_onednn_where_the_cpu_has_native_bf16(monkeypatch):
+    """With native bf16 products the runs are oneDNN's bf16 GEMMs (the kernel is not called for them); the result
+    is the same delta within bf16 rounding."""
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("needs oneDNN (torch.backends.mkldnn) for bf16 GEMMs")
+    calls, extra, got, want = _prefill_runs(torch.bfloat16, True, monkeypatch)
+    assert calls == []
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
+
+
+def test_the_stack_checks_are_made_once_per_pair_of_views_and_never_taken_for_another():
+    """_kernel_for checks a module's stacks once per pair of views: a view of another layout (here a B that is
+    not rank-major) is checked anew and goes to the torch path, and the cache stays bounded."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 3 * 8, 64, generator=g)
+    rank_major = torch.randn(4, 8, 96, generator=g).transpose(1, 2)
+    plain = rank_major.contiguous()
+    x, y = torch.randn(20, 64, generator=g), torch.zeros(20, 96)
+    ops = TorchOps()
+    meta = ops.lora_prepare(torch.tensor([0, 1] * 10, dtype=torch.int32), 4)
+    offsets = (0, 32, 64, 96)
+    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    assert ops._kernel_for(x, a, plain, y, offsets, meta.extra["grouped"]) is None
+    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    assert ops._kernel_for(x, a.transpose(1, 2).contiguous().transpose(1, 2), rank_major, y, offsets,
+                           meta.extra["grouped"]) is None  # fmt: skip
+    for _ in range(4200):
+        ops._stack_kernel(a[:], rank_major, offsets)
+    assert len(ops._lora_stack_kernels) <= 4096
 
 
 def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch):
