@@ -14,6 +14,9 @@ from loraledger.lora.device_slots import slot_dtype
 _REDUCED = (torch.bfloat16, torch.float16)
 # a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
 _SEGMENT_MIN = 16
+# fp32 runs of at most this many same-adapter tokens go through the CPU kernel, longer ones through torch's GEMMs
+# (where the two cross on an AVX2 EPYC, the bench model's modules: see TorchLoraOps._runs)
+_KERNEL_RUN_MAX = 96
 
 
 class TorchLoraOps(Ops):
@@ -161,17 +164,39 @@ class TorchLoraOps(Ops):
             with _one_thread():
                 self._grouped(x, a_stack, b_stack, meta, g, slice_offsets, y, rank, reduced, native)
         if ex["segments"]:
-            # the segments through the kernel too, except bf16 on a CPU with native bf16 (oneDNN's bf16 GEMMs). bf16
-            # without it: torch would multiply fp32 copies of every segment's rows and stacks (1,985 prefill tokens,
-            # 8 adapters, one fused qkv: 54 ms; the kernel 9.6 ms). fp32: torch's GEMMs of a few dozen rows and rank
-            # 16 spend more time per product than they multiply (21 segments of 48 tokens, the bench model's 4 fused
-            # modules: 110-170 ms a prefill step against the kernel's 88-123 on an AVX2 EPYC)
-            sg = None if native else _segment_groups(ex)
-            kernel = None if sg is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, sg)
-            if kernel is not None:
-                self._kernel_grouped(kernel, x, a_stack, b_stack, meta, sg, slice_offsets, y)
-            else:
-                self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, reduced and not native)
+            self._runs(x, a_stack, b_stack, meta, slice_offsets, y, rank, reduced, native)
+
+    def _runs(
+        self,
+        x: torch.Tensor,
+        a_stack: torch.Tensor,
+        b_stack: torch.Tensor,
+        meta: LoraMeta,
+        slice_offsets: tuple[int, ...],
+        y: torch.Tensor,
+        rank: int,
+        reduced: bool,
+        native: bool,
+    ) -> None:
+        """The plan's long same-adapter runs (prefill chunks): which go through the kernel, which through torch.
+
+        bf16 on a CPU with native bf16: oneDNN's bf16 GEMMs, all of them. bf16 without it: the kernel, all of them
+        (torch would multiply fp32 copies of every run's rows and stacks; 1,985 prefill tokens, 8 adapters, one fused
+        qkv: 54 ms against the kernel's 9.6). fp32: the kernel for runs of up to _KERNEL_RUN_MAX tokens, torch's GEMMs
+        for longer ones (the bench model's 4 fused modules, 1,536 tokens, kernel against torch on an AVX2 EPYC: runs
+        of 16 tokens 18 ms against 34, of 48 16 against 20, of 96 19 against 20, of 192 20 against 15)."""
+        ex = meta.extra
+        if native:
+            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, False)
+            return
+        groups, rest = _kernel_runs(ex, every_run=reduced)
+        kernel = None if groups is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, groups)
+        if kernel is not None:
+            self._kernel_grouped(kernel, x, a_stack, b_stack, meta, groups, slice_offsets, y)
+        else:
+            rest = ex["segments"]
+        if rest:
+            self._segments(x, a_stack, b_stack, rest, slice_offsets, y, rank, reduced)
 
     def _grouped(
         self,
@@ -406,13 +431,17 @@ def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, 
     ]
 
 
-def _segment_groups(extra: dict) -> dict | None:
-    """The plan's segments (start, end, slot) as the CPU kernel's group table (see lora_prepare's grouped dict): a
-    group per segment, its tokens start..end-1; None without segments. Built by the first module of a step that
-    needs it and kept in the plan for the step's other modules."""
-    if "segment_groups" not in extra:
-        extra["segment_groups"] = _as_groups(extra["segments"])
-    return extra["segment_groups"]
+def _kernel_runs(extra: dict, every_run: bool) -> tuple[dict | None, list[tuple[int, int, int]]]:
+    """The plan's runs (start, end, slot) the CPU kernel takes, as its group table (see lora_prepare's grouped
+    dict: a group per run, its tokens start..end-1; None when there are none), and the runs left to torch: every run
+    to the kernel where `every_run`, else those of at most _KERNEL_RUN_MAX tokens. Made by the first module of a
+    step that needs it and kept in the plan for the step's other modules."""
+    key = "kernel_runs_all" if every_run else "kernel_runs"
+    if key not in extra:
+        runs = extra["segments"]
+        short = runs if every_run else [r for r in runs if r[1] - r[0] <= _KERNEL_RUN_MAX]
+        extra[key] = (_as_groups(short), [] if every_run else [r for r in runs if r[1] - r[0] > _KERNEL_RUN_MAX])
+    return extra[key]
 
 
 def _as_groups(segments: list[tuple[int, int, int]]) -> dict | None:

@@ -127,19 +127,33 @@ def _prefill_runs(dtype: torch.dtype, native_bf16: bool, monkeypatch) -> tuple[l
     return calls, meta.extra, got, want
 
 
-def test_fp32_prefill_runs_go_through_the_kernel(monkeypatch):
-    """fp32 prefill chunks: the kernel takes the runs as groups (one call per module instead of a few small GEMMs
-    per run) and gives torch's delta within fp32 rounding; base rows stay untouched."""
+def test_fp32_prefill_runs_go_through_the_kernel_up_to_a_length(monkeypatch):
+    """fp32 prefill chunks: the kernel takes the runs of up to _KERNEL_RUN_MAX tokens as groups (one call per module
+    instead of a few small GEMMs per run), torch's GEMMs the longer ones; the delta is torch's within fp32 rounding
+    and base rows stay untouched."""
+    from loraledger.gpu import ops_torch_lora
+
     calls, extra, got, want = _prefill_runs(torch.float32, False, monkeypatch)
-    assert calls == [extra["segment_groups"]]
+    assert calls == [extra["kernel_runs"][0]] and extra["kernel_runs"][1] == []
+    assert extra["kernel_runs"][0]["bounds"].tolist() == [0, 40, 73, 93]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(ops_torch_lora, "_KERNEL_RUN_MAX", 35)  # the 40-token run goes to torch
+    calls, extra, got, want = _prefill_runs(torch.float32, False, monkeypatch)
+    assert calls == [extra["kernel_runs"][0]] and extra["kernel_runs"][1] == [(0, 40, 0)]
+    assert extra["kernel_runs"][0]["bounds"].tolist() == [0, 33, 53]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16(monkeypatch):
     """bf16 prefill chunks on a CPU without native bf16 products: the kernel takes them as groups, with the torch
     path's roundings (h and the delta to bf16)."""
+    from loraledger.gpu import ops_torch_lora
+
+    monkeypatch.setattr(
+        ops_torch_lora, "_KERNEL_RUN_MAX", 1
+    )  # bf16 without native bf16: every run, whatever its length
     calls, extra, got, want = _prefill_runs(torch.bfloat16, False, monkeypatch)
-    assert calls == [extra["segment_groups"]]
+    assert calls == [extra["kernel_runs_all"][0]] and extra["kernel_runs_all"][1] == []
     assert (got != want).sum().item() <= 0.01 * got.numel()
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
 
