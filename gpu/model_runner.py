@@ -15,7 +15,7 @@ from loraledger.gpu import base_model
 from loraledger.gpu.cuda_graphs import DecodeGraphs
 from loraledger.gpu.forward_batch import BatchLayout, build_forward_batch, decode_layout, order_for_batch
 from loraledger.gpu.grammar_mask import GrammarMask
-from loraledger.gpu.heap import keep_freed_memory
+from loraledger.gpu.heap import hand_back_freed_memory
 from loraledger.gpu.kv_cache import KVCache
 from loraledger.gpu.model import Model
 from loraledger.gpu.ops import Ops
@@ -140,7 +140,7 @@ class ModelRunner:
         self.sampler = Sampler(self.config.vocab_size, self.device)
         self.grammar_mask = GrammarMask(self.config.vocab_size)
         if self.device.type == "cpu":
-            keep_freed_memory()  # after the last allocation of the load: its freed temporaries go back too
+            hand_back_freed_memory()  # after the last allocation of the load
         self.graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda" or ops.name != "cuda":

@@ -42,6 +42,7 @@ def prepare(args: EngineArgs) -> EngineSetup:
     from loraledger.gpu import base_model
     from loraledger.gpu.backend import select_backend
     from loraledger.gpu.gguf_weights import is_gguf
+    from loraledger.gpu.heap import keep_freed_memory
     from loraledger.gpu.kv_cache import KVCache
     from loraledger.gpu.model_runner import ModelRunner
 
@@ -63,6 +64,8 @@ def prepare(args: EngineArgs) -> EngineSetup:
     if quantization is None:
         refuse_unimplemented_weights(model_dir)
     ops, device = select_backend(args.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # before the step thread starts (gpu/heap.py says why)
     config = base_model.read_config(model_dir)
     config.check_device(device.type)
     base_model.check_device(quantization, device)
