@@ -269,10 +269,11 @@ class TorchLoraOps(Ops):
     ) -> lora_cpu_kernel.LoraCpuKernel | None:
         """_kernel_for's checks of one module's stacks (A, B and its slice offsets), made once per pair of stack
         views: LoraSlots hands out the same views of a layer's stacks at every step (written in place, never
-        reshaped), and 16 checks per call were ~40% of a decode call's time outside the kernel. Keyed on the views
-        and their storage, holding them so that a key is never reused; cleared past 4,096 pairs."""
+        reshaped), and 16 checks per call were ~40% of a decode call's time outside the kernel. Keyed on the views,
+        their storage, shapes and strides (a view changed in place, by transpose_ or as_strided_, is checked anew),
+        holding them so that a key is never reused; cleared past 4,096 pairs."""
         cache = self.__dict__.setdefault("_lora_stack_kernels", {})
-        key = (id(a), id(b), a.data_ptr(), b.data_ptr(), slice_offsets)
+        key = (id(a), id(b), a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), slice_offsets)
         hit = cache.get(key)
         if hit is not None and hit[0] is a and hit[1] is b:
             return hit[2]

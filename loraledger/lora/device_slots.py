@@ -24,7 +24,7 @@ from loraledger.lora.slot_stacks import FUSED_MODULES, fused_layout, stack_for_s
 LAYOUTS = ("slices", "block_diagonal", "rank_major")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoraStack:
     """One fused module's slots for every layer: A [L, S, n*R, in], B [L, S, out_total, R] (scale folded in),
     B held in one of LAYOUTS."""

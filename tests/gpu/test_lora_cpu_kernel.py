@@ -187,6 +187,10 @@ def test_the_stack_checks_are_made_once_per_pair_of_views_and_never_taken_for_an
     for _ in range(4200):
         ops._stack_kernel(a[:], rank_major, offsets)
     assert len(ops._lora_stack_kernels) <= 4096
+    moved = rank_major.clone().transpose(1, 2).contiguous().transpose(1, 2)  # rank-major, then changed in place
+    assert ops._kernel_for(x, a, moved, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    moved.as_strided_(moved.shape, (moved.shape[1] * moved.shape[2], moved.shape[2], 1))  # now "slices" strides
+    assert ops._kernel_for(x, a, moved, y, offsets, meta.extra["grouped"]) is None
 
 
 def test_where_it_cannot_be_built_the_torch_path_runs(monkeypatch):
