@@ -446,6 +446,8 @@ def _kernel_runs(extra: dict, every_run: bool) -> tuple[dict | None, list[tuple[
 
 
 def _as_groups(segments: list[tuple[int, int, int]]) -> dict | None:
+    """Runs (start, end, slot) as the CPU kernel's group table (see lora_prepare's grouped dict): a group per
+    run, its tokens start..end-1; None without runs."""
     if not segments:
         return None
     starts, ends, slots = (np.array(column, dtype=np.int64) for column in zip(*segments))
