@@ -31,19 +31,27 @@ def native_bf16() -> bool:
     override = os.environ.get(OVERRIDE_ENV, "").strip()
     if override in ("0", "1"):
         return override == "1"
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return False
-    return bool(cpu_flags(text) & NATIVE_BF16_FLAGS)
+    return bool(_this_cpu() & NATIVE_BF16_FLAGS)
 
 
 @functools.cache
 def bf16_reorder_possible() -> bool:
     """True where oneDNN can pre-pack a bf16 weight (AVX512BW+VL+DQ, or AVX-NE-CONVERT): an AVX2-only CPU cannot,
     even with $LORALEDGER_CPU_NATIVE_BF16=1."""
-    try:
-        flags = cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
-    except OSError:
-        return False
+    flags = _this_cpu()
     return any(need <= flags for need in BF16_REORDER_FLAG_SETS)
+
+
+@functools.cache
+def amx_bf16() -> bool:
+    """True on a CPU with AMX's bf16 tiles, which oneDNN's bf16 GEMMs use (False where /proc/cpuinfo cannot be read)."""
+    return "amx_bf16" in _this_cpu()
+
+
+@functools.cache
+def _this_cpu() -> frozenset[str]:
+    """This CPU's flags (empty where /proc/cpuinfo cannot be read)."""
+    try:
+        return cpu_flags(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        return frozenset()

@@ -6,7 +6,7 @@ spends ~20 us setting up oneDNN before it multiplies anything) and each writing 
 the bench model makes 32 such calls. The kernel reads each active slot's A and B rows once for up to 4 tokens,
 keeps h in registers and scratch, and adds the delta into y in place: ~3x less time per step than the torch path
 for the same arithmetic (bench/RESULTS.md, "Where a mixed bf16 step goes"). Prefill runs of one adapter go
-through it as groups too, except bf16 on a CPU with native bf16 (oneDNN's bf16 GEMMs): torch's GEMMs of a few
+through it as groups too, up to a length that depends on the CPU (LoraCpuKernel.run_limit): torch's GEMMs of a few
 dozen rows at rank 16 spend more time per product than they multiply.
 
 Layouts: A as the slots hold it ([S, n*R, in] per layer); B rank-major, [S, R, out_total] per layer (row r of every
@@ -33,11 +33,14 @@ from pathlib import Path
 
 import torch
 
-from loraledger.gpu import cpu_kernels
+from loraledger.gpu import cpu_features, cpu_kernels
 
 SOURCE = "lora_cpu.c"
 TOKENS_PER_PASS = 4  # MT in the source: scratch rows per pass
 _FUNCTIONS = {torch.float32: "lora_grouped_f32", torch.bfloat16: "lora_grouped_bf16"}
+# the longest prefill runs the kernel takes (LoraCpuKernel.run_limit)
+_RUN_MAX_8_LANES = 96
+_RUN_MAX_16_LANES = 256
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _ARGTYPES = [_P, _I, _I, _P, _I, _P, _I, _P, _I, _I, _I, _P, _I, _P, _I, _P, _P, _P, _P]
 
@@ -53,9 +56,29 @@ class LoraCpuKernel:
             fn.argtypes = _ARGTYPES
             fn.restype = ctypes.c_int
             self._functions[dtype] = fn
+        self.lanes = int(library.lora_vector_lanes())  # of its fp32 vectors: 16 with AVX-512, else 8
+        self.bf16_dot = bool(library.lora_bf16_dot())  # its bf16 products are vdpbf16ps (AVX512-BF16)
 
     def supports(self, dtype: torch.dtype) -> bool:
         return dtype in self._functions
+
+    def run_limit(self, dtype: torch.dtype, native_bf16: bool) -> int | None:
+        """The longest prefill run (same-adapter tokens) this build takes instead of torch's GEMMs: None for every
+        run, 0 for none. The kernel's time per token is flat; torch's falls with the run's length as its per-GEMM
+        cost is spread, and where the two cross depends on the vectors (measured, bench/RESULTS.md: on an AVX2
+        EPYC kernel / torch 1.05x at 96-token runs and 0.76x at 192; on an AVX-512 EPYC it is still ahead at 144-192
+        in fp32 and in bf16 against oneDNN, behind at 288 in fp32 and at 1,152 in bf16).
+        - fp32: 96 tokens with 8 lanes, 256 with 16;
+        - bf16 that the CPU emulates: every run (torch would multiply fp32 copies of every run's rows and stacks);
+        - bf16 with native products: 256 where this build's are vdpbf16ps and the CPU has no AMX (oneDNN's AMX
+          tiles multiply several times faster, not measured here: runs stay with oneDNN), else none."""
+        if dtype == torch.float32:
+            return _RUN_MAX_16_LANES if self.lanes >= 16 else _RUN_MAX_8_LANES
+        if dtype != torch.bfloat16:
+            return 0
+        if not native_bf16:
+            return None
+        return _RUN_MAX_16_LANES if self.bf16_dot and not cpu_features.amx_bf16() else 0
 
     def grouped(
         self,

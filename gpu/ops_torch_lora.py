@@ -14,9 +14,6 @@ from loraledger.lora.device_slots import slot_dtype
 _REDUCED = (torch.bfloat16, torch.float16)
 # a run of at least this many same-adapter tokens gets its own GEMMs instead of the grouped bmm
 _SEGMENT_MIN = 16
-# fp32 runs of at most this many same-adapter tokens go through the CPU kernel, longer ones through torch's GEMMs
-# (where the two cross on an AVX2 EPYC, the bench model's modules: see TorchLoraOps._runs)
-_KERNEL_RUN_MAX = 96
 
 
 class TorchLoraOps(Ops):
@@ -178,25 +175,22 @@ class TorchLoraOps(Ops):
         reduced: bool,
         native: bool,
     ) -> None:
-        """The plan's long same-adapter runs (prefill chunks): which go through the kernel, which through torch.
-
-        bf16 on a CPU with native bf16: oneDNN's bf16 GEMMs, all of them. bf16 without it: the kernel, all of them
-        (torch would multiply fp32 copies of every run's rows and stacks; 1,985 prefill tokens, 8 adapters, one fused
-        qkv: 54 ms against the kernel's 9.6). fp32: the kernel for runs of up to _KERNEL_RUN_MAX tokens, torch's GEMMs
-        for longer ones (the bench model's 4 fused modules, 1,536 tokens, kernel against torch on an AVX2 EPYC: runs
-        of 16 tokens 18 ms against 34, of 48 16 against 20, of 96 19 against 20, of 192 20 against 15)."""
+        """The plan's long same-adapter runs (prefill chunks): the CPU kernel takes those up to its run limit
+        (LoraCpuKernel.run_limit: 96 or 256 tokens in fp32 by the CPU's vectors; every run of bf16 that the CPU
+        emulates, where torch would multiply fp32 copies of every run's rows and stacks: 1,985 prefill tokens, 8
+        adapters, one fused qkv, 54 ms against the kernel's 9.6; 256 tokens of native bf16 with AVX512-BF16, none
+        with AMX), torch's GEMMs the rest (oneDNN's bf16 GEMMs with native bf16)."""
         ex = meta.extra
-        if native:
-            self._segments(x, a_stack, b_stack, ex["segments"], slice_offsets, y, rank, False)
-            return
-        groups, rest = _kernel_runs(ex, every_run=reduced)
+        kernel = lora_cpu_kernel.load() if x.device.type == "cpu" else None
+        limit = 0 if kernel is None else kernel.run_limit(x.dtype, native)
+        groups, rest = _kernel_runs(ex, limit)
         kernel = None if groups is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, groups)
         if kernel is not None:
             self._kernel_grouped(kernel, x, a_stack, b_stack, meta, groups, slice_offsets, y)
         else:
             rest = ex["segments"]
         if rest:
-            self._segments(x, a_stack, b_stack, rest, slice_offsets, y, rank, reduced)
+            self._segments(x, a_stack, b_stack, rest, slice_offsets, y, rank, reduced and not native)
 
     def _grouped(
         self,
@@ -432,16 +426,16 @@ def _expand_slices(hg: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, 
     ]
 
 
-def _kernel_runs(extra: dict, every_run: bool) -> tuple[dict | None, list[tuple[int, int, int]]]:
+def _kernel_runs(extra: dict, limit: int | None) -> tuple[dict | None, list[tuple[int, int, int]]]:
     """The plan's runs (start, end, slot) the CPU kernel takes, as its group table (see lora_prepare's grouped
-    dict: a group per run, its tokens start..end-1; None when there are none), and the runs left to torch: every run
-    to the kernel where `every_run`, else those of at most _KERNEL_RUN_MAX tokens. Made by the first module of a
-    step that needs it and kept in the plan for the step's other modules."""
-    key = "kernel_runs_all" if every_run else "kernel_runs"
+    dict: a group per run, its tokens start..end-1; None when there are none), and the runs left to torch: those
+    of at most `limit` tokens to the kernel (every run where None). Made by the first module of a step that needs
+    it and kept in the plan for the step's other modules."""
+    key = ("kernel_runs", limit)
     if key not in extra:
         runs = extra["segments"]
-        short = runs if every_run else [r for r in runs if r[1] - r[0] <= _KERNEL_RUN_MAX]
-        extra[key] = (_as_groups(short), [] if every_run else [r for r in runs if r[1] - r[0] > _KERNEL_RUN_MAX])
+        short = [r for r in runs if limit is None or r[1] - r[0] <= limit]
+        extra[key] = (_as_groups(short), [r for r in runs if limit is not None and r[1] - r[0] > limit])
     return extra[key]
 
 

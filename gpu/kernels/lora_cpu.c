@@ -241,3 +241,15 @@ int NAME(const T *x, int64_t x_stride, int64_t in_features, const T *a, int64_t 
 
 LORA_GROUPED(lora_grouped_f32, float, pass_f32)
 LORA_GROUPED(lora_grouped_bf16, uint16_t, pass_bf16)
+
+/* What this build multiplies with, for the caller's choice of which prefill runs it takes (gpu/lora_cpu_kernel.py):
+   the lanes of its fp32 vectors, and whether its bf16 products are vdpbf16ps (1) or fp32 vectors (0). */
+int lora_vector_lanes(void) { return VL; }
+int lora_bf16_dot(void)
+{
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    return 1;
+#else
+    return 0;
+#endif
+}

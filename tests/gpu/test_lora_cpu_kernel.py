@@ -127,44 +127,76 @@ def _prefill_runs(dtype: torch.dtype, native_bf16: bool, monkeypatch) -> tuple[l
     return calls, meta.extra, got, want
 
 
-def test_fp32_prefill_runs_go_through_the_kernel_up_to_a_length(monkeypatch):
-    """fp32 prefill chunks: the kernel takes the runs of up to _KERNEL_RUN_MAX tokens as groups (one call per module
-    instead of a few small GEMMs per run), torch's GEMMs the longer ones; the delta is torch's within fp32 rounding
-    and base rows stay untouched."""
-    from loraledger.gpu import ops_torch_lora
+def _runs_for_the_kernel(extra: dict, limit: int | None) -> tuple[dict | None, list]:
+    """The plan's entry for the kernel's runs at this run limit (its group table, the runs left to torch)."""
+    assert [k for k in extra if isinstance(k, tuple)] == [("kernel_runs", limit)]
+    return extra[("kernel_runs", limit)]
 
+
+def _run_max(monkeypatch, tokens: int) -> None:
+    """The kernel's fp32 run limit set to `tokens`, whatever this CPU's vectors."""
+    monkeypatch.setattr(lora_cpu_kernel, "_RUN_MAX_8_LANES", tokens)
+    monkeypatch.setattr(lora_cpu_kernel, "_RUN_MAX_16_LANES", tokens)
+
+
+@pytest.mark.parametrize("lanes, limit", [(8, 96), (16, 256)])
+def test_the_run_limit_follows_the_vectors_and_the_bf16_products(lanes, limit, monkeypatch):
+    """fp32 runs up to 96 tokens with 8 lanes and 256 with 16; emulated bf16 every run; native bf16 256 tokens
+    with vdpbf16ps and no AMX, else none (oneDNN's GEMMs); other dtypes none."""
+    kernel = lora_cpu_kernel.load()
+    monkeypatch.setattr(kernel, "lanes", lanes)
+    assert kernel.run_limit(torch.float32, False) == limit
+    assert kernel.run_limit(torch.bfloat16, False) is None
+    assert kernel.run_limit(torch.float16, False) == 0
+    for dot, amx, want in [(True, False, 256), (True, True, 0), (False, False, 0)]:
+        monkeypatch.setattr(kernel, "bf16_dot", dot)
+        monkeypatch.setattr(lora_cpu_kernel.cpu_features, "amx_bf16", lambda amx=amx: amx)
+        assert kernel.run_limit(torch.bfloat16, True) == want
+
+
+def test_fp32_prefill_runs_go_through_the_kernel_up_to_a_length(monkeypatch):
+    """fp32 prefill chunks: the kernel takes the runs up to its run limit as groups (one call per module instead of
+    a few small GEMMs per run), torch's GEMMs the longer ones; the delta is torch's within fp32 rounding and base
+    rows stay untouched."""
+    _run_max(monkeypatch, 96)
     calls, extra, got, want = _prefill_runs(torch.float32, False, monkeypatch)
-    assert calls == [extra["kernel_runs"][0]] and extra["kernel_runs"][1] == []
-    assert extra["kernel_runs"][0]["bounds"].tolist() == [0, 40, 73, 93]
+    groups, rest = _runs_for_the_kernel(extra, 96)
+    assert calls == [groups] and rest == []
+    assert groups["bounds"].tolist() == [0, 40, 73, 93]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(ops_torch_lora, "_KERNEL_RUN_MAX", 35)  # the 40-token run goes to torch
+    _run_max(monkeypatch, 35)  # the 40-token run goes to torch
     calls, extra, got, want = _prefill_runs(torch.float32, False, monkeypatch)
-    assert calls == [extra["kernel_runs"][0]] and extra["kernel_runs"][1] == [(0, 40, 0)]
-    assert extra["kernel_runs"][0]["bounds"].tolist() == [0, 33, 53]
+    groups, rest = _runs_for_the_kernel(extra, 35)
+    assert calls == [groups] and rest == [(0, 40, 0)]
+    assert groups["bounds"].tolist() == [0, 33, 53]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_bf16_prefill_runs_go_through_the_kernel_where_the_cpu_lacks_native_bf16(monkeypatch):
-    """bf16 prefill chunks on a CPU without native bf16 products: the kernel takes them as groups, with the torch
-    path's roundings (h and the delta to bf16)."""
-    from loraledger.gpu import ops_torch_lora
-
-    monkeypatch.setattr(
-        ops_torch_lora, "_KERNEL_RUN_MAX", 1
-    )  # bf16 without native bf16: every run, whatever its length
+    """bf16 prefill chunks on a CPU without native bf16 products: the kernel takes every run, whatever its length,
+    with the torch path's roundings (h and the delta to bf16)."""
+    _run_max(monkeypatch, 1)
     calls, extra, got, want = _prefill_runs(torch.bfloat16, False, monkeypatch)
-    assert calls == [extra["kernel_runs_all"][0]] and extra["kernel_runs_all"][1] == []
+    groups, rest = _runs_for_the_kernel(extra, None)
+    assert calls == [groups] and rest == []
     assert (got != want).sum().item() <= 0.01 * got.numel()
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
 
 
-def test_bf16_prefill_runs_stay_with_onednn_where_the_cpu_has_native_bf16(monkeypatch):
-    """With native bf16 products the runs are oneDNN's bf16 GEMMs (the kernel is not called for them); the result
-    is the same delta within bf16 rounding."""
+@pytest.mark.parametrize("dot, amx", [(True, False), (True, True), (False, False)])
+def test_native_bf16_prefill_runs_go_to_the_kernel_only_with_vdpbf16ps_and_without_amx(dot, amx, monkeypatch):
+    """With native bf16 products the kernel takes the runs up to 256 tokens where its bf16 products are vdpbf16ps
+    and the CPU has no AMX; otherwise they are oneDNN's bf16 GEMMs. Either way the same delta within bf16
+    rounding."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("needs oneDNN (torch.backends.mkldnn) for bf16 GEMMs")
+    kernel = lora_cpu_kernel.load()
+    monkeypatch.setattr(kernel, "bf16_dot", dot)
+    monkeypatch.setattr(lora_cpu_kernel.cpu_features, "amx_bf16", lambda: amx)
     calls, extra, got, want = _prefill_runs(torch.bfloat16, True, monkeypatch)
-    assert calls == []
+    taken = dot and not amx
+    groups, rest = _runs_for_the_kernel(extra, 256 if taken else 0)
+    assert calls == ([groups] if taken else []) and rest == ([] if taken else extra["segments"])
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=0.05)
 
 
