@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -80,48 +82,78 @@ class LoraCpuKernel:
             return None
         return _RUN_MAX_16_LANES if self.bf16_dot and not cpu_features.amx_bf16() else 0
 
-    def grouped(
-        self,
-        x: torch.Tensor,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        y: torch.Tensor,
-        slice_offsets: torch.Tensor,
-        slot_ranks: torch.Tensor | None,
-        group_slot: torch.Tensor,
-        group_start: torch.Tensor,
-        tokens: torch.Tensor,
-        scratch: torch.Tensor,
-    ) -> None:
+    def bind(self, a: torch.Tensor, b: torch.Tensor, slice_offsets: torch.Tensor) -> BoundStacks:
+        """One fused module's stacks as the kernel reads them, for run(): their pointers and sizes taken once.
+
+        The caller checks what the kernel reads without bounds (TorchLoraOps._stack_kernel and _kernel_for): a
+        [S, n*R, in] contiguous; b the rank-major view [S, out, R] (strides (R*out, 1, out)); one CPU dtype the
+        kernel has for both; int64 slice_offsets [n+1], ordered, within out. The stacks must outlive the binding
+        (LoraSlots writes them in place and never replaces them)."""
+        rank = b.shape[2]
+        return BoundStacks(
+            kernel=self,
+            function=self._functions[a.dtype],
+            dtype=a.dtype,
+            slots=a.shape[0],
+            in_features=a.shape[2],
+            out_total=b.shape[1],
+            scratch_floats=scratch_floats(a.shape[2], a.shape[1]),
+            stacks=(a.data_ptr(), a.stride(0), b.data_ptr(), b.stride(0)),
+            slices=(slice_offsets.shape[0] - 1, slice_offsets.data_ptr(), rank),
+            held=(a, b, slice_offsets),
+        )
+
+    @staticmethod
+    def run(stacks: BoundStacks, x: torch.Tensor, y: torch.Tensor, plan: tuple, scratch: torch.Tensor) -> None:
         """y[t] += (x[t] a[s]^T) b[s]^T for each token t of each group's slot s (see the source for the layouts).
 
-        The caller checks what the kernel reads without bounds (TorchLoraOps._kernel_for): x, y [T, in] / [T, out]
-        with unit column stride; a [S, n*R, in] contiguous; b the rank-major view [S, out, R] (strides
-        (R*out, 1, out)); one CPU dtype for all four; int64 slice_offsets [n+1], group_slot [G], group_start
-        [G+1], tokens; int32 slot_ranks [S] or None; fp32 scratch of scratch_floats() elements. One thread (see the
-        source for why)."""
-        rank = b.shape[2]
-        self._functions[x.dtype](
+        x, y [T, in] / [T, out] in the stacks' dtype with unit column stride (checked by TorchLoraOps._kernel_for);
+        plan: (slot_ranks, G, group_slot, group_start, tokens) as pointers (group_plan); fp32 scratch of
+        stacks.scratch_floats elements. One thread (see the source for why)."""
+        stacks.function(
             x.data_ptr(),
             x.stride(0),
-            x.shape[1],
-            a.data_ptr(),
-            a.stride(0),
-            b.data_ptr(),
-            b.stride(0),
+            stacks.in_features,
+            *stacks.stacks,
             y.data_ptr(),
             y.stride(0),
-            y.shape[1],
-            slice_offsets.shape[0] - 1,
-            slice_offsets.data_ptr(),
-            rank,
-            None if slot_ranks is None else slot_ranks.data_ptr(),
-            group_slot.shape[0],
-            group_slot.data_ptr(),
-            group_start.data_ptr(),
-            tokens.data_ptr(),
+            stacks.out_total,
+            *stacks.slices,
+            *plan,
             scratch.data_ptr(),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BoundStacks:
+    """A fused module's stacks bound to the kernel (LoraCpuKernel.bind): what run() passes for them, and the sizes
+    the caller checks x and y against."""
+
+    kernel: LoraCpuKernel
+    function: Callable[..., int]  # the dtype's C function
+    dtype: torch.dtype
+    slots: int
+    in_features: int
+    out_total: int
+    scratch_floats: int
+    stacks: tuple[int, int, int, int]  # A's pointer and slot stride, B's pointer and slot stride
+    slices: tuple[int, int, int]  # slices, their offsets' pointer, rank
+    held: tuple  # the tensors the pointers are of, kept alive with the binding
+
+
+def group_plan(
+    slot_ranks: torch.Tensor | None, group_slot: torch.Tensor, group_start: torch.Tensor, tokens: torch.Tensor
+) -> tuple:
+    """A step's group table as run() passes it: int32 slot_ranks [S] or None (rows past a slot's rank are zero,
+    skipped), int64 group_slot [G], group_start [G+1] and tokens, as pointers; the tensors must outlive the plan
+    (the step's LoraMeta holds them)."""
+    return (
+        None if slot_ranks is None else slot_ranks.data_ptr(),
+        group_slot.shape[0],
+        group_slot.data_ptr(),
+        group_start.data_ptr(),
+        tokens.data_ptr(),
+    )
 
 
 def scratch_floats(in_features: int, n_rank: int) -> int:

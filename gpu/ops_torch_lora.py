@@ -148,9 +148,11 @@ class TorchLoraOps(Ops):
         if ex["empty"]:
             return
         g = ex["grouped"]
-        kernel = None if g is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, g)
-        if kernel is not None:
-            self._kernel_grouped(kernel, x, a_stack, b_stack, meta, g, slice_offsets, y)
+        stacks = None if g is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, g)
+        if stacks is not None:
+            self._kernel_grouped(stacks, x, meta, g, y)
+            if not ex["segments"]:
+                return  # a decode step's call: nothing else to do, and nothing more to check
             g = None
         slice_offsets, rank = _expand_slicing(b_stack, a_stack.shape[1], slice_offsets)
         reduced = x.dtype in _REDUCED or y.dtype in _REDUCED
@@ -184,9 +186,9 @@ class TorchLoraOps(Ops):
         kernel = lora_cpu_kernel.load() if x.device.type == "cpu" else None
         limit = 0 if kernel is None else kernel.run_limit(x.dtype, native)
         groups, rest = _kernel_runs(ex, limit)
-        kernel = None if groups is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, groups)
-        if kernel is not None:
-            self._kernel_grouped(kernel, x, a_stack, b_stack, meta, groups, slice_offsets, y)
+        stacks = None if groups is None else self._kernel_for(x, a_stack, b_stack, y, slice_offsets, groups)
+        if stacks is not None:
+            self._kernel_grouped(stacks, x, meta, groups, y)
         else:
             rest = ex["segments"]
         if rest:
@@ -237,35 +239,41 @@ class TorchLoraOps(Ops):
         y: torch.Tensor,
         slice_offsets: tuple[int, ...],
         g: dict,
-    ) -> lora_cpu_kernel.LoraCpuKernel | None:
-        """The CPU kernel, where it takes these operands: one dtype it has, all on the CPU, A [S, n*R, in]
-        contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and y with unit
-        column stride, and every index it reads without bounds in range (token rows, slots, slice columns);
-        None otherwise (the torch path runs)."""
-        kernel = self._stack_kernel(a, b, slice_offsets)
+    ) -> lora_cpu_kernel.BoundStacks | None:
+        """The stacks bound to the CPU kernel, where it takes these operands: one dtype it has, all on the CPU, A
+        [S, n*R, in] contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and
+        y with unit column stride, and every index it reads without bounds in range (token rows, slots, slice
+        columns); None otherwise (the torch path runs). The stacks' part is checked once (_stack_kernel), x's and
+        y's at every call, from the fewest tensor attributes: a decode step makes 32 of these calls."""
+        stacks = self._stack_kernel(a, b, slice_offsets)
+        if stacks is None:
+            return None
+        xs, ys, dtype = x.shape, y.shape, stacks.dtype
         fits = (
-            kernel is not None
-            and x.device.type == y.device.type == "cpu"
-            and x.dtype == y.dtype == a.dtype
-            and x.dim() == y.dim() == 2
+            x.is_cpu
+            and y.is_cpu
+            and x.dtype == dtype
+            and y.dtype == dtype
+            and len(xs) == 2
+            and len(ys) == 2
             and x.stride(1) == 1
             and y.stride(1) == 1
-            and x.shape[1] == a.shape[2]
-            and y.shape[1] == b.shape[1]
-            and g["rows"] <= min(x.shape[0], y.shape[0])
+            and xs[1] == stacks.in_features
+            and ys[1] == stacks.out_total
+            and g["rows"] <= min(xs[0], ys[0])
             and 0 <= g["slot_min"]
-            and g["slot_max"] < a.shape[0]
+            and g["slot_max"] < stacks.slots
         )
-        return kernel if fits else None
+        return stacks if fits else None
 
     def _stack_kernel(
         self, a: torch.Tensor, b: torch.Tensor, slice_offsets: tuple[int, ...]
-    ) -> lora_cpu_kernel.LoraCpuKernel | None:
-        """_kernel_for's checks of one module's stacks (A, B and its slice offsets), made once per pair of stack
-        views: LoraSlots hands out the same views of a layer's stacks at every step (written in place, never
-        reshaped), and 16 checks per call were ~40% of a decode call's time outside the kernel. Keyed on the views,
-        their storage, shapes and strides (a view changed in place, by transpose_ or as_strided_, is checked anew),
-        holding them so that a key is never reused; cleared past 4,096 pairs."""
+    ) -> lora_cpu_kernel.BoundStacks | None:
+        """_kernel_for's checks of one module's stacks (A, B and its slice offsets), and their binding to the
+        kernel, made once per pair of stack views: LoraSlots hands out the same views of a layer's stacks at every
+        step (written in place, never reshaped), and 16 checks per call were ~40% of a decode call's time outside
+        the kernel. Keyed on the views, their storage, shapes and strides (a view changed in place, by transpose_
+        or as_strided_, is checked anew), holding them so that a key is never reused; cleared past 4,096 pairs."""
         cache = self.__dict__.setdefault("_lora_stack_kernels", {})
         key = (id(a), id(b), a.data_ptr(), b.data_ptr(), a.shape, a.stride(), b.shape, b.stride(), slice_offsets)
         hit = cache.get(key)
@@ -274,6 +282,7 @@ class TorchLoraOps(Ops):
         if len(cache) >= 4096:
             cache.clear()
         kernel = lora_cpu_kernel.load() if a.device.type == b.device.type == "cpu" else None
+        offsets = self._offsets_tensor(slice_offsets)
         fits = (
             kernel is not None
             and kernel.supports(a.dtype)
@@ -283,42 +292,39 @@ class TorchLoraOps(Ops):
             and _strides_are(b, (b.shape[1] * b.shape[2], 1, b.shape[1]))
             and a.shape[0] == b.shape[0]
             and a.shape[1] == (len(slice_offsets) - 1) * b.shape[2]
-            and self._offsets_tensor(slice_offsets) is not None
+            and offsets is not None
             and slice_offsets[-1] <= b.shape[1]
         )
-        cache[key] = (a, b, kernel if fits else None)
+        cache[key] = (a, b, kernel.bind(a, b, offsets) if fits else None)
         return cache[key][2]
 
     def _kernel_grouped(
-        self,
-        kernel: lora_cpu_kernel.LoraCpuKernel,
-        x: torch.Tensor,
-        a: torch.Tensor,
-        b: torch.Tensor,
-        meta: LoraMeta,
-        g: dict,
-        slice_offsets: tuple[int, ...],
-        y: torch.Tensor,
+        self, stacks: lora_cpu_kernel.BoundStacks, x: torch.Tensor, meta: LoraMeta, g: dict, y: torch.Tensor
     ) -> None:
-        """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py)."""
+        """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py).
+        The group table's pointers are taken once per plan, for the step's every module."""
+        plan = g.get("kernel_plan")
+        if plan is None or plan[0] != stacks.slots:
+            plan = g["kernel_plan"] = (stacks.slots, self._group_plan(meta, g, stacks.slots))
         # a few KiB, the plan's own: one step's calls run one after another, and two threads on one TorchOps run
         # two plans (the kernel runs without the GIL, so they must not share it)
-        floats = lora_cpu_kernel.scratch_floats(x.shape[1], a.shape[1])
         scratch = g.get("scratch")
-        if scratch is None or scratch.shape[0] < floats:
-            scratch = g["scratch"] = torch.empty(floats, dtype=torch.float32)
+        if scratch is None or scratch.shape[0] < stacks.scratch_floats:
+            scratch = g["scratch"] = torch.empty(stacks.scratch_floats, dtype=torch.float32)
+        stacks.kernel.run(stacks, x, y, plan[1], scratch)
+
+    @staticmethod
+    def _group_plan(meta: LoraMeta, g: dict, slots: int) -> tuple:
+        """The group table as the kernel's pointers, with the slots' ranks where the kernel can index them."""
         ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
         usable = (
             isinstance(ranks, torch.Tensor)
             and ranks.dtype == torch.int32
-            and ranks.shape == (a.shape[0],)
+            and ranks.shape == (slots,)
             and ranks.device.type == "cpu"
             and ranks.is_contiguous()
         )
-        if not usable:
-            ranks = None
-        offsets = self._offsets_tensor(slice_offsets)
-        kernel.grouped(x, a, b, y, offsets, ranks, g["active_slots"], g["bounds"], g["src"], scratch)
+        return lora_cpu_kernel.group_plan(ranks if usable else None, g["active_slots"], g["bounds"], g["src"])
 
     def _offsets_tensor(self, slice_offsets: tuple[int, ...]) -> torch.Tensor | None:
         """A fused module's slice offsets as the kernel's int64 tensor, made and checked once per module shape

@@ -106,7 +106,7 @@ def _prefill_runs(dtype: torch.dtype, native_bf16: bool, monkeypatch) -> tuple[l
     calls = []
     original = ops_torch_lora.TorchLoraOps._kernel_grouped
     monkeypatch.setattr(
-        ops_torch_lora.TorchLoraOps, "_kernel_grouped", lambda self, *a: calls.append(a[-3]) or original(self, *a)
+        ops_torch_lora.TorchLoraOps, "_kernel_grouped", lambda self, *a: calls.append(a[-2]) or original(self, *a)
     )
     g = torch.Generator().manual_seed(11)
     offsets, rank, slots = (0, 96, 128, 160), 8, 3
@@ -211,16 +211,16 @@ def test_the_stack_checks_are_made_once_per_pair_of_views_and_never_taken_for_an
     ops = TorchOps()
     meta = ops.lora_prepare(torch.tensor([0, 1] * 10, dtype=torch.int32), 4)
     offsets = (0, 32, 64, 96)
-    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]).kernel is lora_cpu_kernel.load()
     assert ops._kernel_for(x, a, plain, y, offsets, meta.extra["grouped"]) is None
-    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    assert ops._kernel_for(x, a, rank_major, y, offsets, meta.extra["grouped"]).kernel is lora_cpu_kernel.load()
     assert ops._kernel_for(x, a.transpose(1, 2).contiguous().transpose(1, 2), rank_major, y, offsets,
                            meta.extra["grouped"]) is None  # fmt: skip
     for _ in range(4200):
         ops._stack_kernel(a[:], rank_major, offsets)
     assert len(ops._lora_stack_kernels) <= 4096
     moved = rank_major.clone().transpose(1, 2).contiguous().transpose(1, 2)  # rank-major, then changed in place
-    assert ops._kernel_for(x, a, moved, y, offsets, meta.extra["grouped"]) is lora_cpu_kernel.load()
+    assert ops._kernel_for(x, a, moved, y, offsets, meta.extra["grouped"]).kernel is lora_cpu_kernel.load()
     moved.as_strided_(moved.shape, (moved.shape[1] * moved.shape[2], moved.shape[2], 1))  # now "slices" strides
     assert ops._kernel_for(x, a, moved, y, offsets, meta.extra["grouped"]) is None
 
