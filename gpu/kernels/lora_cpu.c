@@ -10,9 +10,17 @@
 /* Software prefetch distances, in elements: the adapter rows come from memory at every step (the base weights
    stream through the caches between two calls), and the expand walks 2 x rank B rows side by side, more streams
    than the hardware prefetchers follow. Measured on an AMD EPYC (AVX512-BF16), caches flushed before each step
-   of 32 calls: 2.75 ms without, 2.1-2.2 ms with. */
+   of 32 calls: the vdpbf16ps pass 2.75 ms without, 2.1-2.2 ms with (before the register blocks; the same with or
+   without since). The portable pass prefetches with 8 lanes only: the bench model's fp32 decode step, 256 MB
+   streamed through the caches before each, on an AVX-512 EPYC built for AVX2 3.7-3.8 ms with and 4.1-4.5 without;
+   built for AVX-512, 3.2-4.3 ms with and 2.9-3.8 without (a prefetch per 64-byte load, beside the loads). */
 #define PF_A 256
 #define PF_B 128
+#if VL == 8
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)0)
+#endif
 
 /* Register blocks of the portable pass: the shrink multiplies RB rows of A with the MT tokens at once (MT x RB
    sums), the expand OB vectors of B columns (MT x OB sums). Independent sums hide the FMA's latency and each load
@@ -37,7 +45,7 @@
         for (int64_t k = 0; k < kv; k += VL) {                                                                       \
             vf av[NB];                                                                                               \
             for (int b = 0; b < NB; b++) {                                                                           \
-                __builtin_prefetch(ar + b * in_features + k + PF_A);                                                 \
+                PREFETCH(ar + b * in_features + k + PF_A);                                                           \
                 av[b] = LDV(ar + b * in_features + k);                                                               \
             }                                                                                                        \
             for (int t = 0; t < MT; t++) {                                                                           \
@@ -62,8 +70,8 @@
             for (int b = 0; b < NB; b++) d[t][b] = (vf){0};                                                          \
         for (int64_t r = 0; r < rk; r++) {                                                                           \
             const T *br = bs + r * out_total + o;                                                                    \
-            __builtin_prefetch(br + PF_B);                                                                           \
-            __builtin_prefetch(br + PF_B + NB * VL - 1);                                                             \
+            PREFETCH(br + PF_B);                                                                                     \
+            PREFETCH(br + PF_B + NB * VL - 1);                                                                       \
             vf bv[NB];                                                                                               \
             for (int b = 0; b < NB; b++) bv[b] = LDV(br + b * VL);                                                   \
             for (int t = 0; t < MT; t++) {                                                                           \
