@@ -75,6 +75,7 @@ class TorchLoraOps(Ops):
                 # slots it indexes, checked before it runs
                 "bounds": _on(np.append(group_start, src.shape[0]).astype(np.int64), dev),
                 "rows": total,
+                "host": dev.type == "cpu",  # the group table's tensors are host memory the CPU kernel can read
                 "slot_min": int(active_slots[0]),
                 "slot_max": int(active_slots[-1]),
                 "dest": _on(dest, dev),
@@ -242,8 +243,8 @@ class TorchLoraOps(Ops):
     ) -> lora_cpu_kernel.BoundStacks | None:
         """The stacks bound to the CPU kernel, where it takes these operands: one dtype it has, all on the CPU, A
         [S, n*R, in] contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and
-        y with unit column stride, and every index it reads without bounds in range (token rows, slots, slice
-        columns); None otherwise (the torch path runs). The stacks' part is checked once (_stack_kernel), x's and
+        y with unit column stride, the group table in host memory, and every index it reads without bounds in range
+        (token rows, slots, slice columns); None otherwise (the torch path runs). The stacks' part is checked once (_stack_kernel), x's and
         y's at every call, from the fewest tensor attributes: a decode step makes 32 of these calls."""
         stacks = self._stack_kernel(a, b, slice_offsets)
         if stacks is None:
@@ -260,6 +261,7 @@ class TorchLoraOps(Ops):
             and y.stride(1) == 1
             and xs[1] == stacks.in_features
             and ys[1] == stacks.out_total
+            and g.get("host", False)
             and g["rows"] <= min(xs[0], ys[0])
             and 0 <= g["slot_min"]
             and g["slot_max"] < stacks.slots
@@ -295,23 +297,27 @@ class TorchLoraOps(Ops):
             and offsets is not None
             and slice_offsets[-1] <= b.shape[1]
         )
-        cache[key] = (a, b, kernel.bind(a, b, offsets) if fits else None)
-        return cache[key][2]
+        entry = cache[key] = (a, b, kernel.bind(a, b, offsets) if fits else None)
+        return entry[2]
 
     def _kernel_grouped(
         self, stacks: lora_cpu_kernel.BoundStacks, x: torch.Tensor, meta: LoraMeta, g: dict, y: torch.Tensor
     ) -> None:
         """The grouped tokens through the CPU kernel: one call, no intermediate tensors (gpu/lora_cpu_kernel.py).
         The group table's pointers are taken once per plan, for the step's every module."""
+        ranks = meta.extra.get("slot_ranks")
+        held = (stacks.slots, ranks.data_ptr(), ranks.shape) if isinstance(ranks, torch.Tensor) else (stacks.slots,)
         plan = g.get("kernel_plan")
-        if plan is None or plan[0] != stacks.slots:
-            plan = g["kernel_plan"] = (stacks.slots, self._group_plan(meta, g, stacks.slots))
+        # made anew where another ranks tensor, or the same one moved or resized, is in the plan now: the kernel
+        # must never read a pointer the plan took from a tensor since freed (the plan holds the one it took)
+        if plan is None or plan[0] is not ranks or plan[1] != held:
+            plan = g["kernel_plan"] = (ranks, held, self._group_plan(meta, g, stacks.slots))
         # a few KiB, the plan's own: one step's calls run one after another, and two threads on one TorchOps run
         # two plans (the kernel runs without the GIL, so they must not share it)
         scratch = g.get("scratch")
         if scratch is None or scratch.shape[0] < stacks.scratch_floats:
             scratch = g["scratch"] = torch.empty(stacks.scratch_floats, dtype=torch.float32)
-        stacks.kernel.run(stacks, x, y, plan[1], scratch)
+        stacks.kernel.run(stacks, x, y, plan[2], scratch)
 
     @staticmethod
     def _group_plan(meta: LoraMeta, g: dict, slots: int) -> tuple:
@@ -457,6 +463,7 @@ def _as_groups(segments: list[tuple[int, int, int]]) -> dict | None:
         "bounds": torch.from_numpy(np.append(0, np.cumsum(ends - starts))),
         "src": torch.from_numpy(tokens),
         "rows": int(ends.max()),
+        "host": True,
         "slot_min": int(slots.min()),
         "slot_max": int(slots.max()),
     }

@@ -295,3 +295,47 @@ def test_slot_ranks_the_kernel_cannot_index_are_not_handed_to_it():
         got = y0.clone()
         ops.lora_apply(x, a, _rank_major(b), meta, offsets, got)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_plan_never_hands_the_kernel_the_pointer_of_a_ranks_tensor_since_replaced():
+    """The group table's pointers are taken once per plan; where the plan's slot ranks are replaced (or the same
+    tensor resized) between two calls, the plan is made anew: the second call equals a fresh plan's, never a read of
+    the freed tensor."""
+    import gc
+
+    g = torch.Generator().manual_seed(5)
+    slots, rank, out = 4, 8, 32
+    a = torch.randn(slots, rank, 48, generator=g)
+    b = torch.randn(slots, rank, out, generator=g).transpose(1, 2)
+    x = torch.randn(6, 48, generator=g)
+    ops = TorchOps()
+    token_slots = torch.tensor([0, 0, 1, 2, 3, 3], dtype=torch.int32)
+
+    def apply(meta, ranks):
+        meta.extra["slot_ranks"] = ranks
+        y = torch.zeros(6, out)
+        ops.lora_apply(x, a, b, meta, (0, out), y)
+        return y
+
+    meta = ops.lora_prepare(token_slots, slots)
+    first = apply(meta, torch.full((slots,), 2, dtype=torch.int32))
+    gc.collect()
+    replaced = apply(meta, torch.full((slots,), rank, dtype=torch.int32))
+    fresh = apply(ops.lora_prepare(token_slots, slots), torch.full((slots,), rank, dtype=torch.int32))
+    assert not torch.equal(first, fresh)  # rank 2 of 8: the ranks are read
+    assert torch.equal(replaced, fresh)
+    ranks = torch.full((slots,), rank, dtype=torch.int32)
+    apply(meta, ranks)
+    ranks.resize_(2)  # the same tensor, too short for 4 slots now: the kernel runs without the ranks
+    assert torch.equal(apply(meta, ranks), fresh)
+
+
+def test_a_group_table_off_the_host_is_not_handed_to_the_kernel():
+    """The kernel reads the group table's pointers as host memory: a plan made on another device goes to torch."""
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(3, 8, 48, generator=g), torch.randn(3, 8, 32, generator=g).transpose(1, 2)
+    x, y = torch.randn(5, 48, generator=g), torch.zeros(5, 32)
+    ops = TorchOps()
+    grouped = ops.lora_prepare(torch.tensor([0, 1, 1, 2, 2], dtype=torch.int32), 3).extra["grouped"]
+    assert ops._kernel_for(x, a, b, y, (0, 32), grouped) is not None
+    assert ops._kernel_for(x, a, b, y, (0, 32), {**grouped, "host": False}) is None
