@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from loraledger.gpu import activation_cpu_kernel, attention_cpu_kernel, rms_norm_cpu_kernel
+from loraledger.gpu import activation_cpu_kernel, attention_cpu_kernel, rms_norm_cpu_kernel, rotary_cpu_kernel
 from loraledger.gpu.ops import Ops, StepMemo
 from loraledger.gpu.ops_torch_lora import TorchLoraOps
 
@@ -42,6 +42,20 @@ class TorchOps(TorchLoraOps, Ops):
     def rotary_embedding(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> None:
+        qk = _adjacent_heads(q, k)
+        for x in (q, k) if qk is None else (qk,):
+            if not rotary_cpu_kernel.rotate(x, positions, cos_sin_cache):  # on the CPU, one C pass in place
+                self._plain_rotate(positions, x, cos_sin_cache)
+
+    def plain_rotary_embedding(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    ) -> None:
+        """rotary_embedding in torch ops (other devices and dtypes, and the CPU kernel's twin in the tests)."""
+        qk = _adjacent_heads(q, k)
+        for x in (q, k) if qk is None else (qk,):
+            self._plain_rotate(positions, x, cos_sin_cache)
+
+    def _plain_rotate(self, positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
         half = cos_sin_cache.shape[-1] // 2
 
         def gather():
@@ -49,15 +63,13 @@ class TorchOps(TorchLoraOps, Ops):
             return cs[:, None, :half], cs[:, None, half:]
 
         cos, sin = self._per_step("rotary", (positions, cos_sin_cache), gather)
-        qk = _adjacent_heads(q, k)
-        for x in (q, k) if qk is None else (qk,):
-            x1 = x[..., :half].float()
-            x2 = x[..., half:].float()
-            # both halves are computed before either is written: x1/x2 may alias x
-            o1 = x1 * cos - x2 * sin
-            o2 = x2 * cos + x1 * sin
-            x[..., :half].copy_(o1)
-            x[..., half:].copy_(o2)
+        x1 = x[..., :half].float()
+        x2 = x[..., half:].float()
+        # both halves are computed before either is written: x1/x2 may alias x
+        o1 = x1 * cos - x2 * sin
+        o2 = x2 * cos + x1 * sin
+        x[..., :half].copy_(o1)
+        x[..., half:].copy_(o2)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         out = activation_cpu_kernel.silu_and_mul(x)  # on the CPU, one C pass

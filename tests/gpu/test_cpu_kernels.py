@@ -24,7 +24,14 @@ def _fresh(fresh_cpu_kernels):
 
 
 def test_the_sources_are_found():
-    assert {"lora_cpu.c", "argmax_cpu.c", "attention_cpu.c", "rms_norm_cpu.c", "activation_cpu.c"} <= set(SOURCES)
+    assert {
+        "lora_cpu.c",
+        "argmax_cpu.c",
+        "attention_cpu.c",
+        "rms_norm_cpu.c",
+        "activation_cpu.c",
+        "rotary_cpu.c",
+    } <= set(SOURCES)
 
 
 @pytest.mark.parametrize("source", SOURCES)
