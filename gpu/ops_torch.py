@@ -42,8 +42,7 @@ class TorchOps(TorchLoraOps, Ops):
     def rotary_embedding(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> None:
-        qk = _adjacent_heads(q, k)
-        for x in (q, k) if qk is None else (qk,):
+        for x in _heads_to_rotate(q, k):
             if not rotary_cpu_kernel.rotate(x, positions, cos_sin_cache):  # on the CPU, one C pass in place
                 self._plain_rotate(positions, x, cos_sin_cache)
 
@@ -51,8 +50,7 @@ class TorchOps(TorchLoraOps, Ops):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
     ) -> None:
         """rotary_embedding in torch ops (other devices and dtypes, and the CPU kernel's twin in the tests)."""
-        qk = _adjacent_heads(q, k)
-        for x in (q, k) if qk is None else (qk,):
+        for x in _heads_to_rotate(q, k):
             self._plain_rotate(positions, x, cos_sin_cache)
 
     def _plain_rotate(self, positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
@@ -255,6 +253,12 @@ def _prefill_plan(
     padded = torch.arange(max_q, device=dev)[None, :] >= q_lens[:, None]
     allowed[:, :, 0] |= padded
     return max_q, padded_at, allowed[:, None, :, :]
+
+
+def _heads_to_rotate(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q and k as one view where k's heads follow q's in memory (one pass rotates both), else each apart."""
+    qk = _adjacent_heads(q, k)
+    return (q, k) if qk is None else (qk,)
 
 
 def _adjacent_heads(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:

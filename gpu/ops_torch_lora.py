@@ -244,8 +244,9 @@ class TorchLoraOps(Ops):
         """The stacks bound to the CPU kernel, where it takes these operands: one dtype it has, all on the CPU, A
         [S, n*R, in] contiguous, B the rank-major view [S, out, R] (LoraSlots' "rank_major" layout), rows of x and
         y with unit column stride, the group table in host memory, and every index it reads without bounds in range
-        (token rows, slots, slice columns); None otherwise (the torch path runs). The stacks' part is checked once (_stack_kernel), x's and
-        y's at every call, from the fewest tensor attributes: a decode step makes 32 of these calls."""
+        (token rows, slots, slice columns); None otherwise (the torch path runs). The stacks' part is checked once
+        (_stack_kernel), x's and y's at every call, from the fewest tensor attributes: a decode step makes 32 of
+        these calls."""
         stacks = self._stack_kernel(a, b, slice_offsets)
         if stacks is None:
             return None
@@ -311,7 +312,7 @@ class TorchLoraOps(Ops):
         # made anew where another ranks tensor, or the same one moved or resized, is in the plan now: the kernel
         # must never read a pointer the plan took from a tensor since freed (the plan holds the one it took)
         if plan is None or plan[0] is not ranks or plan[1] != held:
-            plan = g["kernel_plan"] = (ranks, held, self._group_plan(meta, g, stacks.slots))
+            plan = g["kernel_plan"] = (ranks, held, self._group_plan(ranks, g, stacks.slots))
         # a few KiB, the plan's own: one step's calls run one after another, and two threads on one TorchOps run
         # two plans (the kernel runs without the GIL, so they must not share it)
         scratch = g.get("scratch")
@@ -320,9 +321,9 @@ class TorchLoraOps(Ops):
         stacks.kernel.run(stacks, x, y, plan[2], scratch)
 
     @staticmethod
-    def _group_plan(meta: LoraMeta, g: dict, slots: int) -> tuple:
-        """The group table as the kernel's pointers, with the slots' ranks where the kernel can index them."""
-        ranks = meta.extra.get("slot_ranks")  # LoraSlots.rank_table(): each slot's rank, rows past it are zero
+    def _group_plan(ranks: object, g: dict, slots: int) -> tuple:
+        """The group table as the kernel's pointers, with the slots' ranks (the plan's "slot_ranks",
+        LoraSlots.rank_table(): each slot's rank, rows past it are zero) where the kernel can index them."""
         usable = (
             isinstance(ranks, torch.Tensor)
             and ranks.dtype == torch.int32

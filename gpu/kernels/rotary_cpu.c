@@ -11,6 +11,20 @@
 #endif
 #include "cpu_vectors.h"
 
+/* One rotation, the products each rounded before their sum: lo = x1 c - x2 s, hi = x2 c + x1 s (VL lanes, or one) */
+static inline void turn(vf x1, vf x2, vf c, vf s, vf *lo, vf *hi)
+{
+    const vf p = x1 * c, q = x2 * s, r = x2 * c, u = x1 * s;
+    *lo = p - q;
+    *hi = r + u;
+}
+static inline void turn1(float x1, float x2, float c, float s, float *lo, float *hi)
+{
+    const float p = x1 * c, q = x2 * s, r = x2 * c, u = x1 * s;
+    *lo = p - q;
+    *hi = r + u;
+}
+
 /* x [tokens, heads, 2 * half] (tokens x_stride_t apart, heads x_stride_h apart, unit element stride); positions
    [tokens] int64; cos_sin [n_positions, 2 * half] fp32 (cos, then sin); dtype 0 = fp32, 1 = bf16. Returns 0, or -1
    before writing anything where a position is outside 0..n_positions-1. */
@@ -25,32 +39,27 @@ int rotary_rows(int64_t dtype, void *x, int64_t x_stride_t, int64_t x_stride_h, 
         for (int64_t h = 0; h < heads; h++) {
             const int64_t at = t * x_stride_t + h * x_stride_h;
             int64_t i = 0;
+            vf lo, hi;
+            float lo1, hi1;
             if (dtype == 0) {
                 float *a = (float *)x + at, *b = a + half;
                 for (; i < nv; i += VL) {
-                    const vf x1 = ld_f32(a + i), x2 = ld_f32(b + i), cv = ld_f32(c + i), sv = ld_f32(s + i);
-                    const vf p = x1 * cv, q = x2 * sv, r = x2 * cv, u = x1 * sv;
-                    st_f32(a + i, p - q);
-                    st_f32(b + i, r + u);
+                    turn(ld_f32(a + i), ld_f32(b + i), ld_f32(c + i), ld_f32(s + i), &lo, &hi);
+                    st_f32(a + i, lo);
+                    st_f32(b + i, hi);
                 }
-                for (; i < half; i++) {
-                    const float x1 = a[i], x2 = b[i], p = x1 * c[i], q = x2 * s[i], r = x2 * c[i], u = x1 * s[i];
-                    a[i] = p - q;
-                    b[i] = r + u;
-                }
+                for (; i < half; i++) turn1(a[i], b[i], c[i], s[i], &a[i], &b[i]);
             } else {
                 uint16_t *a = (uint16_t *)x + at, *b = a + half;
                 for (; i < nv; i += VL) {
-                    const vf x1 = ld_bf16(a + i), x2 = ld_bf16(b + i), cv = ld_f32(c + i), sv = ld_f32(s + i);
-                    const vf p = x1 * cv, q = x2 * sv, r = x2 * cv, u = x1 * sv;
-                    st_bf16(a + i, p - q);
-                    st_bf16(b + i, r + u);
+                    turn(ld_bf16(a + i), ld_bf16(b + i), ld_f32(c + i), ld_f32(s + i), &lo, &hi);
+                    st_bf16(a + i, lo);
+                    st_bf16(b + i, hi);
                 }
                 for (; i < half; i++) {
-                    const float x1 = bf16_f(a[i]), x2 = bf16_f(b[i]);
-                    const float p = x1 * c[i], q = x2 * s[i], r = x2 * c[i], u = x1 * s[i];
-                    a[i] = f_bf16(p - q);
-                    b[i] = f_bf16(r + u);
+                    turn1(bf16_f(a[i]), bf16_f(b[i]), c[i], s[i], &lo1, &hi1);
+                    a[i] = f_bf16(lo1);
+                    b[i] = f_bf16(hi1);
                 }
             }
         }
