@@ -9,6 +9,13 @@ from loraledger.gpu import activation_cpu_kernel, attention_cpu_kernel, rms_norm
 from loraledger.gpu.ops import Ops, StepMemo
 from loraledger.gpu.ops_torch_lora import TorchLoraOps
 
+# A prefill step whose longest context is at most this many tokens runs its attention through the CPU decode
+# kernel, one query row at a time over its causal prefix: no padding, mask, gather or fp32 copies. Its cost
+# grows with the square of the context, SDPA's blocked products' more slowly; bf16, GQA 8/2 x 64, 2 threads on
+# an AVX512-BF16 EPYC: 24 prompts of 16 / 48 / 64 tokens 0.39 / 2.4 / 4.8 ms a layer against SDPA's 1.8 / 5.6 /
+# 8.2, even at 96, behind from 128 (bench/RESULTS.md, "Prefill attention through the decode kernel").
+KERNEL_PREFILL_MAX_CONTEXT = 80
+
 
 class TorchOps(TorchLoraOps, Ops):
     name = "torch"
@@ -156,6 +163,14 @@ class TorchOps(TorchLoraOps, Ops):
         sizes: tuple[int, int] | None = None,  # host tensors here: nothing to read back
         softcap: float | None = None,
     ) -> torch.Tensor:
+        if q.device.type == "cpu" and 0 < q.shape[0] and int(seq_lens.max()) <= KERNEL_PREFILL_MAX_CONTEXT:
+            tables, lens = self._per_step(
+                "prefill_rows", (query_start_loc, seq_lens, block_tables), lambda: _prefill_rows(
+                    query_start_loc, seq_lens, block_tables, q.shape[0])
+            )  # fmt: skip
+            out = attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens, scale, sliding_window, softcap)
+            if out is not None:
+                return out
         num_seqs = seq_lens.shape[0]
         block_size = k_cache.shape[1]
         flat, used = self._context_blocks(block_tables, seq_lens, block_size, "prefill")
@@ -224,6 +239,20 @@ class TorchOps(TorchLoraOps, Ops):
             ws = torch.empty((grown,) + tuple(like.shape[1:]), dtype=like.dtype, device=like.device)
             self._kv_workspace = ws
         return ws
+
+
+def _prefill_rows(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, total: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query row of a prefill step as a decode row of the CPU attention kernel: its sequence's block table
+    and, as its length, its own position + 1 (causal attention over the cache, where its chunk's keys already are).
+    [total, width] int32 tables and [total] int32 lengths."""
+    starts = query_start_loc.to(torch.int64)
+    q_lens = starts[1:] - starts[:-1]
+    row_of = torch.repeat_interleave(torch.arange(seq_lens.shape[0]), q_lens, output_size=total)
+    first = seq_lens.to(torch.int64) - q_lens  # the position of each chunk's first query row
+    positions = first[row_of] + torch.arange(total) - starts[:-1][row_of]
+    return block_tables.index_select(0, row_of).to(torch.int32), (positions + 1).to(torch.int32)
 
 
 def _prefill_plan(

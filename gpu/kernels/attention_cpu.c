@@ -2,24 +2,99 @@
    g = h / (Hq / Hk)), out[b, h] = softmax(scale * q[b, h] . K[b, g, start:len]) V[b, g, start:len], the keys and
    values read block by block through the sequence's block table. One pass over each block serves every query head
    (a key row holds all KV heads side by side, so the reads stream); the softmax is the online one (a running maximum
-   and sum, fp32), so nothing is gathered, padded or masked. Plain C with GCC/Clang vector extensions (VL lanes, lowered to the CPU it is built on).
-   Layouts, numerics and how it is built and called: gpu/attention_cpu_kernel.py (its torch twin is
-   TorchOps.gathered_attention_decode). */
+   and sum, fp32), so nothing is gathered, padded or masked. Plain C with GCC (12 or later) / Clang vector extensions
+   and __builtin_shufflevector (VL lanes, lowered to the CPU it is built on). The prefill of a short context runs
+   here too, each query row a "sequence" over its own causal prefix (TorchOps.prefill_attention). Layouts, numerics
+   and how it is built and called: gpu/attention_cpu_kernel.py (its torch twin is TorchOps.gathered_attention_decode). */
 #include "cpu_vectors.h"
 
 /* cache lines of the next block's K and V fetched ahead while this block is read */
 #define PF_LINES 16
 
-/* One sequence for element type T: LDV / LD1 load 16 / 1 elements as fp32, ST1 stores one fp32 as T. q: its hq
-   query rows (q_head apart); out: hq rows of d. Each cache block is read front to back, K then V (a key row holds
-   every KV head side by side), so the reads stream; the query heads' running maxima, sums and outputs stay in
-   scratch: 2 * hq * d + hq * bs16 + 2 * hq floats, bs16 = bs rounded up to 16. */
+/* sums_of(c): lane r = the sum of c[r]'s lanes, for VL vectors at once: a tree of shuffles and adds (log2 VL levels,
+   2 * (VL - 1) shuffles in all) instead of one chain of VL - 1 dependent scalar adds per vector, which took most
+   of a decode step's attention. Each level adds neighbouring groups of lanes of two vectors and interleaves the
+   results, so that after the last one lane r holds all of c[r]. */
+#if VL == 16
+#define LV1(a, b) (__builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +          \
+                   __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
+#define LV2(a, b) (__builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +          \
+                   __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
+#define LV3(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +          \
+                   __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
+#define LV4(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +             \
+                   __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
+static inline vf sums_of(const vf *c) {
+    vf a[8], b[4], e[2];
+    for (int i = 0; i < 8; i++) a[i] = LV1(c[2 * i], c[2 * i + 1]);
+    for (int i = 0; i < 4; i++) b[i] = LV2(a[2 * i], a[2 * i + 1]);
+    for (int i = 0; i < 2; i++) e[i] = LV3(b[2 * i], b[2 * i + 1]);
+    return LV4(e[0], e[1]);
+}
+#else
+#define LV1(a, b) (__builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14) +                                        \
+                   __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15))
+#define LV2(a, b) (__builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) +                                         \
+                   __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15))
+#define LV3(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +                                         \
+                   __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15))
+static inline vf sums_of(const vf *c) {
+    vf a[4], b[2];
+    for (int i = 0; i < 4; i++) a[i] = LV1(c[2 * i], c[2 * i + 1]);
+    for (int i = 0; i < 2; i++) b[i] = LV2(a[2 * i], a[2 * i + 1]);
+    return LV3(b[0], b[1]);
+}
+#endif
+
+/* the sum and the maximum of one vector's lanes, halving it log2 VL times (a chain of VL - 1 scalar operations
+   otherwise); the maximum of lanes that hold a NaN is one of the others */
+#if VL == 16
+#define FOLD8(v) __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)
+#define FOLD4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7)
+#define FOLD2(v) __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3)
+#else
+#define FOLD8(v) (v)
+#define FOLD4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7)
+#define FOLD2(v) __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3)
+#endif
+/* a where a > b, else b (a NaN in a gives b) */
+static inline vf greater(vf a, vf b) {
+    const vi m = a > b;
+    return (vf)(((vi)a & m) | ((vi)b & ~m));
+}
+static inline float sum_of(vf v) {
+#if VL == 16
+    v += FOLD8(v);
+#endif
+    v += FOLD4(v);
+    v += FOLD2(v);
+    return v[0] + v[1];
+}
+static inline float max_of(vf v) {
+    vf u;
+#if VL == 16
+    u = FOLD8(v);
+    v = greater(u, v);
+#endif
+    u = FOLD4(v);
+    v = greater(u, v);
+    u = FOLD2(v);
+    v = greater(u, v);
+    return v[1] > v[0] ? v[1] : v[0];
+}
+
+/* One sequence for element type T: LDV / LD1 load VL / 1 elements as fp32, ST1 stores one fp32 as T. q: its hq
+   query rows (q_head apart); out: hq rows of d. Each cache block is read K then V (a key row holds every KV head side
+   by side; a block's rows stay in L1 while each query head of a group reads them): a query head's scores for VL
+   rows at a time, their dot products summed across lanes by sums_of; then each head's weighted sum of V, one
+   vector of its output at a time held in a register across the block's rows. The query heads' running maxima,
+   sums and outputs stay in scratch: 2 * hq * d + hq * bs16 + 2 * hq floats, bs16 = bs rounded up to 16. */
 #define ATTN_SEQ(NAME, T, LDV, LD1, ST1)                                                                              \
 static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t bs, int64_t hk, int64_t d,            \
                  const int32_t *table, int64_t start, int64_t len, int64_t hq, float scale, float softcap, T *out,    \
                  float *scratch)                                                                                     \
 {                                                                                                                    \
-    const int64_t dv = d & ~(int64_t)(VL - 1), bs16 = (bs + 15) & ~(int64_t)15, row = hk * d, group = hq / hk;             \
+    const int64_t dv = d & ~(int64_t)(VL - 1), bs16 = (bs + 15) & ~(int64_t)15, row = hk * d, group = hq / hk;       \
     float *qf = scratch, *acc = qf + hq * d, *sc = acc + hq * d, *m = sc + hq * bs16, *l = m + hq;                   \
     const float pre = softcap > 0.0f ? scale / softcap : scale;                                                      \
     for (int64_t h = 0; h < hq; h++) {                                                                               \
@@ -38,31 +113,52 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
                 __builtin_prefetch((const char *)vn + 64 * o);                                                       \
             }                                                                                                        \
         }                                                                                                            \
-        for (int64_t h = 0; h < hq; h++)                                                                             \
-            for (int64_t j = 0; j < bs16; j++) sc[h * bs16 + j] = -INFINITY;                                         \
-        for (int64_t j = j0; j < j1; j++) {                                                                          \
-            const T *kr = kb + j * row;                                                                              \
-            for (int64_t h = 0; h < hq; h++) {                                                                       \
-                const float *qh = qf + h * d;                                                                        \
-                const T *kh = kr + (h / group) * d;                                                                  \
-                vf c = {0};                                                                                        \
-                for (int64_t k = 0; k < dv; k += VL) c += ld_f32(qh + k) * LDV(kh + k);                              \
-                float s = hsum(c);                                                                                   \
-                for (int64_t k = dv; k < d; k++) s += qh[k] * LD1(kh + k);                                           \
-                sc[h * bs16 + j] = softcap > 0.0f ? softcap * tanhf(s) : s;                                          \
+        for (int64_t h = 0; h < hq; h++) {                                                                           \
+            const float *qh = qf + h * d;                                                                            \
+            const T *kg = kb + (h / group) * d;                                                                      \
+            float *sh = sc + h * bs16;                                                                               \
+            for (int64_t jj = 0; jj < bs16; jj += VL) {                                                              \
+                if (jj >= j1 || jj + VL <= j0) { /* no row of this group counts */                                   \
+                    st_f32(sh + jj, broadcast(-INFINITY));                                                           \
+                    continue;                                                                                        \
+                }                                                                                                    \
+                const T *kr[VL]; /* a row outside [j0, j1) reads row j0 (in the block) and is masked below */        \
+                vf c[VL];                                                                                            \
+                for (int r = 0; r < VL; r++) {                                                                       \
+                    const int64_t j = jj + r;                                                                        \
+                    kr[r] = kg + (j >= j0 && j < j1 ? j : j0) * row;                                                 \
+                    c[r] = broadcast(0.0f);                                                                          \
+                }                                                                                                    \
+                for (int64_t k = 0; k < dv; k += VL) {                                                               \
+                    const vf qv = ld_f32(qh + k);                                                                    \
+                    for (int r = 0; r < VL; r++) c[r] += qv * LDV(kr[r] + k);                                        \
+                }                                                                                                    \
+                vf s = sums_of(c);                                                                                   \
+                for (int64_t k = dv; k < d; k++)                                                                     \
+                    for (int r = 0; r < VL; r++) s[r] += qh[k] * LD1(kr[r] + k);                                     \
+                if (softcap > 0.0f)                                                                                  \
+                    for (int r = 0; r < VL; r++) s[r] = softcap * tanhf(s[r]);                                       \
+                if (jj < j0 || jj + VL > j1)                                                                         \
+                    for (int r = 0; r < VL; r++)                                                                     \
+                        if (jj + r < j0 || jj + r >= j1) s[r] = -INFINITY;                                           \
+                st_f32(sh + jj, s);                                                                                  \
             }                                                                                                        \
         }                                                                                                            \
         for (int64_t h = 0; h < hq; h++) {                                                                           \
             float *sh = sc + h * bs16, bm = -INFINITY;                                                               \
+            vf vm = broadcast(-INFINITY);                                                                            \
             for (int64_t j = 0; j < bs16; j += VL) {                                                                 \
-                const float vm = hmax(ld_f32(sh + j));                                                               \
-                bm = vm > bm ? vm : bm;                                                                              \
+                const vf v = ld_f32(sh + j);                                                                         \
+                vm = greater(v, vm); /* a NaN score is skipped here; the softmax below keeps it */                    \
             }                                                                                                        \
-            int nan = 0; /* the maximum skips a NaN score; the softmax must not */                                  \
-            for (int64_t j = j0; j < j1; j++) nan |= sh[j] != sh[j];                                                 \
-            if (bm == -INFINITY && !nan) { /* every score -inf: no key of this block counts, it adds nothing */     \
-                for (int64_t j = 0; j < bs16; j++) sh[j] = 0.0f;                                                     \
-                continue;                                                                                            \
+            bm = max_of(vm);                                                                                         \
+            if (bm == -INFINITY) {                                                                                   \
+                int nan = 0;                                                                                         \
+                for (int64_t j = j0; j < j1; j++) nan |= sh[j] != sh[j];                                             \
+                if (!nan) { /* every score -inf: no key of this block counts, it adds nothing */                    \
+                    for (int64_t j = 0; j < bs16; j++) sh[j] = 0.0f;                                                 \
+                    continue;                                                                                        \
+                }                                                                                                    \
             }                                                                                                        \
             if (bm > m[h]) {                                                                                         \
                 const float alpha = expf(m[h] - bm);                                                                 \
@@ -70,22 +166,76 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
                 for (int64_t k = 0; k < d; k++) acc[h * d + k] *= alpha;                                             \
                 m[h] = bm;                                                                                           \
             }                                                                                                        \
-            float sum = 0.0f;                                                                                        \
+            vf sum = broadcast(0.0f);                                                                                \
             for (int64_t j = 0; j < bs16; j += VL) {                                                                 \
                 const vf p = vexp(ld_f32(sh + j) - m[h]);                                                          \
                 st_f32(sh + j, p);                                                                                   \
-                sum += hsum(p);                                                                                      \
+                sum += p;                                                                                            \
             }                                                                                                        \
-            l[h] += sum;                                                                                             \
+            l[h] += sum_of(sum);                                                                                     \
         }                                                                                                            \
-        for (int64_t j = j0; j < j1; j++) {                                                                          \
-            const T *vr = vb + j * row;                                                                              \
-            for (int64_t h = 0; h < hq; h++) {                                                                       \
-                const T *vh = vr + (h / group) * d;                                                                  \
-                float *ah = acc + h * d;                                                                             \
-                const float p = sc[h * bs16 + j];                                                                    \
-                for (int64_t k = 0; k < dv; k += VL) st_f32(ah + k, ld_f32(ah + k) + p * LDV(vh + k));               \
-                for (int64_t k = dv; k < d; k++) ah[k] += p * LD1(vh + k);                                           \
+        for (int64_t h = 0; h < hq; h++) {                                                                           \
+            const T *vg = vb + (h / group) * d;                                                                      \
+            const float *ph = sc + h * bs16;                                                                         \
+            float *ah = acc + h * d;                                                                                 \
+            int64_t k = 0;                                                                                           \
+            if (h % group + 1 < group && d % (4 * VL) == 0) { /* two heads of one KV head: one V load, 8 sums */  \
+                const float *pi = ph + bs16;                                                                         \
+                float *ai = ah + d;                                                                                  \
+                for (; k + 4 * VL <= dv; k += 4 * VL) {                                                              \
+                    vf a0 = ld_f32(ah + k), a1 = ld_f32(ah + k + VL), a2 = ld_f32(ah + k + 2 * VL),                 \
+                       a3 = ld_f32(ah + k + 3 * VL), b0 = ld_f32(ai + k), b1 = ld_f32(ai + k + VL),                 \
+                       b2 = ld_f32(ai + k + 2 * VL), b3 = ld_f32(ai + k + 3 * VL);                                   \
+                    for (int64_t j = j0; j < j1; j++) {                                                              \
+                        const T *vr = vg + j * row + k;                                                              \
+                        const vf p = broadcast(ph[j]), p2 = broadcast(pi[j]);                                        \
+                        const vf v0 = LDV(vr), v1 = LDV(vr + VL), v2 = LDV(vr + 2 * VL), v3 = LDV(vr + 3 * VL);     \
+                        a0 += p * v0;                                                                                \
+                        a1 += p * v1;                                                                                \
+                        a2 += p * v2;                                                                                \
+                        a3 += p * v3;                                                                                \
+                        b0 += p2 * v0;                                                                               \
+                        b1 += p2 * v1;                                                                               \
+                        b2 += p2 * v2;                                                                               \
+                        b3 += p2 * v3;                                                                               \
+                    }                                                                                                \
+                    st_f32(ah + k, a0);                                                                              \
+                    st_f32(ah + k + VL, a1);                                                                         \
+                    st_f32(ah + k + 2 * VL, a2);                                                                     \
+                    st_f32(ah + k + 3 * VL, a3);                                                                     \
+                    st_f32(ai + k, b0);                                                                              \
+                    st_f32(ai + k + VL, b1);                                                                         \
+                    st_f32(ai + k + 2 * VL, b2);                                                                     \
+                    st_f32(ai + k + 3 * VL, b3);                                                                     \
+                }                                                                                                    \
+                h++; /* both heads done */                                                                           \
+                continue;                                                                                            \
+            }                                                                                                        \
+            for (; k + 4 * VL <= dv; k += 4 * VL) { /* four independent sums: one chain would wait on each add */   \
+                vf a0 = ld_f32(ah + k), a1 = ld_f32(ah + k + VL), a2 = ld_f32(ah + k + 2 * VL),                     \
+                   a3 = ld_f32(ah + k + 3 * VL);                                                                     \
+                for (int64_t j = j0; j < j1; j++) {                                                                  \
+                    const T *vr = vg + j * row + k;                                                                  \
+                    const vf p = broadcast(ph[j]);                                                                   \
+                    a0 += p * LDV(vr);                                                                               \
+                    a1 += p * LDV(vr + VL);                                                                          \
+                    a2 += p * LDV(vr + 2 * VL);                                                                      \
+                    a3 += p * LDV(vr + 3 * VL);                                                                      \
+                }                                                                                                    \
+                st_f32(ah + k, a0);                                                                                  \
+                st_f32(ah + k + VL, a1);                                                                             \
+                st_f32(ah + k + 2 * VL, a2);                                                                         \
+                st_f32(ah + k + 3 * VL, a3);                                                                         \
+            }                                                                                                        \
+            for (; k < dv; k += VL) {                                                                                \
+                vf a = ld_f32(ah + k);                                                                               \
+                for (int64_t j = j0; j < j1; j++) a += ph[j] * LDV(vg + j * row + k);                                \
+                st_f32(ah + k, a);                                                                                   \
+            }                                                                                                        \
+            for (k = dv; k < d; k++) {                                                                               \
+                float a = ah[k];                                                                                     \
+                for (int64_t j = j0; j < j1; j++) a += ph[j] * LD1(vg + j * row + k);                                \
+                ah[k] = a;                                                                                           \
             }                                                                                                        \
         }                                                                                                            \
     }                                                                                                                \

@@ -22,7 +22,17 @@ typedef uint32_t vu __attribute__((vector_size(4 * VL)));
 
 static inline vf ld_f32(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
 static inline void st_f32(float *p, vf v) { memcpy(p, &v, sizeof v); }
+#if VL == 16
+#include <immintrin.h>
+/* one vpmovzxwd and a shift: GCC lowers the generic conversion below to two half-width ones joined by inserts */
+static inline vf widen(vh h) {
+    __m256i x; memcpy(&x, &h, sizeof x);
+    const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
+    vf f; memcpy(&f, &u, sizeof f); return f;
+}
+#else
 static inline vf widen(vh h) { vu u = __builtin_convertvector(h, vu) << 16; vf f; memcpy(&f, &u, sizeof f); return f; }
+#endif
 static inline vf ld_bf16(const uint16_t *p) { vh h; memcpy(&h, p, sizeof h); return widen(h); }
 /* fp32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
 static inline vh narrow(vf f) {
