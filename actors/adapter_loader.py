@@ -6,6 +6,7 @@ import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -88,7 +89,7 @@ class AdapterLoader:
         self._log = get_logger("adapter_loader")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, anyio.create_task_group() as self._tg:
+        async with self._inbox, self._scheduler, self._audit or nullcontext(), anyio.create_task_group() as self._tg:
             task_status.started()
             async for msg in self._inbox:
                 if isinstance(msg, Shutdown):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from contextlib import nullcontext
 
 import anyio
 import msgspec
@@ -22,7 +23,6 @@ from loraledger.actors.messages import (
     Accepted,
     AdapterResolved,
     AuditAppend,
-    Delivery,
     NewRequest,
     RequestDone,
     RequestFailed,
@@ -31,6 +31,7 @@ from loraledger.actors.messages import (
     Submit,
     TrackRequest,
 )
+from loraledger.actors.replies import deliver, deliver_last
 from loraledger.digests import binding_digest, prompt_digest, tools_digest
 from loraledger.errors import (
     AdapterChangedError,
@@ -97,7 +98,7 @@ class Admission:
         self._log = get_logger("admission")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._loader, self._scheduler, self._assembler:
+        async with self._inbox, self._loader, self._scheduler, self._assembler, self._audit or nullcontext():
             try:
                 async with anyio.create_task_group() as tg:
                     task_status.started()
@@ -107,7 +108,7 @@ class Admission:
                 # shut down, or torn down by another actor's failure: nobody is left waiting for an answer
                 with anyio.move_on_after(5, shield=True):
                     for rid, channel in self._admitting.items():
-                        await _deliver(
+                        await deliver_last(
                             channel, rid, EngineDeadError(f"the engine stopped while admitting request {rid!r}")
                         )
 
@@ -122,7 +123,7 @@ class Admission:
                 self._log.exception("message not handled", kind=type(msg).__name__, request_id=rid)
                 if isinstance(msg, Submit):
                     self._forget(rid, msg.channel)
-                    await _deliver(msg.channel, rid, request_error(exc, shown_id(msg), "admission", audit_id=rid))
+                    await deliver_last(msg.channel, rid, request_error(exc, shown_id(msg), "admission", audit_id=rid))
 
     async def _handle(self, tg, msg) -> None:
         match msg:
@@ -130,7 +131,7 @@ class Admission:
                 # a resumed request holds its audit key, not its caller id: that id may be a newer request's by now
                 caller = rid if msg.resume else msg.caller_request_id or rid
                 if caller in self._live_callers or rid in self._in_flight:
-                    await _deliver(
+                    await deliver_last(
                         msg.channel,
                         rid,
                         DuplicateRequestError(
@@ -212,7 +213,7 @@ class Admission:
             self._forget(rid, msg.channel)
             if bound:  # on record as admitted: its end must be on record too
                 await self._record_failed(rid, error)
-            await _deliver(msg.channel, rid, error)
+            await deliver_last(msg.channel, rid, error)
             return
         queued = time.time()
         tracked = False
@@ -234,7 +235,7 @@ class Admission:
                 )
             )
             tracked = True
-            await _deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
+            await deliver(msg.channel, rid, Accepted(request_id=rid, adapter_fingerprint=fingerprint))
             await self._scheduler.send(
                 NewRequest(
                     audit_id=rid,
@@ -260,7 +261,7 @@ class Admission:
             else:
                 if bound:
                     await self._record_failed(rid, error)
-                await _deliver(msg.channel, rid, error)
+                await deliver_last(msg.channel, rid, error)
             return
         self._admitting.pop(rid, None)
         if rid in self._abort_on_admit:
@@ -445,13 +446,6 @@ class Admission:
                 admission=True,
             )
         )
-
-
-async def _deliver(channel, request_id: str, item: object) -> None:
-    try:
-        await channel.send(Delivery(request_id=request_id, item=item))
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
 
 
 def _recordable_params(params) -> dict:

@@ -221,9 +221,13 @@ class EngineCore:
             )
             for scope in self._scopes.values():
                 scope.cancel()
-        # our own inbox handles: with them gone the Executor (whose only other sender was the Scheduler) ends too
-        for send, _ in self._streams.values():
+        # our own inbox handles: with them gone the Executor (whose only other sender was the Scheduler) ends too.
+        # An actor closes its inbox when it ends; one never started (the audit writer and lease keeper with auditing
+        # off) has its inbox closed here, or the interpreter warns of it at exit
+        for name, (send, receive) in self._streams.items():
             send.close()
+            if name not in self._scopes:
+                receive.close()
 
     async def _shutdown(self, name: str) -> None:
         if self._done[name].is_set():

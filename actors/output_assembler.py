@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import anyio
@@ -23,7 +24,6 @@ from loraledger.actors.messages import (
     AuditAppend,
     AuditCommitted,
     AuditRefused,
-    Delivery,
     RequestDone,
     RequestFailed,
     Shutdown,
@@ -31,6 +31,7 @@ from loraledger.actors.messages import (
     StopSeq,
     TrackRequest,
 )
+from loraledger.actors.replies import deliver, deliver_last
 from loraledger.digests import completions_digest, stored_time
 from loraledger.logging import get_logger, request_logger
 from loraledger.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
@@ -103,7 +104,7 @@ class OutputAssembler:
         self._log = get_logger("output_assembler")
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._scheduler, self._admission:
+        async with self._inbox, self._scheduler, self._admission, self._audit or nullcontext():
             task_status.started()
             closing = False
             try:
@@ -435,14 +436,14 @@ class OutputAssembler:
             await self._release(req)
 
     async def _release(self, req: _ReqOut) -> None:
-        await self._deliver(req, req.final)
+        await self._deliver_last(req, req.final)
         await _send_quietly(self._admission, RequestDone(audit_id=req.msg.audit_id))
 
     async def _deliver(self, req: _ReqOut, item: object) -> None:
-        try:
-            await req.msg.channel.send(Delivery(request_id=req.msg.audit_id, item=item))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass  # the caller stopped listening (it aborts the request itself)
+        await deliver(req.msg.channel, req.msg.audit_id, item)
+
+    async def _deliver_last(self, req: _ReqOut, item: object) -> None:
+        await deliver_last(req.msg.channel, req.msg.audit_id, item)
 
     async def _refused(self, rid: str, req: _ReqOut, error: object) -> None:
         from loraledger.errors import RequestFailedError
@@ -451,7 +452,7 @@ class OutputAssembler:
         failure = RequestFailedError(
             f"request {rid!r} finished, but the audit store refused its record, so its output is withheld: {error}"
         )
-        await self._deliver(req, failure)
+        await self._deliver_last(req, failure)
         await _send_quietly(self._admission, RequestDone(audit_id=rid))
 
     async def _fail(self, rid: str, error: object) -> None:
@@ -473,7 +474,7 @@ class OutputAssembler:
                     ]
                 )
             )
-        await self._deliver(req, error)
+        await self._deliver_last(req, error)
         await _send_quietly(self._admission, RequestDone(audit_id=rid))
 
     async def _fail_pending(self) -> None:
@@ -481,10 +482,10 @@ class OutputAssembler:
 
         for rid in list(self._reqs):
             req = self._reqs.pop(rid)
-            await self._deliver(req, EngineDeadError(f"the engine stopped before request {rid} finished"))
+            await self._deliver_last(req, EngineDeadError(f"the engine stopped before request {rid} finished"))
         for rid in list(self._held):
             req = self._held.pop(rid)
-            await self._deliver(
+            await self._deliver_last(
                 req, EngineDeadError(f"the engine stopped before request {rid}'s audit record was committed")
             )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
+from contextlib import nullcontext
 
 import anyio
 from anyio.abc import TaskStatus
@@ -75,7 +76,7 @@ class Scheduler:
     # --- actor loop ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        async with self._inbox, self._executor, self._assembler:
+        async with self._inbox, self._executor, self._assembler, self._audit or nullcontext():
             task_status.started()
             try:
                 await self._loop()

@@ -201,6 +201,9 @@ class LLMEngine:
             return
         self._closed = True
         self._stack.close()
+        # the event loop is gone: nothing sends or receives on the merged stream any more
+        self._merged_send.close()
+        self._merged.close()
 
     def __enter__(self) -> LLMEngine:
         return self

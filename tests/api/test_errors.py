@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
+import warnings
 
 import pytest
 
@@ -204,3 +206,20 @@ def test_close_frees_the_model_before_returning(tiny_llama):
     assert runner.model is not None
     llm.close()
     assert runner.model is None and runner.kv_cache is None and runner.lora_slots is None
+
+
+@pytest.mark.parametrize("audit", [False, True])
+def test_close_leaves_no_stream_open(tiny_llama, tmp_path, audit):
+    """After LLM.close() every message stream of the engine is closed, the inboxes of actors it never started
+    (the audit writer and lease keeper with auditing off) too: anyio warns of an unclosed one when it is collected,
+    and at interpreter exit that warning was an "Exception ignored" traceback under the caller's last line."""
+    url = f"sqlite:///{tmp_path / 'audit.db'}" if audit else None
+    llm = LLM(model=str(tiny_llama.model_dir), block_size=4, audit_url=url, seed=0)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        llm.close()
+        del llm
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if "MemoryObject" in str(w.message)]
+    assert unclosed == []
