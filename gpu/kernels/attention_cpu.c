@@ -5,11 +5,21 @@
    and sum, fp32), so nothing is gathered, padded or masked. Plain C with GCC (12 or later) / Clang vector extensions
    and __builtin_shufflevector (VL lanes, lowered to the CPU it is built on). The prefill of a short context runs
    here too, each query row a "sequence" over its own causal prefix (TorchOps.prefill_attention). Layouts, numerics
-   and how it is built and called: gpu/attention_cpu_kernel.py (its torch twin is TorchOps.gathered_attention_decode). */
+   and how it is built and called: gpu/attention_cpu_kernel.py (its torch twin: TorchOps.gathered_attention_decode). */
 #include "cpu_vectors.h"
 
-/* cache lines of the next block's K and V fetched ahead while this block is read */
-#define PF_LINES 16
+/* Every cache line of one block's K and V rows (`bytes` each), fetched ahead. A decode step reads a layer's cache
+   after the rest of the step has streamed the weights through the caches, so its K and V come from DRAM, block by
+   scattered block: with the hardware prefetcher alone, a call of 24 sequences x 88 keys took 295 us cold against 125
+   hot. The kernel fetches the next block while it reads this one (the next sequence's first after a sequence's
+   last), each query head issuing its share of the lines (a burst of all of them stalled on the miss buffers): 232-246
+   us cold. */
+static inline void fetch_block(const char *k, const char *v, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) {
+        __builtin_prefetch(k + o);
+        __builtin_prefetch(v + o);
+    }
+}
 
 /* sums_of(c): lane r = the sum of c[r]'s lanes, for VL vectors at once: a tree of shuffles and adds (log2 VL levels,
    2 * (VL - 1) shuffles in all) instead of one chain of VL - 1 dependent scalar adds per vector, which took most
@@ -92,9 +102,10 @@ static inline float max_of(vf v) {
 #define ATTN_SEQ(NAME, T, LDV, LD1, ST1)                                                                              \
 static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t bs, int64_t hk, int64_t d,            \
                  const int32_t *table, int64_t start, int64_t len, int64_t hq, float scale, float softcap, T *out,    \
-                 float *scratch)                                                                                     \
+                 float *scratch, int64_t next_block)                                                                 \
 {                                                                                                                    \
     const int64_t dv = d & ~(int64_t)(VL - 1), bs16 = (bs + 15) & ~(int64_t)15, row = hk * d, group = hq / hk;       \
+    const int64_t block_bytes = bs * row * (int64_t)sizeof(T), share = (block_bytes / 64 + hq - 1) / hq * 64;        \
     float *qf = scratch, *acc = qf + hq * d, *sc = acc + hq * d, *m = sc + hq * bs16, *l = m + hq;                   \
     const float pre = softcap > 0.0f ? scale / softcap : scale;                                                      \
     for (int64_t h = 0; h < hq; h++) {                                                                               \
@@ -106,14 +117,13 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
     for (int64_t blk = start / bs; blk * bs < len; blk++) {                                                          \
         const int64_t j0 = start > blk * bs ? start - blk * bs : 0, j1 = len - blk * bs < bs ? len - blk * bs : bs;  \
         const T *kb = kc + (int64_t)table[blk] * bs * row, *vb = vc + (int64_t)table[blk] * bs * row;                \
-        if ((blk + 1) * bs < len) {                                                                                  \
-            const T *kn = kc + (int64_t)table[blk + 1] * bs * row, *vn = vc + (int64_t)table[blk + 1] * bs * row;    \
-            for (int64_t o = 0; o < PF_LINES; o++) {                                                                 \
-                __builtin_prefetch((const char *)kn + 64 * o);                                                       \
-                __builtin_prefetch((const char *)vn + 64 * o);                                                       \
-            }                                                                                                        \
-        }                                                                                                            \
+        /* the next block of this sequence, or after its last the next sequence's first (next_block; -1: none) */  \
+        const int64_t ahead = (blk + 1) * bs < len ? (int64_t)table[blk + 1] : next_block;                           \
+        const char *kn = ahead >= 0 ? (const char *)(kc + ahead * bs * row) : 0;                                     \
+        const char *vn = ahead >= 0 ? (const char *)(vc + ahead * bs * row) : 0;                                     \
         for (int64_t h = 0; h < hq; h++) {                                                                           \
+            for (int64_t o = h * share; kn && o < (h + 1) * share && o < block_bytes; o += 64) /* next K: a share */ \
+                __builtin_prefetch(kn + o);                                                                          \
             const float *qh = qf + h * d;                                                                            \
             const T *kg = kb + (h / group) * d;                                                                      \
             float *sh = sc + h * bs16;                                                                               \
@@ -145,6 +155,8 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
             }                                                                                                        \
         }                                                                                                            \
         for (int64_t h = 0; h < hq; h++) {                                                                           \
+            for (int64_t o = h * share; vn && o < (h + 1) * share && o < block_bytes; o += 64) /* next V: a share */ \
+                __builtin_prefetch(vn + o);                                                                          \
             float *sh = sc + h * bs16, bm = -INFINITY;                                                               \
             vf vm = broadcast(-INFINITY);                                                                            \
             for (int64_t j = 0; j < bs16; j += VL) {                                                                 \
@@ -264,6 +276,13 @@ static int64_t check(const int32_t *tables, int64_t table_stride, int64_t max_bl
     return 0;
 }
 
+/* the first cache block sequence b reads (its window's start) */
+static int64_t first_block(const int32_t *tables, const int32_t *lens, int64_t b, int64_t table_stride, int64_t bs,
+                           int64_t window) {
+    const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
+    return tables[b * table_stride + start / bs];
+}
+
 /* out [batch, hq, d] = decode attention of q [batch, hq, d] (rows q_stride apart, heads q_head apart) over the
    caches [num_blocks, bs, hk, d] (contiguous), for dtype 0 = fp32, 1 = bf16 (q, caches and out alike). window <= 0:
    no sliding window; softcap <= 0: none. scratch: 2 * hq * d + hq * bs16 + 2 * hq floats (bs16: bs rounded up to 16). Returns 0, or (before
@@ -275,16 +294,22 @@ int64_t paged_decode_attention(int64_t dtype, const void *q, int64_t q_stride, i
                                float *scratch) {
     const int64_t bad = check(tables, table_stride, max_blocks, lens, batch, bs, num_blocks, window);
     if (bad) return bad;
+    const int64_t bytes = bs * hk * d * (dtype == 0 ? 4 : 2); /* one block of K (or V) */
+    if (batch > 0) {
+        const int64_t first = first_block(tables, lens, 0, table_stride, bs, window);
+        fetch_block((const char *)k_cache + first * bytes, (const char *)v_cache + first * bytes, bytes);
+    }
     for (int64_t b = 0; b < batch; b++) {
         const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
         const int32_t *table = tables + b * table_stride;
+        const int64_t next = b + 1 < batch ? first_block(tables, lens, b + 1, table_stride, bs, window) : -1;
         if (dtype == 0)
             attend_f32((const float *)q + b * q_stride, q_head, (const float *)k_cache, (const float *)v_cache, bs, hk,
-                       d, table, start, len, hq, scale, softcap, (float *)out + b * hq * d, scratch);
+                       d, table, start, len, hq, scale, softcap, (float *)out + b * hq * d, scratch, next);
         else
             attend_bf16((const uint16_t *)q + b * q_stride, q_head, (const uint16_t *)k_cache,
                         (const uint16_t *)v_cache, bs, hk, d, table, start, len, hq, scale, softcap,
-                        (uint16_t *)out + b * hq * d, scratch);
+                        (uint16_t *)out + b * hq * d, scratch, next);
     }
     return 0;
 }
