@@ -149,9 +149,27 @@ static inline void add1_bf16(uint16_t *p, float d) { *p = f_bf16(bf16_f(*p) + d)
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 /* bf16 on a CPU with AVX512-BF16: vdpbf16ps multiplies pairs of bf16 and adds them to fp32 sums (as oneDNN's bf16
-   products do). The shrink reads x and A as stored, 32 elements a step (the tail masked); the expand multiplies
+   products do). Register blocks as in the portable pass: the shrink runs four rank rows against the MT tokens at
+   once (16 independent sums), the expand two 16-column blocks (8), every array indexed by constants so that the
+   sums stay in registers; one sum per token before, a chain that waited on each vdpbf16ps. The bench model's 32
+   decode calls of a mixed step: 0.9-1.2 ms with caches warm against 1.5; ~2.0 ms either way with the adapter rows
+   coming from DRAM, as they do between two steps (bench/RESULTS.md, "The CPU LoRA kernel: register blocks for
+   vdpbf16ps"). The sums run in the same order as before: no result changes. The shrink reads x and A as stored, 32 elements a step (the tail masked); the expand multiplies
    h's bf16 pairs (h is rounded to bf16 first, so it is exact as bf16) by B's rank rows r and r + 1 interleaved.
    The instruction treats subnormal inputs as zero: an x, A, h or B element under 2^-126 counts as zero. */
+/* y[0..16) = bf16(y + bf16(d)) where mask says (as addv_bf16); nothing where it is 0 */
+static inline void add_delta_bf16(uint16_t *y, __mmask16 mask, __m512 d) {
+    const __m256i yb = _mm256_maskz_loadu_epi16(mask, y);
+    vf dv;
+    vh yh;
+    memcpy(&dv, &d, sizeof dv);
+    memcpy(&yh, &yb, sizeof yh);
+    const vh out = narrow(widen(yh) + roundv_bf16(dv));
+    __m256i ob;
+    memcpy(&ob, &out, sizeof ob);
+    _mm256_mask_storeu_epi16(y, mask, ob);
+}
+
 static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, const uint16_t *as, const uint16_t *bs,
                       uint16_t *y, int64_t y_stride, int64_t out_total, int64_t n_slices, const int64_t *slice_offsets,
                       int64_t rank, int64_t rk, const int64_t *tok, int64_t m, float *scratch)
@@ -162,56 +180,85 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
                                                 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const uint16_t *xr[MT];
     for (int t = 0; t < MT; t++) xr[t] = x + tok[t] * x_stride;
-    /* shrink */
+    /* shrink: four rank rows at a time (two pairs), MT x 4 independent sums sharing each load of x and of A */
     for (int64_t sl = 0; sl < n_slices; sl++)
-        for (int64_t p = 0; p < pairs; p++) {
-            uint16_t hb[MT][2] = {{0}};
-            for (int64_t half = 0; half < 2; half++) {
-                const int64_t r = 2 * p + half;
-                if (r >= rk) continue;
-                const uint16_t *ar = as + (sl * rank + r) * in_features;
-                __m512 c[MT] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-                for (int64_t k = 0; k < in_features; k += 32) {
-                    const __mmask32 mask = in_features - k >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (in_features - k)) - 1);
-                    __builtin_prefetch(ar + k + PF_A);
-                    const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, ar + k);
-                    for (int t = 0; t < MT; t++)
-                        c[t] = _mm512_dpbf16_ps(c[t], (__m512bh)_mm512_maskz_loadu_epi16(mask, xr[t] + k), av);
+        for (int64_t r0 = 0; r0 < rk; r0 += 4) {
+            const int64_t rows = rk - r0 < 4 ? rk - r0 : 4; /* rows past rk are padding: their h is 0 */
+            /* a row past rk reads the last real one (no branch in the loop) and its sum is dropped below */
+            const uint16_t *a0 = as + (sl * rank + r0) * in_features, *a1 = a0 + (rows > 1 ? in_features : 0),
+                           *a2 = a0 + (rows > 2 ? 2 : rows - 1) * in_features,
+                           *a3 = a0 + (rows > 3 ? 3 : rows - 1) * in_features;
+            __m512 c[MT][4];
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) c[t][0] = c[t][1] = c[t][2] = c[t][3] = _mm512_setzero_ps();
+            for (int64_t k = 0; k < in_features; k += 32) {
+                const __mmask32 mask = in_features - k >= 32 ? ~(__mmask32)0 : (((__mmask32)1 << (in_features - k)) - 1);
+                __builtin_prefetch(a0 + k + PF_A);
+                __builtin_prefetch(a1 + k + PF_A);
+                __builtin_prefetch(a2 + k + PF_A);
+                __builtin_prefetch(a3 + k + PF_A);
+                const __m512bh v0 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a0 + k),
+                               v1 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a1 + k),
+                               v2 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a2 + k),
+                               v3 = (__m512bh)_mm512_maskz_loadu_epi16(mask, a3 + k);
+#pragma GCC unroll 4
+                for (int t = 0; t < MT; t++) {
+                    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, xr[t] + k);
+                    c[t][0] = _mm512_dpbf16_ps(c[t][0], xv, v0);
+                    c[t][1] = _mm512_dpbf16_ps(c[t][1], xv, v1);
+                    c[t][2] = _mm512_dpbf16_ps(c[t][2], xv, v2);
+                    c[t][3] = _mm512_dpbf16_ps(c[t][3], xv, v3);
                 }
-                for (int t = 0; t < MT; t++) hb[t][half] = f_bf16(_mm512_reduce_add_ps(c[t]));
             }
-            for (int t = 0; t < MT; t++) hp[t * np + sl * pairs + p] = (uint32_t)hb[t][0] | ((uint32_t)hb[t][1] << 16);
+            /* constant indexes only: the sums stay in registers through the loop above */
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) {
+                const uint32_t h0 = f_bf16(_mm512_reduce_add_ps(c[t][0])),
+                               h1 = rows > 1 ? f_bf16(_mm512_reduce_add_ps(c[t][1])) : 0,
+                               h2 = rows > 2 ? f_bf16(_mm512_reduce_add_ps(c[t][2])) : 0,
+                               h3 = rows > 3 ? f_bf16(_mm512_reduce_add_ps(c[t][3])) : 0;
+                hp[t * np + sl * pairs + r0 / 2] = h0 | (h1 << 16);
+                if (r0 + 2 < 2 * pairs) hp[t * np + sl * pairs + r0 / 2 + 1] = h2 | (h3 << 16);
+            }
         }
-    /* expand, straight into y */
+    /* expand, straight into y: two 16-column blocks at a time, MT x 2 independent sums sharing each h broadcast */
     for (int64_t sl = 0; sl < n_slices; sl++) {
         const int64_t lo = slice_offsets[sl], hi = slice_offsets[sl + 1];
         const uint32_t *h0 = hp + sl * pairs;
-        for (int64_t o = lo; o < hi; o += 16) {
-            const __mmask16 mask = hi - o >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (hi - o)) - 1);
-            __m512 d[MT] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int64_t o = lo; o < hi; o += 32) {
+            __mmask16 mask[2];
+            for (int q = 0; q < 2; q++) {
+                const int64_t left = hi - o - 16 * q;
+                mask[q] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            }
+            __m512 d[MT][2];
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) d[t][0] = d[t][1] = _mm512_setzero_ps();
             for (int64_t p = 0; 2 * p < rk; p++) {
-                __builtin_prefetch(bs + 2 * p * out_total + o + PF_B);
-                __builtin_prefetch(bs + (2 * p + 1) * out_total + o + PF_B);
-                const __m256i b0 = _mm256_maskz_loadu_epi16(mask, bs + 2 * p * out_total + o);
-                const __m256i b1 = 2 * p + 1 < rk ? _mm256_maskz_loadu_epi16(mask, bs + (2 * p + 1) * out_total + o)
-                                                   : _mm256_setzero_si256();
-                const __m512bh bv = (__m512bh)_mm512_permutex2var_epi16(_mm512_castsi256_si512(b0), interleave,
-                                                                        _mm512_castsi256_si512(b1));
-                for (int t = 0; t < MT; t++)
-                    d[t] = _mm512_dpbf16_ps(d[t], (__m512bh)_mm512_set1_epi32((int)h0[t * np + p]), bv);
+                const uint16_t *b0r = bs + 2 * p * out_total + o, *b1r = b0r + out_total;
+                __builtin_prefetch(b0r + PF_B);
+                __builtin_prefetch(b1r + PF_B);
+                __m512bh bv[2];
+                for (int q = 0; q < 2; q++) {
+                    const __m256i b0 = _mm256_maskz_loadu_epi16(mask[q], b0r + 16 * q);
+                    const __m256i b1 = 2 * p + 1 < rk ? _mm256_maskz_loadu_epi16(mask[q], b1r + 16 * q)
+                                                       : _mm256_setzero_si256();
+                    bv[q] = (__m512bh)_mm512_permutex2var_epi16(_mm512_castsi256_si512(b0), interleave,
+                                                                _mm512_castsi256_si512(b1));
+                }
+#pragma GCC unroll 4
+                for (int t = 0; t < MT; t++) {
+                    const __m512bh hv = (__m512bh)_mm512_set1_epi32((int)h0[t * np + p]);
+                    d[t][0] = _mm512_dpbf16_ps(d[t][0], hv, bv[0]);
+                    d[t][1] = _mm512_dpbf16_ps(d[t][1], hv, bv[1]);
+                }
             }
-            for (int t = 0; t < m; t++) {
-                uint16_t *yy = y + tok[t] * y_stride + o;
-                const __m256i yb = _mm256_maskz_loadu_epi16(mask, yy);
-                vf dv;
-                vh yh;
-                memcpy(&dv, &d[t], sizeof dv);
-                memcpy(&yh, &yb, sizeof yh);
-                const vh out = narrow(widen(yh) + roundv_bf16(dv)); /* as addv_bf16, masked */
-                __m256i ob;
-                memcpy(&ob, &out, sizeof ob);
-                _mm256_mask_storeu_epi16(yy, mask, ob);
-            }
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) /* constant indexes into d: its sums stay in registers */
+                if (t < m) {
+                    add_delta_bf16(y + tok[t] * y_stride + o, mask[0], d[t][0]);
+                    add_delta_bf16(y + tok[t] * y_stride + o + 16, mask[1], d[t][1]);
+                }
         }
     }
 }
