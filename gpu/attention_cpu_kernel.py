@@ -11,8 +11,10 @@ summed across lanes by one shuffle tree (not a chain of scalar adds per row and 
 each output vector held in a register across a block's rows, two query heads of one KV head sharing every V load
 (independent sums, so no add waits on the one before); the block's maximum and sum folded by halving. 24
 sequences x 88 keys, GQA 8/2 x 64, on an AVX512-BF16 EPYC: 140 us a call in bf16 and 137 in fp32, against 299 and
-242 with one scalar chain per dot product and a V sum that waited on itself (bench/RESULTS.md, "Attention on the
-CPU: the decode kernel").
+242 with one scalar chain per dot product and a V sum that waited on itself. In a decode step the cache comes from
+DRAM (the step streams the weights through the caches), so the next block is fetched while one is read
+(bench/RESULTS.md, "CPU: the decode attention kernel, and short prefills through it"). Short prefills run here too:
+each query row as a decode row over its causal prefix (TorchOps.prefill_attention).
 
 Numerics: fp32 throughout (q widened and pre-scaled, the dot products, the running maximum and sum, the weighted
 sum of V), rounded to the model dtype once at the end; exp is a vector polynomial (relative error ~1e-7). SDPA's

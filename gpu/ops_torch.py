@@ -12,8 +12,9 @@ from loraledger.gpu.ops_torch_lora import TorchLoraOps
 # A prefill step whose longest context is at most this many tokens runs its attention through the CPU decode
 # kernel, one query row at a time over its causal prefix: no padding, mask, gather or fp32 copies. Its cost
 # grows with the square of the context, SDPA's blocked products' more slowly; bf16, GQA 8/2 x 64, 2 threads on
-# an AVX512-BF16 EPYC: 24 prompts of 16 / 48 / 64 tokens 0.39 / 2.4 / 4.8 ms a layer against SDPA's 1.8 / 5.6 /
-# 8.2, even at 96, behind from 128 (bench/RESULTS.md, "Prefill attention through the decode kernel").
+# an AVX512-BF16 EPYC: 24 prompts of 16 / 48 / 64 tokens 0.43 / 2.3 / 3.8 ms a layer against SDPA's 0.74 / 2.8 /
+# 4.4, behind it at 8 prompts of 128 (`python -m bench.run --only cpu-attention`; bench/RESULTS.md, "CPU: the
+# decode attention kernel, and short prefills through it").
 KERNEL_PREFILL_MAX_CONTEXT = 80
 
 
