@@ -44,6 +44,9 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 def w4a16_checkpoint(model_dir: Path) -> Path:
+    """A compressed-tensors pack-quantized W4A16 copy of a float checkpoint (4-bit, group 64, symmetric; the decoder
+    projections only), built once beside it."""
+
     def write(out: Path) -> None:
         shutil.copytree(model_dir, out, dirs_exist_ok=True)
         weights = load_file(str(model_dir / "model.safetensors"))
@@ -68,7 +71,7 @@ def w4a16_checkpoint(model_dir: Path) -> Path:
         }
         (out / "config.json").write_text(json.dumps(config, indent=2))
 
-    return build_once(CACHE / "llama-h512-l8-w4a16-g64", write)
+    return build_once(model_dir.parent / f"{model_dir.name}-w4a16-g{GROUP}", write)
 
 
 def smollm2_assets(demo_cache: str | None) -> tuple[Path, Path, list[Path], int]:

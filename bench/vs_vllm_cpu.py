@@ -11,7 +11,8 @@ ratios. `--workloads` picks some of them (`--workloads big --big-dtypes bfloat16
 Workloads (greedy, ignore_eos): 24 prompts of 48 ids x 40 tokens as a mixed batch (6 adapters + base rows),
 the same prompts with LoRA enabled and no adapter, with LoRA disabled; a bigger mixed batch (64 prompts x 128
 tokens); at fp32 and bf16. Then the server path (bench/vs_vllm_server.py: 24 concurrent streaming clients
-through each engine's OpenAI server) and the memory after load (a random model of SmolLM2-135M's shape).
+through each engine's OpenAI server) and the memory after load (a random model of SmolLM2-135M's shape at fp32 and bf16,
+and its W4A16 copy).
 
 Greedy ids are compared row by row on the rows where vLLM is correct: with every adapter slot full
 (6 adapters, max_loras 6) vLLM's CPU build runs base-model rows through the last slot's adapter, so in the
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from bench.bench_assets import model_assets
 from bench.stats import median
@@ -195,24 +198,35 @@ def run_batches(args, assets, python: Path, logs: Path) -> dict:
 
 
 def run_memory(args, python: Path, logs: Path, model_dir: Path) -> dict:
-    """Resident memory of each engine's process tree right after load (no LoRA), and what it holds."""
+    """Resident memory of each engine's process tree right after load (no LoRA), and what it holds: the float model
+    at fp32 and bf16, and its W4A16 copy (compressed-tensors pack-quantized, bench.quant_decode) with bf16
+    activations. Weights: the checkpoint's fp32 bytes, half of them for bf16, and for W4A16 what our forward holds
+    of it (packed projections, their scales, the bf16 embedding), counted from the loaded tensors."""
+    from bench.quant_decode import resident_bytes, w4a16_checkpoint
+
     weights = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))  # fp32 on disk
+    quantized = w4a16_checkpoint(model_dir)
+    forms = (
+        ("float32", model_dir, "float32", weights),
+        ("bfloat16", model_dir, "bfloat16", weights // 2),
+        ("w4a16 (bf16 activations)", quantized, "bfloat16", resident_bytes(quantized, torch.bfloat16)["all"]),
+    )
     out = {}
-    for dtype in DTYPES:
-        w_bytes = weights if dtype == "float32" else weights // 2
+    for name, model, dtype, w_bytes in forms:
         for engine in ENGINES:
-            cli = ["--engine", engine, "--model", str(model_dir), "--dtype", dtype, "--threads", str(args.threads)]
+            cli = ["--engine", engine, "--model", str(model), "--dtype", dtype, "--threads", str(args.threads)]
             cli += ["--max-num-seqs", "64", "--max-model-len", "2048"]
             if engine == "loraledger":
                 cli += ["--kv-cache-bytes", str(64 << 20)]
             py, env = (sys.executable, None) if engine == "loraledger" else (str(python), vllm_env(args.threads))
-            w = Worker(py, cli, env, logs / f"memory-{engine}-{dtype}.log", args.timeout)
+            tag = name.split()[0]
+            w = Worker(py, cli, env, logs / f"memory-{engine}-{tag}.log", args.timeout)
             try:
                 mem = w.ready["memory"]
                 kv = w.ready.get("kv_cache_bytes")
             finally:
                 w.close()
-            out[f"{engine} | {dtype}"] = {"memory": mem, "weights_bytes": w_bytes, "kv_cache_bytes": kv}
+            out[f"{engine} | {name}"] = {"memory": mem, "weights_bytes": w_bytes, "kv_cache_bytes": kv}
     return out
 
 
