@@ -21,41 +21,6 @@ static inline void fetch_block(const char *k, const char *v, int64_t bytes) {
     }
 }
 
-/* sums_of(c): lane r = the sum of c[r]'s lanes, for VL vectors at once: a tree of shuffles and adds (log2 VL levels,
-   2 * (VL - 1) shuffles in all) instead of one chain of VL - 1 dependent scalar adds per vector, which took most
-   of a decode step's attention. Each level adds neighbouring groups of lanes of two vectors and interleaves the
-   results, so that after the last one lane r holds all of c[r]. */
-#if VL == 16
-#define LV1(a, b) (__builtin_shufflevector(a, b, 0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30) +          \
-                   __builtin_shufflevector(a, b, 1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31))
-#define LV2(a, b) (__builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29) +          \
-                   __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31))
-#define LV3(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27) +          \
-                   __builtin_shufflevector(a, b, 4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31))
-#define LV4(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +             \
-                   __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31))
-static inline vf sums_of(const vf *c) {
-    vf a[8], b[4], e[2];
-    for (int i = 0; i < 8; i++) a[i] = LV1(c[2 * i], c[2 * i + 1]);
-    for (int i = 0; i < 4; i++) b[i] = LV2(a[2 * i], a[2 * i + 1]);
-    for (int i = 0; i < 2; i++) e[i] = LV3(b[2 * i], b[2 * i + 1]);
-    return LV4(e[0], e[1]);
-}
-#else
-#define LV1(a, b) (__builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14) +                                        \
-                   __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15))
-#define LV2(a, b) (__builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13) +                                         \
-                   __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15))
-#define LV3(a, b) (__builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +                                         \
-                   __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15))
-static inline vf sums_of(const vf *c) {
-    vf a[4], b[2];
-    for (int i = 0; i < 4; i++) a[i] = LV1(c[2 * i], c[2 * i + 1]);
-    for (int i = 0; i < 2; i++) b[i] = LV2(a[2 * i], a[2 * i + 1]);
-    return LV3(b[0], b[1]);
-}
-#endif
-
 /* the sum and the maximum of one vector's lanes, halving it log2 VL times (a chain of VL - 1 scalar operations
    otherwise); the maximum of lanes that hold a NaN is one of the others */
 #if VL == 16

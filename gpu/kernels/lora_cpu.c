@@ -154,9 +154,12 @@ static inline void add1_bf16(uint16_t *p, float d) { *p = f_bf16(bf16_f(*p) + d)
    sums stay in registers; one sum per token before, a chain that waited on each vdpbf16ps. The bench model's 32
    decode calls of a mixed step: 0.9-1.2 ms with caches warm against 1.5; ~2.0 ms either way with the adapter rows
    coming from DRAM, as they do between two steps (bench/RESULTS.md, "The CPU LoRA kernel: register blocks for
-   vdpbf16ps"). The sums run in the same order as before: no result changes. The shrink reads x and A as stored, 32 elements a step (the tail masked); the expand multiplies
-   h's bf16 pairs (h is rounded to bf16 first, so it is exact as bf16) by B's rank rows r and r + 1 interleaved.
-   The instruction treats subnormal inputs as zero: an x, A, h or B element under 2^-126 counts as zero. */
+   vdpbf16ps"). A block's 16 shrink sums are summed across lanes by one shuffle tree (sums_of) and rounded to bf16
+   together, where the compiler has __builtin_shufflevector (GCC 12+, Clang): h may differ from a per-sum reduction
+   by a rounding in the last place. The shrink reads x and A as stored, 32 elements a step (the tail masked); the
+   expand multiplies h's bf16 pairs (h is rounded to bf16 first, so it is exact as bf16) by B's rank rows r and r + 1
+   interleaved. The instruction treats subnormal inputs as zero: an x, A, h or B element under 2^-126 counts as
+   zero. */
 /* y[0..16) = bf16(y + bf16(d)) where mask says (as addv_bf16); nothing where it is 0 */
 static inline void add_delta_bf16(uint16_t *y, __mmask16 mask, __m512 d) {
     const __m256i yb = _mm256_maskz_loadu_epi16(mask, y);
@@ -210,6 +213,29 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
                     c[t][3] = _mm512_dpbf16_ps(c[t][3], xv, v3);
                 }
             }
+#if HAVE_SUMS_OF
+            /* the 16 sums across lanes at once (lane 4t + i: token t, row i), rounded to bf16 together: as uint32
+               lanes they are the (row 0, row 1) and (row 2, row 3) pairs of each token. Constant indexes only: the
+               sums stay in registers through the loop above */
+            vf cs[16];
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) {
+                cs[4 * t] = (vf)c[t][0];
+                cs[4 * t + 1] = (vf)c[t][1];
+                cs[4 * t + 2] = (vf)c[t][2];
+                cs[4 * t + 3] = (vf)c[t][3];
+            }
+            const vi lane = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+            const vf sums = (vf)((vi)sums_of(cs) & (lane < (vi){0} + (int32_t)rows)); /* rows past rk: 0 */
+            const vh hb = narrow(sums);
+            uint32_t hw[8];
+            memcpy(hw, &hb, sizeof hw);
+#pragma GCC unroll 4
+            for (int t = 0; t < MT; t++) {
+                hp[t * np + sl * pairs + r0 / 2] = hw[2 * t];
+                if (r0 + 2 < 2 * pairs) hp[t * np + sl * pairs + r0 / 2 + 1] = hw[2 * t + 1];
+            }
+#else
             /* constant indexes only: the sums stay in registers through the loop above */
 #pragma GCC unroll 4
             for (int t = 0; t < MT; t++) {
@@ -220,6 +246,7 @@ static void pass_bf16(const uint16_t *x, int64_t x_stride, int64_t in_features, 
                 hp[t * np + sl * pairs + r0 / 2] = h0 | (h1 << 16);
                 if (r0 + 2 < 2 * pairs) hp[t * np + sl * pairs + r0 / 2 + 1] = h2 | (h3 << 16);
             }
+#endif
         }
     /* expand, straight into y: two 16-column blocks at a time, MT x 2 independent sums sharing each h broadcast */
     for (int64_t sl = 0; sl < n_slices; sl++) {
