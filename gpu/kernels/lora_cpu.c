@@ -35,6 +35,17 @@
 #define OB 3
 #endif
 
+/* Whether a block's MT x NB sums are summed across lanes together (sums_of: MT x NB == VL, and the compiler has
+   __builtin_shufflevector): with one chain of VL - 1 scalar adds per sum, the reductions took about as long as the
+   block's products. */
+#if defined(HAVE_SUMS_OF)
+#define SUMS_AT_ONCE(NB) (MT * (NB) == VL)
+static inline vf sums_of_blocks(const vf *c) { return sums_of(c); }
+#else
+#define SUMS_AT_ONCE(NB) 0
+static inline vf sums_of_blocks(const vf *c) { return c[0]; }
+#endif
+
 /* h[t][j..j+NB) = x_t . A_s[j..j+NB) (NB rows of A, rows in_features apart from ar): VL-wide sums, then the
    scalar tail, then rounded to the model dtype */
 #define SHRINK_ROWS(NB, LDV, LD1, ROUND1)                                                                            \
@@ -53,9 +64,17 @@
                 for (int b = 0; b < NB; b++) c[t][b] += xv * av[b];                                                  \
             }                                                                                                        \
         }                                                                                                            \
+        float sums[MT][NB]; /* each c[t][b] summed across its lanes: by one shuffle tree where MT x NB fills VL */   \
+        if (SUMS_AT_ONCE(NB)) {                                                                                      \
+            vf all = sums_of_blocks((const vf *)c);                                                                  \
+            memcpy(sums, &all, sizeof sums);                                                                         \
+        } else {                                                                                                     \
+            for (int t = 0; t < MT; t++)                                                                             \
+                for (int b = 0; b < NB; b++) sums[t][b] = hsum(c[t][b]);                                             \
+        }                                                                                                            \
         for (int b = 0; b < NB; b++)                                                                                 \
             for (int t = 0; t < MT; t++) {                                                                           \
-                float sum = hsum(c[t][b]);                                                                           \
+                float sum = sums[t][b];                                                                              \
                 for (int64_t k = kv; k < in_features; k++) sum += xf[t * in_features + k] * LD1(ar + b * in_features + k); \
                 h[t * nr + j + b] = ROUND1(sum);                                                                     \
             }                                                                                                        \
@@ -63,7 +82,7 @@
 
 /* y[t][o..o+NB*VL) += sum_r h[t][r] * Bt_s[r][o..o+NB*VL) for the slice's rk rank rows (hs[t]: token t's h of
    the slice), each delta rounded to the model dtype before it is added */
-#define EXPAND_VECTORS(T, NB, LDV, ROUNDV, ADDV)                                                                        \
+#define EXPAND_VECTORS(T, NB, LDV, ROUNDV, ADDV)                                                                     \
     do {                                                                                                             \
         vf d[MT][NB];                                                                                                \
         for (int t = 0; t < MT; t++)                                                                                 \
@@ -87,9 +106,9 @@
    LDV / LD1 load VL / 1 elements as fp32, ROUNDV / ROUND1 round fp32 to T and back (h and the delta are rounded
    to the model dtype, as the torch twin and PEFT do), ADDV / ADD1 add a delta to VL / 1 elements of y in T.
    scratch: MT * in + MT * n_slices * rank floats of this thread's own. */
-#define LORA_PASS(NAME, T, LDV, LD1, ROUND1, ROUNDV, ADDV, ADD1)                                                      \
+#define LORA_PASS(NAME, T, LDV, LD1, ROUND1, ROUNDV, ADDV, ADD1)                                                     \
 static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as, const T *bs, T *y, int64_t y_stride, \
-                 int64_t out_total, int64_t n_slices, const int64_t *slice_offsets, int64_t rank, int64_t rk,         \
+                 int64_t out_total, int64_t n_slices, const int64_t *slice_offsets, int64_t rank, int64_t rk,        \
                  const int64_t *tok, int64_t m, float *scratch)                                                      \
 {                                                                                                                    \
     const int64_t nr = n_slices * rank, kv = in_features & ~(int64_t)(VL - 1);                                       \
@@ -101,7 +120,7 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
         for (; k < kv; k += VL) st_f32(xd + k, LDV(xr + k));                                                         \
         for (; k < in_features; k++) xd[k] = LD1(xr + k);                                                            \
     }                                                                                                                \
-    /* shrink: h[t][j] = x_t . A_s[j] over the slot's rank rows of each slice (the rest is zero padding) */         \
+    /* shrink: h[t][j] = x_t . A_s[j] over the slot's rank rows of each slice (the rest is zero padding) */          \
     for (int64_t sl = 0; sl < n_slices; sl++) {                                                                      \
         int64_t r = 0;                                                                                               \
         for (; r + RB <= rk; r += RB) {                                                                              \
@@ -117,14 +136,14 @@ static void NAME(const T *x, int64_t x_stride, int64_t in_features, const T *as,
         for (; r < rank; r++)                                                                                        \
             for (int t = 0; t < MT; t++) h[t * nr + sl * rank + r] = 0.0f;                                           \
     }                                                                                                                \
-    /* expand: y[t][o] += sum_r h[t][slice(o) * R + r] * Bt_s[r][o], each slice over its own columns */             \
+    /* expand: y[t][o] += sum_r h[t][slice(o) * R + r] * Bt_s[r][o], each slice over its own columns */              \
     for (int64_t sl = 0; sl < n_slices; sl++) {                                                                      \
         const int64_t lo = slice_offsets[sl], hi = slice_offsets[sl + 1];                                            \
         const float *hs[MT];                                                                                         \
         for (int t = 0; t < MT; t++) hs[t] = h + t * nr + sl * rank;                                                 \
         int64_t o = lo;                                                                                              \
-        for (; o + OB * VL <= hi; o += OB * VL) EXPAND_VECTORS(T, OB, LDV, ROUNDV, ADDV);                               \
-        for (; o + VL <= hi; o += VL) EXPAND_VECTORS(T, 1, LDV, ROUNDV, ADDV);                                          \
+        for (; o + OB * VL <= hi; o += OB * VL) EXPAND_VECTORS(T, OB, LDV, ROUNDV, ADDV);                            \
+        for (; o + VL <= hi; o += VL) EXPAND_VECTORS(T, 1, LDV, ROUNDV, ADDV);                                       \
         for (; o < hi; o++)                                                                                          \
             for (int t = 0; t < m; t++) {                                                                            \
                 float d = 0.0f;                                                                                      \
@@ -301,11 +320,11 @@ LORA_PASS(pass_bf16, uint16_t, ld_bf16, ld1_bf16, round1_bf16, roundv_bf16, addv
    s's B rank-major at bt + s * b_slot_stride, [rank, out_total] (row r of every slice side by side); y [.., out]
    rows y_stride apart. Group g: the tokens tokens[group_start[g] .. group_start[g + 1]) of slot group_slot[g].
    slot_ranks (or NULL): rows at or past a slot's rank are zero padding and skipped. */
-#define LORA_GROUPED(NAME, T, PASS)                                                                                   \
-int NAME(const T *x, int64_t x_stride, int64_t in_features, const T *a, int64_t a_slot_stride, const T *bt,           \
-         int64_t b_slot_stride, T *y, int64_t y_stride, int64_t out_total, int64_t n_slices,                          \
-         const int64_t *slice_offsets, int64_t rank, const int32_t *slot_ranks, int64_t n_groups,                     \
-         const int64_t *group_slot, const int64_t *group_start, const int64_t *tokens, float *scratch)                \
+#define LORA_GROUPED(NAME, T, PASS)                                                                                  \
+int NAME(const T *x, int64_t x_stride, int64_t in_features, const T *a, int64_t a_slot_stride, const T *bt,          \
+         int64_t b_slot_stride, T *y, int64_t y_stride, int64_t out_total, int64_t n_slices,                         \
+         const int64_t *slice_offsets, int64_t rank, const int32_t *slot_ranks, int64_t n_groups,                    \
+         const int64_t *group_slot, const int64_t *group_start, const int64_t *tokens, float *scratch)               \
 {                                                                                                                    \
     for (int64_t g = 0; g < n_groups; g++) {                                                                         \
         const int64_t s = group_slot[g];                                                                             \
@@ -314,7 +333,7 @@ int NAME(const T *x, int64_t x_stride, int64_t in_features, const T *a, int64_t 
             const int64_t m = group_start[g + 1] - c0 < MT ? group_start[g + 1] - c0 : MT;                           \
             int64_t tok[MT];                                                                                         \
             for (int t = 0; t < MT; t++) tok[t] = tokens[c0 + (t < m ? t : m - 1)];                                  \
-            PASS(x, x_stride, in_features, a + s * a_slot_stride, bt + s * b_slot_stride, y, y_stride, out_total,     \
+            PASS(x, x_stride, in_features, a + s * a_slot_stride, bt + s * b_slot_stride, y, y_stride, out_total,    \
                  n_slices, slice_offsets, rank, rk, tok, m, scratch);                                                \
         }                                                                                                            \
     }                                                                                                                \
