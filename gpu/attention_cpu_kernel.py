@@ -49,7 +49,7 @@ def _function():
 
 def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether the kernel takes these operands: one CPU dtype it knows for q and both caches, all on the CPU, q
-    [B, Hq, D] with unit column stride, caches [N, block_size, Hk, D] contiguous, Hq a multiple of Hk >= 1."""
+    [B, Hq, D] with unit column stride, caches [N, block_size, Hk, D] contiguous, Hq >= 1 a multiple of Hk >= 1."""
     return (
         q.device.type == k_cache.device.type == v_cache.device.type == "cpu"
         and q.dtype in cpu_kernels.DTYPE_CODES
@@ -59,6 +59,7 @@ def fits(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         and k_cache.shape == v_cache.shape
         and q.shape[2] == k_cache.shape[3]
         and k_cache.shape[2] > 0
+        and q.shape[1] > 0
         and q.shape[1] % k_cache.shape[2] == 0
         and q.stride(2) == 1
         and k_cache.is_contiguous()

@@ -164,7 +164,12 @@ class TorchOps(TorchLoraOps, Ops):
         sizes: tuple[int, int] | None = None,  # host tensors here: nothing to read back
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if q.device.type == "cpu" and 0 < q.shape[0] and int(seq_lens.max()) <= KERNEL_PREFILL_MAX_CONTEXT:
+        if (
+            q.device.type == "cpu"
+            and 0 < q.shape[0]
+            and block_tables.dtype == torch.int32  # the kernel reads int32 ids: an int64 one could wrap
+            and int(seq_lens.max()) <= KERNEL_PREFILL_MAX_CONTEXT
+        ):
             tables, lens = self._per_step(
                 "prefill_rows", (query_start_loc, seq_lens, block_tables), lambda: _prefill_rows(
                     query_start_loc, seq_lens, block_tables, q.shape[0])

@@ -21,6 +21,12 @@ static inline void fetch_block(const char *k, const char *v, int64_t bytes) {
     }
 }
 
+/* a where a > b, else b (a NaN in a gives b) */
+static inline vf greater(vf a, vf b) {
+    const vi m = a > b;
+    return (vf)(((vi)a & m) | ((vi)b & ~m));
+}
+#if defined(HAVE_SUMS_OF)
 /* the sum and the maximum of one vector's lanes, halving it log2 VL times (a chain of VL - 1 scalar operations
    otherwise); the maximum of lanes that hold a NaN is one of the others */
 #if VL == 16
@@ -32,11 +38,6 @@ static inline void fetch_block(const char *k, const char *v, int64_t bytes) {
 #define FOLD4(v) __builtin_shufflevector(v, v, 4, 5, 6, 7, 4, 5, 6, 7)
 #define FOLD2(v) __builtin_shufflevector(v, v, 2, 3, 2, 3, 2, 3, 2, 3)
 #endif
-/* a where a > b, else b (a NaN in a gives b) */
-static inline vf greater(vf a, vf b) {
-    const vi m = a > b;
-    return (vf)(((vi)a & m) | ((vi)b & ~m));
-}
 static inline float sum_of(vf v) {
 #if VL == 16
     v += FOLD8(v);
@@ -57,6 +58,18 @@ static inline float max_of(vf v) {
     v = greater(u, v);
     return v[1] > v[0] ? v[1] : v[0];
 }
+
+#else
+/* compilers without __builtin_shufflevector (GCC before 12): the same sums and maxima, one lane at a time (the
+   maximum is only ever taken of lanes that hold no NaN) */
+static inline vf sums_of(const vf *c) {
+    vf s;
+    for (int i = 0; i < VL; i++) s[i] = hsum(c[i]);
+    return s;
+}
+static inline float sum_of(vf v) { return hsum(v); }
+static inline float max_of(vf v) { return hmax(v); }
+#endif
 
 /* One sequence for element type T: LDV / LD1 load VL / 1 elements as fp32, ST1 stores one fp32 as T. q: its hq
    query rows (q_head apart); out: hq rows of d. Each cache block is read K then V (a key row holds every KV head side
@@ -259,6 +272,7 @@ int64_t paged_decode_attention(int64_t dtype, const void *q, int64_t q_stride, i
                                float *scratch) {
     const int64_t bad = check(tables, table_stride, max_blocks, lens, batch, bs, num_blocks, window);
     if (bad) return bad;
+    if (hq <= 0 || hk <= 0 || d <= 0) return 0; /* nothing to compute (the wrapper does not send these) */
     const int64_t bytes = bs * hk * d * (dtype == 0 ? 4 : 2); /* one block of K (or V) */
     if (batch > 0) {
         const int64_t first = first_block(tables, lens, 0, table_stride, bs, window);

@@ -98,7 +98,9 @@ static inline vf vexp(vf x) {
     return (vf)out;
 }
 
-#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12) /* __builtin_shufflevector */
+/* sums_of needs __builtin_shufflevector (GCC 12+, Clang); the kernels fall back to per-lane sums without it, and
+   -DLORALEDGER_NO_SUMS_OF builds those fallbacks anywhere (tests/gpu/test_cpu_kernel_fallbacks.py) */
+#if !defined(LORALEDGER_NO_SUMS_OF) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
 #define HAVE_SUMS_OF 1
 /* sums_of(c): lane r = the sum of c[r]'s lanes, for VL vectors at once: a tree of shuffles and adds (log2 VL levels,
    2 * (VL - 1) shuffles in all) instead of one chain of VL - 1 dependent scalar adds per vector, which took most

@@ -169,3 +169,13 @@ def test_other_operands_go_to_the_torch_path(monkeypatch):
         ops.paged_attention_decode(q, k_cache, v_cache, tables, lens, 0.25),
         ops.gathered_attention_decode(q, k_cache, v_cache, tables, lens, 0.25),
     )
+
+
+def test_no_query_heads_is_not_the_kernels():
+    """q with no heads is refused before the kernel (whose block prefetch divides the lines among the heads)."""
+    k_cache = torch.zeros(2, 4, 1, 8)
+    got = attention_cpu_kernel.decode(
+        torch.zeros(1, 0, 8), k_cache, k_cache.clone(), torch.zeros(1, 2, dtype=torch.int32),
+        torch.tensor([3], dtype=torch.int32), 1.0, None, None,
+    )  # fmt: skip
+    assert got is None

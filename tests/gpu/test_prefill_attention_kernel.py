@@ -99,3 +99,13 @@ def test_longer_contexts_keep_sdpa(monkeypatch):
     got = TorchOps().prefill_attention(q, k_cache, v_cache, starts, lens, tables, 0.25)
     exact = _exact(q, k_cache, v_cache, starts, lens, tables, 0.25, None, None)
     torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_int64_block_tables_keep_sdpa(monkeypatch):
+    """The kernel reads int32 block ids: int64 tables (whose ids could wrap in a narrowing copy) keep the torch path."""
+    g = torch.Generator().manual_seed(5)
+    q, k_cache, v_cache, starts, lens, tables = _step(g, [6, 3], [6, 3], 1, 2, 16, 4, torch.float32)
+    monkeypatch.setattr(attention_cpu_kernel, "decode", lambda *a: pytest.fail("int64 tables took the kernel"))
+    got = TorchOps().prefill_attention(q, k_cache, v_cache, starts, lens, tables.to(torch.int64), 0.25)
+    exact = _exact(q, k_cache, v_cache, starts, lens, tables, 0.25, None, None)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-5, atol=1e-5)
