@@ -164,19 +164,16 @@ class TorchOps(TorchLoraOps, Ops):
         sizes: tuple[int, int] | None = None,  # host tensors here: nothing to read back
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if (
-            q.device.type == "cpu"
-            and 0 < q.shape[0]
-            and block_tables.dtype == torch.int32  # the kernel reads int32 ids: an int64 one could wrap
-            and int(seq_lens.max()) <= KERNEL_PREFILL_MAX_CONTEXT
-        ):
-            tables, lens = self._per_step(
-                "prefill_rows", (query_start_loc, seq_lens, block_tables), lambda: _prefill_rows(
-                    query_start_loc, seq_lens, block_tables, q.shape[0])
+        if q.device.type == "cpu" and 0 < q.shape[0]:
+            limit = KERNEL_PREFILL_MAX_CONTEXT
+            rows = self._per_step(
+                "prefill_rows", (query_start_loc, seq_lens, block_tables, limit), lambda: _prefill_rows(
+                    query_start_loc, seq_lens, block_tables, q.shape[0], limit)
             )  # fmt: skip
-            out = attention_cpu_kernel.decode(q, k_cache, v_cache, tables, lens, scale, sliding_window, softcap)
-            if out is not None:
-                return out
+            if rows is not None:
+                out = attention_cpu_kernel.decode(q, k_cache, v_cache, *rows, scale, sliding_window, softcap)
+                if out is not None:
+                    return out
         num_seqs = seq_lens.shape[0]
         block_size = k_cache.shape[1]
         flat, used = self._context_blocks(block_tables, seq_lens, block_size, "prefill")
@@ -248,17 +245,26 @@ class TorchOps(TorchLoraOps, Ops):
 
 
 def _prefill_rows(
-    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, total: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, total: int, limit: int
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Each query row of a prefill step as a decode row of the CPU attention kernel: its sequence's block table
     and, as its length, its own position + 1 (causal attention over the cache, where its chunk's keys already are).
-    [total, width] int32 tables and [total] int32 lengths."""
+    [total, width] int32 tables and [total] int32 lengths; None where the step is not the kernel's: a context
+    longer than `limit`, or int64 block tables (the kernel reads int32 ids: a narrowed int64 one could wrap)."""
+    if block_tables.dtype != torch.int32 or int(seq_lens.max()) > limit:
+        return None
     starts = query_start_loc.to(torch.int64)
     q_lens = starts[1:] - starts[:-1]
-    row_of = torch.repeat_interleave(torch.arange(seq_lens.shape[0]), q_lens, output_size=total)
-    first = seq_lens.to(torch.int64) - q_lens  # the position of each chunk's first query row
-    positions = first[row_of] + torch.arange(total) - starts[:-1][row_of]
-    return block_tables.index_select(0, row_of).to(torch.int32), (positions + 1).to(torch.int32)
+    row_of, offset = _query_rows(starts, q_lens, total)
+    positions = (seq_lens.to(torch.int64) - q_lens)[row_of] + offset  # a chunk's first query row: seq_len - q_len
+    return block_tables.index_select(0, row_of), (positions + 1).to(torch.int32)
+
+
+def _query_rows(starts: torch.Tensor, q_lens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of a step's `total` query rows (chunks from `starts`, q_lens rows each): its chunk, and its offset
+    in that chunk."""
+    row_of = torch.repeat_interleave(torch.arange(q_lens.shape[0], device=starts.device), q_lens, output_size=total)
+    return row_of, torch.arange(total, device=starts.device) - starts[:-1][row_of]
 
 
 def _prefill_plan(
@@ -276,8 +282,8 @@ def _prefill_plan(
         max_q, padded_at = total, None
     else:
         max_q = int(q_lens.max())
-        row_of = torch.repeat_interleave(torch.arange(num_seqs, device=dev), q_lens, output_size=total)
-        padded_at = row_of * max_q + torch.arange(total, device=dev) - starts[:-1][row_of]
+        row_of, offset = _query_rows(starts, q_lens, total)
+        padded_at = row_of * max_q + offset
     key_pos = torch.arange(keys, device=dev)
     # query i of sequence p sits at absolute position seq_len - q_len + i
     q_pos = (lens - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :]
