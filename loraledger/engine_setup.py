@@ -28,8 +28,15 @@ log = get_logger("engine_setup")
 def resolve_dtype(requested: str, config: ModelConfig, device: torch.device) -> torch.dtype:
     """`requested` is EngineArgs.torch_dtype_name (vLLM's aliases resolved). "auto" on the CPU: bfloat16 where the CPU
     multiplies bf16 natively (AVX512-BF16 or AMX), float32 elsewhere (emulated bf16 is slower than fp32); on CUDA the
-    checkpoint's float16, else bfloat16 (vLLM picks float16 for a float32 checkpoint: README, Differences from vLLM)."""
+    checkpoint's float16, else bfloat16 (vLLM picks float16 for a float32 checkpoint: README, Differences from vLLM).
+    An explicit bfloat16 on a CPU that emulates it is honoured, with a warning naming the cost and the fix."""
     if requested != "auto":
+        if requested == "bfloat16" and device.type == "cpu" and not cpu_features.native_bf16():
+            log.warning(
+                "dtype=bfloat16 on a CPU without native bf16 (AVX512-BF16 or AMX): bf16 is emulated here, about 4x "
+                "slower than float32 on such a CPU (bench/RESULTS.md, CPU vs vLLM)",
+                hint="pass dtype='auto' or 'float32', which run float32 on this CPU",
+            )
         return _DTYPES[requested]
     if device.type == "cpu":
         return torch.bfloat16 if cpu_features.native_bf16() else torch.float32

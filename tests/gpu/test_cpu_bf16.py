@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import structlog
 import torch
 
 from loraledger import LLM, SamplingParams
@@ -35,6 +36,17 @@ def test_auto_on_the_cpu_is_bf16_only_where_bf16_is_native(native, expected, mon
     # an explicit dtype is always honoured
     assert resolve_dtype("float32", tiny_llama.config, torch.device("cpu")) == torch.float32
     assert resolve_dtype("bfloat16", tiny_llama.config, torch.device("cpu")) == torch.bfloat16
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_explicit_bf16_on_a_cpu_that_emulates_it_warns(native, monkeypatch, tiny_llama):
+    monkeypatch.setattr(cpu_features, "native_bf16", lambda: native)
+    with structlog.testing.capture_logs() as logged:
+        for name in ("bfloat16", "float32", "auto"):
+            resolve_dtype(name, tiny_llama.config, torch.device("cpu"))
+    warned = [e for e in logged if e["log_level"] == "warning" and "emulated" in e["event"]]
+    assert len(warned) == (0 if native else 1)  # only the explicit bfloat16, only where bf16 is emulated
+    assert all("float32" in e["hint"] for e in warned)
 
 
 def _agreeing_prefix(a: list[int], b: list[int]) -> int:
