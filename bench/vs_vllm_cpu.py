@@ -7,6 +7,9 @@ run by (dtype, LoRA on/off): that pair's two workers, one per engine, are up for
 before the next pair starts (one vLLM process at a time, ~2.5 GB each); every round runs each workload on both
 engines, the engine order alternating between rounds, so a busy machine slows both alike: read the per-round
 ratios. `--workloads` picks some of them (`--workloads big --big-dtypes bfloat16`: the 64 x 128 batch alone).
+By default every round sends the same prompts, so from round 2 on a prefix cache holds them (ours does; vLLM 0.32's
+CPU build gains nothing from its own); `--fresh-prompts` gives each round and workload prompts of its own (the same
+for both engines), which is what a stream of new requests sees.
 
 Workloads (greedy, ignore_eos): 24 prompts of 48 ids x 40 tokens as a mixed batch (6 adapters + base rows),
 the same prompts with LoRA enabled and no adapter, with LoRA disabled; a bigger mixed batch (64 prompts x 128
@@ -169,7 +172,9 @@ def run_batches(args, assets, python: Path, logs: Path) -> dict:
                     w.ask(prompts=small[:8], adapters=mixed_adapters(8) if lora else [None] * 8, max_tokens=4)
                 for r in range(args.rounds):
                     order = ENGINES if r % 2 == 0 else ENGINES[::-1]
-                    for name, ps, ads, tokens in group:
+                    for k, (name, ps, ads, tokens) in enumerate(group):
+                        if args.fresh_prompts:  # seeds apart from the fixed sets' (0, 1) and the warm-up's
+                            ps = prompts(len(ps), len(ps[0]), assets.vocab_size, seed=1000 * (r + 1) + k)
                         for engine in order:
                             out = workers[engine].ask(prompts=ps, adapters=ads, max_tokens=tokens)
                             tps.setdefault((name, dtype, engine), []).append(out["tokens"] / out["seconds"])
@@ -260,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         "--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS), help="batches part: which workloads"
     )
     parser.add_argument("--big-dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument(
+        "--fresh-prompts", action="store_true",
+        help="batches part: new prompts every round and workload (no prefix-cache hits), the same for both engines",
+    )  # fmt: skip
     parser.add_argument("--clients", type=int, default=24, help="server path: concurrent streaming clients")
     parser.add_argument("--server-dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--threads", type=int, default=2, help="each engine's threads (default 2)")
