@@ -61,12 +61,7 @@ static inline float max_of(vf v) {
 
 #else
 /* compilers without __builtin_shufflevector (GCC before 12): the same sums and maxima, one lane at a time (the
-   maximum is only ever taken of lanes that hold no NaN) */
-static inline vf sums_of(const vf *c) {
-    vf s;
-    for (int i = 0; i < VL; i++) s[i] = hsum(c[i]);
-    return s;
-}
+   maximum is only ever taken of lanes that hold no NaN); sums_of's fallback is cpu_vectors.h's */
 static inline float sum_of(vf v) { return hsum(v); }
 static inline float max_of(vf v) { return hmax(v); }
 #endif
@@ -238,6 +233,11 @@ static void NAME(const T *q, int64_t q_head, const T *kc, const T *vc, int64_t b
 ATTN_SEQ(attend_f32, float, ld_f32, ld1_f32, st1_f32)
 ATTN_SEQ(attend_bf16, uint16_t, ld_bf16, ld1_bf16, st1_bf16)
 
+/* the first position a sequence of `len` tokens attends to: its sliding window's start (window <= 0: none) */
+static inline int64_t window_start(int64_t len, int64_t window) {
+    return window > 0 && len > window ? len - window : 0;
+}
+
 /* Whether every block the batch reads is in [0, num_blocks) and every length in [1, max_blocks * bs]: the kernel
    reads nothing outside the cache. Returns 0 when they are, else the first sequence that is not, plus one. */
 static int64_t check(const int32_t *tables, int64_t table_stride, int64_t max_blocks, const int32_t *lens,
@@ -245,8 +245,7 @@ static int64_t check(const int32_t *tables, int64_t table_stride, int64_t max_bl
     for (int64_t b = 0; b < batch; b++) {
         const int64_t len = lens[b];
         if (len < 1 || len > max_blocks * bs) return b + 1;
-        const int64_t start = window > 0 && len > window ? len - window : 0;
-        for (int64_t blk = start / bs; blk * bs < len; blk++) {
+        for (int64_t blk = window_start(len, window) / bs; blk * bs < len; blk++) {
             const int32_t id = tables[b * table_stride + blk];
             if (id < 0 || id >= num_blocks) return b + 1;
         }
@@ -257,8 +256,7 @@ static int64_t check(const int32_t *tables, int64_t table_stride, int64_t max_bl
 /* the first cache block sequence b reads (its window's start) */
 static int64_t first_block(const int32_t *tables, const int32_t *lens, int64_t b, int64_t table_stride, int64_t bs,
                            int64_t window) {
-    const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
-    return tables[b * table_stride + start / bs];
+    return tables[b * table_stride + window_start(lens[b], window) / bs];
 }
 
 /* out [batch, hq, d] = decode attention of q [batch, hq, d] (rows q_stride apart, heads q_head apart) over the
@@ -279,7 +277,7 @@ int64_t paged_decode_attention(int64_t dtype, const void *q, int64_t q_stride, i
         fetch_block((const char *)k_cache + first * bytes, (const char *)v_cache + first * bytes, bytes);
     }
     for (int64_t b = 0; b < batch; b++) {
-        const int64_t len = lens[b], start = window > 0 && len > window ? len - window : 0;
+        const int64_t len = lens[b], start = window_start(len, window);
         const int32_t *table = tables + b * table_stride;
         const int64_t next = b + 1 < batch ? first_block(tables, lens, b + 1, table_stride, bs, window) : -1;
         if (dtype == 0)

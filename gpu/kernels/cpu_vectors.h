@@ -98,8 +98,9 @@ static inline vf vexp(vf x) {
     return (vf)out;
 }
 
-/* sums_of needs __builtin_shufflevector (GCC 12+, Clang); the kernels fall back to per-lane sums without it, and
-   -DLORALEDGER_NO_SUMS_OF builds those fallbacks anywhere (tests/gpu/test_cpu_kernel_fallbacks.py) */
+/* sums_of's shuffle tree needs __builtin_shufflevector (GCC 12+, Clang; HAVE_SUMS_OF); without it sums_of gives the
+   same sums one lane at a time, and -DLORALEDGER_NO_SUMS_OF builds that fallback anywhere
+   (tests/gpu/test_cpu_kernel_fallbacks.py) */
 #if !defined(LORALEDGER_NO_SUMS_OF) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12))
 #define HAVE_SUMS_OF 1
 /* sums_of(c): lane r = the sum of c[r]'s lanes, for VL vectors at once: a tree of shuffles and adds (log2 VL levels,
@@ -137,6 +138,13 @@ static inline vf sums_of(const vf *c) {
 }
 #endif
 
+#else
+/* compilers without __builtin_shufflevector: lane r = the sum of c[r]'s lanes, one chain of adds per vector */
+static inline vf sums_of(const vf *c) {
+    vf s;
+    for (int i = 0; i < VL; i++) s[i] = hsum(c[i]);
+    return s;
+}
 #endif /* HAVE_SUMS_OF */
 
 #endif

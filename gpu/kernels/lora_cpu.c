@@ -35,16 +35,9 @@
 #define OB 3
 #endif
 
-/* Whether a block's MT x NB sums are summed across lanes together (sums_of: MT x NB == VL, and the compiler has
-   __builtin_shufflevector): with one chain of VL - 1 scalar adds per sum, the reductions took about as long as the
-   block's products. */
-#if defined(HAVE_SUMS_OF)
+/* Whether a block's MT x NB sums are summed across lanes together, by cpu_vectors.h's sums_of (MT x NB == VL): with
+   one chain of VL - 1 scalar adds per sum, the reductions took about as long as the block's products. */
 #define SUMS_AT_ONCE(NB) (MT * (NB) == VL)
-static inline vf sums_of_blocks(const vf *c) { return sums_of(c); }
-#else
-#define SUMS_AT_ONCE(NB) 0
-static inline vf sums_of_blocks(const vf *c) { return c[0]; }
-#endif
 
 /* h[t][j..j+NB) = x_t . A_s[j..j+NB) (NB rows of A, rows in_features apart from ar): VL-wide sums, then the
    scalar tail, then rounded to the model dtype */
@@ -66,7 +59,7 @@ static inline vf sums_of_blocks(const vf *c) { return c[0]; }
         }                                                                                                            \
         float sums[MT][NB]; /* each c[t][b] summed across its lanes: by one shuffle tree where MT x NB fills VL */   \
         if (SUMS_AT_ONCE(NB)) {                                                                                      \
-            vf all = sums_of_blocks((const vf *)c);                                                                  \
+            vf all = sums_of((const vf *)c);                                                                         \
             memcpy(sums, &all, sizeof sums);                                                                         \
         } else {                                                                                                     \
             for (int t = 0; t < MT; t++)                                                                             \
