@@ -4,8 +4,9 @@ Decode: gpu/attention_cpu_kernel.decode (the paged cache read in place) against 
 (blocks gathered, padded mask, SDPA), for a decode step of the bench model's attention (GQA 8/2 x 64, block 16) at
 24 sequences of 48, 88 and 400 keys. Prefill: TorchOps.prefill_attention with the kernel (each query row over its
 causal prefix, contexts up to KERNEL_PREFILL_MAX_CONTEXT) against the same call with that limit at 0 (SDPA), for
-24 prompts of 16 to 96 tokens (one case the last 16 of 48 after a prefix-cache hit) and 8 of 128. Each round times every case on both paths, alternating which
-goes first; the table gives each path's median microseconds per call and the per-round ratios (torch / kernel).
+24 prompts of 16 to 96 tokens (one case the last 16 of 48 after a prefix-cache hit) and 8 of 128. Each round times
+every case on both paths, alternating which goes first; the table gives each path's median microseconds per call and
+the per-round ratios (torch / kernel).
 """
 
 from __future__ import annotations
